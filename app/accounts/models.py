@@ -1,0 +1,77 @@
+"""Users, their credentials (sessions and API tokens) and failed logins."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import Enum, ForeignKey, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, new_id, utcnow
+
+
+class Role(enum.StrEnum):
+    """What a user may do on the platform."""
+
+    admin = "admin"
+    member = "member"
+    auditor = "auditor"
+
+
+class UserStatus(enum.StrEnum):
+    """Where a user stands in the account life cycle."""
+
+    active = "active"
+    suspended = "suspended"
+    deleted = "deleted"
+
+
+class TokenKind(enum.StrEnum):
+    """A session (from login) or a long-lived API token."""
+
+    session = "session"
+    api = "api"
+
+
+class User(Base):
+    """An account."""
+
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    display_name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[Role] = mapped_column(Enum(Role, native_enum=False, length=16))
+    status: Mapped[UserStatus] = mapped_column(
+        Enum(UserStatus, native_enum=False, length=16), default=UserStatus.active
+    )
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class AuthToken(Base):
+    """A bearer credential; only the sha256 of the secret is stored."""
+
+    __tablename__ = "auth_tokens"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[TokenKind] = mapped_column(Enum(TokenKind, native_enum=False, length=16))
+    name: Mapped[str] = mapped_column(String(100), default="")
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+
+class LoginFailure(Base):
+    """A failed login for an email (known or not), for the lockout window."""
+
+    __tablename__ = "login_failures"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    email: Mapped[str] = mapped_column(String(320), index=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

@@ -1,0 +1,213 @@
+"""HTTP routes of accounts: login, me, tokens, users (admin)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response, status
+
+from app.accounts import service
+from app.accounts.schemas import (
+    LoginIn,
+    LoginOut,
+    PasswordChangeIn,
+    TokenCreatedOut,
+    TokenCreateIn,
+    TokenList,
+    TokenOut,
+    UserCreateIn,
+    UserList,
+    UserOut,
+    UserUpdateIn,
+)
+from app.accounts.tokens import csrf_token
+from app.audit import service as audit
+from app.audit.schemas import AuditEventOut, AuditList
+from app.deps import (
+    CSRF_COOKIE,
+    SESSION_COOKIE,
+    AdminDep,
+    CallerDep,
+    PageDep,
+    SessionDep,
+    SettingsDep,
+    client_ip,
+)
+
+router = APIRouter(tags=["accounts"])
+
+
+@router.post("/auth/login", response_model=LoginOut)
+def login(
+    body: LoginIn, request: Request, response: Response, db: SessionDep, settings: SettingsDep
+) -> LoginOut:
+    """Exchange email and password for a session token (also set as cookies)."""
+    user, issued = service.login(
+        db, email=body.email, password=body.password, ip=client_ip(request), settings=settings
+    )
+    max_age = settings.session_ttl_hours * 3600
+    response.set_cookie(
+        SESSION_COOKIE,
+        issued.secret,
+        max_age=max_age,
+        httponly=True,
+        samesite="strict",
+        secure=settings.cookie_secure,
+        path="/",
+    )
+    response.set_cookie(
+        CSRF_COOKIE,
+        csrf_token(settings.secret(), issued.secret),
+        max_age=max_age,
+        httponly=False,
+        samesite="strict",
+        secure=settings.cookie_secure,
+        path="/",
+    )
+    return LoginOut(
+        token=issued.secret, expires_at=issued.record.expires_at, user=UserOut.model_validate(user)
+    )
+
+
+@router.post("/auth/logout", status_code=status.HTTP_204_NO_CONTENT)
+def logout(caller: CallerDep, db: SessionDep) -> Response:
+    """End the current session (or API token) at once."""
+    service.revoke_token(db, actor=caller.actor, record=caller.token)
+    db.commit()
+    response = Response(status_code=status.HTTP_204_NO_CONTENT)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    response.delete_cookie(CSRF_COOKIE, path="/")
+    return response
+
+
+@router.get("/me", response_model=UserOut)
+def me(caller: CallerDep) -> UserOut:
+    """Who is signed in."""
+    return UserOut.model_validate(caller.user)
+
+
+@router.post("/me/password", status_code=status.HTTP_204_NO_CONTENT)
+def change_password(
+    body: PasswordChangeIn, caller: CallerDep, db: SessionDep, settings: SettingsDep
+) -> None:
+    """Change the password; every other session and token is revoked."""
+    service.change_password(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        current_token=caller.token,
+        current_password=body.current_password,
+        new_password=body.new_password,
+        settings=settings,
+    )
+    db.commit()
+
+
+@router.post("/me/tokens", response_model=TokenCreatedOut, status_code=status.HTTP_201_CREATED)
+def create_token(body: TokenCreateIn, caller: CallerDep, db: SessionDep) -> TokenCreatedOut:
+    """A new API token; the secret is in this answer only."""
+    issued = service.create_api_token(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        name=body.name,
+        expires_in_days=body.expires_in_days,
+    )
+    db.commit()
+    return TokenCreatedOut(
+        **TokenOut.model_validate(issued.record).model_dump(), token=issued.secret
+    )
+
+
+@router.get("/me/tokens", response_model=TokenList)
+def list_tokens(caller: CallerDep, db: SessionDep, page: PageDep) -> TokenList:
+    """The caller's API tokens, without secrets."""
+    items, total = service.list_api_tokens(
+        db, user=caller.user, limit=page.limit, offset=page.offset
+    )
+    return TokenList(items=[TokenOut.model_validate(t) for t in items], total=total)
+
+
+@router.delete("/me/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
+def revoke_token(token_id: str, caller: CallerDep, db: SessionDep) -> None:
+    """Revoke one of the caller's API tokens."""
+    record = service.get_own_api_token(db, actor=caller.actor, user=caller.user, token_id=token_id)
+    service.revoke_token(db, actor=caller.actor, record=record)
+    db.commit()
+
+
+@router.get("/me/audit", response_model=AuditList)
+def my_audit(caller: CallerDep, db: SessionDep, page: PageDep) -> AuditList:
+    """Audit events where the caller is the actor or the subject."""
+    items, total = audit.query(
+        db, involving_user=caller.user.id, limit=page.limit, offset=page.offset
+    )
+    return AuditList(items=[AuditEventOut.model_validate(e) for e in items], total=total)
+
+
+@router.post("/users", response_model=UserOut, status_code=status.HTTP_201_CREATED)
+def create_user(
+    body: UserCreateIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> UserOut:
+    """Create a user (and their personal workspace)."""
+    user = service.create_user(
+        db,
+        actor=caller.actor,
+        email=body.email,
+        display_name=body.display_name,
+        role=body.role,
+        password=body.password,
+        settings=settings,
+    )
+    db.commit()
+    return UserOut.model_validate(user)
+
+
+@router.get("/users", response_model=UserList)
+def list_users(caller: AdminDep, db: SessionDep, page: PageDep) -> UserList:
+    """Every user."""
+    items, total = service.list_users(db, limit=page.limit, offset=page.offset)
+    return UserList(items=[UserOut.model_validate(u) for u in items], total=total)
+
+
+@router.get("/users/{user_id}", response_model=UserOut)
+def get_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
+    """One user."""
+    return UserOut.model_validate(service.get_user(db, user_id=user_id))
+
+
+@router.patch("/users/{user_id}", response_model=UserOut)
+def update_user(user_id: str, body: UserUpdateIn, caller: AdminDep, db: SessionDep) -> UserOut:
+    """Change display name or role."""
+    user = service.update_user(
+        db,
+        actor=caller.actor,
+        user=service.get_user(db, user_id=user_id),
+        display_name=body.display_name,
+        role=body.role,
+    )
+    db.commit()
+    return UserOut.model_validate(user)
+
+
+@router.post("/users/{user_id}/suspend", response_model=UserOut)
+def suspend_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
+    """Suspend: all sessions and tokens die at once."""
+    user = service.get_user(db, user_id=user_id)
+    service.suspend(db, actor=caller.actor, user=user)
+    db.commit()
+    return UserOut.model_validate(user)
+
+
+@router.post("/users/{user_id}/reactivate", response_model=UserOut)
+def reactivate_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
+    """Let a suspended user in again."""
+    user = service.get_user(db, user_id=user_id)
+    service.reactivate(db, actor=caller.actor, user=user)
+    db.commit()
+    return UserOut.model_validate(user)
+
+
+@router.delete("/users/{user_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_user(user_id: str, caller: AdminDep, db: SessionDep) -> None:
+    """Mark a user deleted; the audit trail stays."""
+    service.delete_user(db, actor=caller.actor, user=service.get_user(db, user_id=user_id))
+    db.commit()

@@ -1,0 +1,354 @@
+"""Account rules: users, login, sessions, API tokens, lockout, life cycle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.accounts import passwords, tokens
+from app.accounts.models import AuthToken, LoginFailure, Role, TokenKind, User, UserStatus
+from app.audit import service as audit
+from app.audit.service import Actor
+from app.db import utcnow
+from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
+from app.settings import Settings
+from app.workspaces import service as workspaces
+
+LOGIN_FAILED = "invalid email or password"
+
+
+def normalize_email(email: str) -> str:
+    """Emails compare case-insensitively."""
+    return email.strip().lower()
+
+
+def create_user(
+    db: Session,
+    *,
+    actor: Actor,
+    email: str,
+    display_name: str,
+    role: Role,
+    password: str,
+    settings: Settings,
+) -> User:
+    """A new active user with a personal workspace; 409 if the email is taken."""
+    email = normalize_email(email)
+    passwords.check_policy(password, email=email)
+    if db.scalar(select(User.id).where(User.email == email)) is not None:
+        raise Conflict("a user with this email already exists")
+    user = User(
+        email=email,
+        display_name=display_name,
+        role=role,
+        status=UserStatus.active,
+        password_hash=passwords.hash_password(password, settings),
+    )
+    db.add(user)
+    try:
+        db.flush()
+    except IntegrityError:  # a concurrent create with the same email won the race
+        db.rollback()
+        raise Conflict("a user with this email already exists") from None
+    audit.record(
+        db,
+        actor=actor,
+        action="user.create",
+        subject_type="user",
+        subject_id=user.id,
+        details={"role": role.value},
+    )
+    workspaces.create(
+        db,
+        actor=actor,
+        owner=user,
+        name=workspaces.PERSONAL_WORKSPACE_NAME,
+        settings=settings,
+        personal=True,
+    )
+    return user
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A token's record and its secret, which is shown this once."""
+
+    record: AuthToken
+    secret: str
+
+
+def _issue(db: Session, *, user: User, kind: TokenKind, name: str, ttl: timedelta) -> IssuedToken:
+    secret = tokens.new_secret(
+        tokens.SESSION_PREFIX if kind == TokenKind.session else tokens.API_PREFIX
+    )
+    record = AuthToken(
+        user_id=user.id,
+        kind=kind,
+        name=name,
+        token_hash=tokens.token_hash(secret),
+        expires_at=utcnow() + ttl,
+    )
+    db.add(record)
+    db.flush()
+    return IssuedToken(record=record, secret=secret)
+
+
+def _recent_failures(db: Session, *, email: str, settings: Settings) -> int:
+    since = utcnow() - timedelta(minutes=settings.lockout_window_minutes)
+    return (
+        db.scalar(
+            select(func.count())
+            .select_from(LoginFailure)
+            .where(LoginFailure.email == email, LoginFailure.at >= since)
+        )
+        or 0
+    )
+
+
+def login(
+    db: Session, *, email: str, password: str, ip: str | None, settings: Settings
+) -> tuple[User, IssuedToken]:
+    """A new session for valid credentials; one message for every failure; lockout after N."""
+    email = normalize_email(email)
+    if _recent_failures(db, email=email, settings=settings) >= settings.lockout_failures:
+        audit.record(
+            db,
+            actor=Actor(None, ip),
+            action="auth.login",
+            subject_type="email",
+            subject_id=email[:64],
+            outcome="locked",
+        )
+        db.commit()
+        raise TooManyAttempts("too many failed logins; try again later")
+    user = db.scalar(select(User).where(User.email == email))
+    if user is None:
+        passwords.burn_verify(password, settings)
+        ok = False
+    else:
+        ok = passwords.verify_password(password, user.password_hash)
+    if not ok or user is None or user.status != UserStatus.active:
+        db.add(LoginFailure(email=email))
+        audit.record(
+            db,
+            actor=Actor(None, ip),
+            action="auth.login",
+            subject_type="user" if user else "email",
+            subject_id=user.id if user else email[:64],
+            outcome="failure",
+        )
+        db.commit()
+        raise NotAuthenticated(LOGIN_FAILED)
+    issued = _issue(
+        db,
+        user=user,
+        kind=TokenKind.session,
+        name="login",
+        ttl=timedelta(hours=settings.session_ttl_hours),
+    )
+    audit.record(
+        db,
+        actor=Actor(user.id, ip),
+        action="auth.login",
+        subject_type="user",
+        subject_id=user.id,
+    )
+    db.commit()
+    return user, issued
+
+
+def resolve_token(db: Session, *, secret: str) -> tuple[User, AuthToken] | None:
+    """The active user and live token behind a bearer secret, or None."""
+    record = db.scalar(select(AuthToken).where(AuthToken.token_hash == tokens.token_hash(secret)))
+    if record is None or record.revoked_at is not None or record.expires_at <= utcnow():
+        return None
+    user = db.get(User, record.user_id)
+    if user is None or user.status != UserStatus.active:
+        return None
+    return user, record
+
+
+def revoke_token(db: Session, *, actor: Actor, record: AuthToken) -> None:
+    """End one token now."""
+    if record.revoked_at is None:
+        record.revoked_at = utcnow()
+    audit.record(
+        db,
+        actor=actor,
+        action=f"auth.{record.kind.value}.revoke",
+        subject_type="token",
+        subject_id=record.id,
+    )
+
+
+def _revoke_all(db: Session, *, user_id: str, keep: str | None = None) -> int:
+    stmt = (
+        update(AuthToken)
+        .where(AuthToken.user_id == user_id, AuthToken.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+    if keep is not None:
+        stmt = stmt.where(AuthToken.id != keep)
+    return db.execute(stmt).rowcount or 0  # type: ignore[attr-defined]
+
+
+def change_password(
+    db: Session,
+    *,
+    actor: Actor,
+    user: User,
+    current_token: AuthToken,
+    current_password: str,
+    new_password: str,
+    settings: Settings,
+) -> None:
+    """Set a new password; every other session and token of the user is revoked."""
+    if not passwords.verify_password(current_password, user.password_hash):
+        audit.record(
+            db,
+            actor=actor,
+            action="user.password",
+            subject_type="user",
+            subject_id=user.id,
+            outcome="failure",
+        )
+        db.commit()
+        raise NotAuthenticated("current password is wrong")
+    passwords.check_policy(new_password, email=user.email)
+    user.password_hash = passwords.hash_password(new_password, settings)
+    revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)
+    audit.record(
+        db,
+        actor=actor,
+        action="user.password",
+        subject_type="user",
+        subject_id=user.id,
+        details={"tokens_revoked": revoked},
+    )
+
+
+def create_api_token(
+    db: Session, *, actor: Actor, user: User, name: str, expires_in_days: int
+) -> IssuedToken:
+    """A named API token; its secret is returned once."""
+    issued = _issue(
+        db, user=user, kind=TokenKind.api, name=name, ttl=timedelta(days=expires_in_days)
+    )
+    audit.record(
+        db,
+        actor=actor,
+        action="auth.api.create",
+        subject_type="token",
+        subject_id=issued.record.id,
+        details={"name": name},
+    )
+    return issued
+
+
+def list_api_tokens(
+    db: Session, *, user: User, limit: int, offset: int
+) -> tuple[list[AuthToken], int]:
+    """The user's API tokens (never their secrets), newest first."""
+    where = (AuthToken.user_id == user.id) & (AuthToken.kind == TokenKind.api)
+    total = db.scalar(select(func.count()).select_from(AuthToken).where(where)) or 0
+    items = db.scalars(
+        select(AuthToken)
+        .where(where)
+        .order_by(AuthToken.created_at.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return list(items), total
+
+
+def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -> AuthToken:
+    """One of the user's API tokens; NotFound (audited) for anyone else's."""
+    record = db.get(AuthToken, token_id)
+    if record is None or record.user_id != user.id or record.kind != TokenKind.api:
+        audit.deny(
+            db, actor=actor, action="auth.api.access", subject_type="token", subject_id=token_id
+        )
+    return record
+
+
+def list_users(db: Session, *, limit: int, offset: int) -> tuple[list[User], int]:
+    """Every user, newest first."""
+    total = db.scalar(select(func.count()).select_from(User)) or 0
+    items = db.scalars(
+        select(User).order_by(User.created_at.desc(), User.id).limit(limit).offset(offset)
+    ).all()
+    return list(items), total
+
+
+def get_user(db: Session, *, user_id: str) -> User:
+    """A user by id."""
+    user = db.get(User, user_id)
+    if user is None:
+        raise NotFound()
+    return user
+
+
+def update_user(
+    db: Session, *, actor: Actor, user: User, display_name: str | None, role: Role | None
+) -> User:
+    """Change a user's display name or role."""
+    changes: dict[str, str] = {}
+    if display_name is not None and display_name != user.display_name:
+        user.display_name = display_name
+        changes["display_name"] = display_name
+    if role is not None and role != user.role:
+        if user.id == actor.user_id:
+            raise Conflict("you cannot change your own role")
+        user.role = role
+        changes["role"] = role.value
+    audit.record(
+        db,
+        actor=actor,
+        action="user.update",
+        subject_type="user",
+        subject_id=user.id,
+        details=changes,
+    )
+    return user
+
+
+def _set_status(db: Session, *, actor: Actor, user: User, status: UserStatus, action: str) -> None:
+    if user.id == actor.user_id:
+        raise Conflict("you cannot change your own status")
+    if user.status == UserStatus.deleted:
+        raise Conflict("the user is deleted")
+    user.status = status
+    revoked = _revoke_all(db, user_id=user.id) if status != UserStatus.active else 0
+    audit.record(
+        db,
+        actor=actor,
+        action=action,
+        subject_type="user",
+        subject_id=user.id,
+        details={"tokens_revoked": revoked},
+    )
+
+
+def suspend(db: Session, *, actor: Actor, user: User) -> None:
+    """Suspend: every session and token dies at once."""
+    _set_status(db, actor=actor, user=user, status=UserStatus.suspended, action="user.suspend")
+
+
+def reactivate(db: Session, *, actor: Actor, user: User) -> None:
+    """Let a suspended user log in again."""
+    _set_status(db, actor=actor, user=user, status=UserStatus.active, action="user.reactivate")
+
+
+def delete_user(db: Session, *, actor: Actor, user: User) -> None:
+    """Mark deleted: login refused, credentials revoked; the audit trail stays."""
+    _set_status(db, actor=actor, user=user, status=UserStatus.deleted, action="user.delete")
+
+
+def purge_expired(db: Session) -> int:
+    """Drop login failures older than any lockout window (housekeeping)."""
+    cutoff = utcnow() - timedelta(days=1)
+    return db.execute(delete(LoginFailure).where(LoginFailure.at < cutoff)).rowcount or 0  # type: ignore[attr-defined]

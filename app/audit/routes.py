@@ -1,0 +1,88 @@
+"""HTTP routes of the audit log (admins and auditors)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from app.audit import service
+from app.audit.schemas import AuditEventOut, AuditList, VerificationOut
+from app.db import session_scope
+from app.deps import AuditorDep, PageDep, SessionDep
+
+router = APIRouter(tags=["audit"])
+
+_FIELDS = list(AuditEventOut.model_fields)
+
+
+@router.get("/audit", response_model=AuditList)
+def list_events(
+    caller: AuditorDep,
+    db: SessionDep,
+    page: PageDep,
+    actor_id: Annotated[str | None, Query(max_length=64)] = None,
+    action: Annotated[str | None, Query(max_length=64)] = None,
+    outcome: Annotated[str | None, Query(max_length=16)] = None,
+    subject_id: Annotated[str | None, Query(max_length=64)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> AuditList:
+    """Events, newest first, filtered."""
+    items, total = service.query(
+        db,
+        actor_id=actor_id,
+        action=action,
+        outcome=outcome,
+        subject_id=subject_id,
+        since=since,
+        until=until,
+        limit=page.limit,
+        offset=page.offset,
+    )
+    return AuditList(items=[AuditEventOut.model_validate(e) for e in items], total=total)
+
+
+@router.get("/audit/verify", response_model=VerificationOut)
+def verify_chain(caller: AuditorDep, db: SessionDep) -> VerificationOut:
+    """Recompute the hash chain."""
+    result = service.verify(db)
+    return VerificationOut(ok=result.ok, count=result.count, first_bad_seq=result.first_bad_seq)
+
+
+@router.get("/audit/export")
+def export(
+    caller: AuditorDep, request: Request, format: Literal["jsonl", "csv"] = "jsonl"
+) -> StreamingResponse:
+    """The whole log in chain order, streamed as JSON lines or CSV."""
+    factory = request.app.state.sessionmaker
+    for db in session_scope(factory):
+        service.record(db, actor=caller.actor, action="audit.export", details={"format": format})
+        db.commit()
+
+    def rows() -> Iterator[str]:
+        for db in session_scope(factory):
+            if format == "csv":
+                buf = io.StringIO()
+                writer = csv.DictWriter(buf, fieldnames=_FIELDS)
+                writer.writeheader()
+                yield buf.getvalue()
+            for event in service.iter_all(db):
+                data = AuditEventOut.model_validate(event).model_dump(mode="json")
+                if format == "jsonl":
+                    yield json.dumps(data, sort_keys=True) + "\n"
+                else:
+                    buf = io.StringIO()
+                    data["details"] = json.dumps(data["details"], sort_keys=True)
+                    csv.DictWriter(buf, fieldnames=_FIELDS).writerow(data)
+                    yield buf.getvalue()
+
+    media = "application/x-ndjson" if format == "jsonl" else "text/csv"
+    headers = {"Content-Disposition": f'attachment; filename="nebula-audit.{format}"'}
+    return StreamingResponse(rows(), media_type=media, headers=headers)

@@ -1,0 +1,36 @@
+"""Response bodies of the audit API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class AuditEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    seq: int
+    at: datetime
+    actor_id: str | None
+    action: str
+    subject_type: str | None
+    subject_id: str | None
+    outcome: str
+    ip: str | None
+    details: dict[str, Any]
+    hash: str
+    prev_hash: str
+
+
+class AuditList(BaseModel):
+    items: list[AuditEventOut]
+    total: int
+
+
+class VerificationOut(BaseModel):
+    ok: bool
+    count: int
+    first_bad_seq: int | None

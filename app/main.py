@@ -1,0 +1,87 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.routing import Match
+from starlette.types import Scope
+
+from app import registry
+from app.db import make_engine, make_sessionmaker
+from app.errors import DomainError
+from app.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
+from app.settings import Settings, get_settings
+
+log = logging.getLogger("nebula")
+API_PREFIX = "/api/v1"
+FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the control plane for `settings` (default: from the environment)."""
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="Nebula",
+        version="0.1.0",
+        openapi_url="/api/openapi.json",
+        docs_url="/api/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.engine = make_engine(settings.resolved_database_url)
+    app.state.sessionmaker = make_sessionmaker(app.state.engine)
+
+    for router in registry.api_routers():
+        app.include_router(router, prefix=API_PREFIX)
+    for router in registry.root_routers():
+        app.include_router(router)
+
+    @app.exception_handler(DomainError)
+    async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error"}, status_code=500)
+
+    _mount_frontend(app)
+
+    def route_of(scope: Scope) -> str:
+        for route in app.router.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return str(getattr(route, "path", "other"))
+        return "unmatched"
+
+    app.add_middleware(MetricsMiddleware, route_of=route_of)
+    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        json_limit=settings.max_request_body_bytes,
+        upload_limit=settings.max_upload_bytes,
+    )
+    return app
+
+
+def _mount_frontend(app: FastAPI) -> None:
+    """Serve the built single-page app at / (any non-API path falls back to index.html)."""
+    index = FRONTEND_DIST / "index.html"
+
+    @app.get("/{path:path}", include_in_schema=False, response_model=None)
+    def spa(path: str) -> FileResponse | JSONResponse:
+        if path.startswith("api/"):
+            return JSONResponse({"detail": "not found"}, status_code=404)
+        candidate = (FRONTEND_DIST / path).resolve()
+        if path and candidate.is_file() and candidate.is_relative_to(FRONTEND_DIST):
+            return FileResponse(candidate)
+        if index.is_file():
+            return FileResponse(index)
+        return JSONResponse(
+            {"detail": "the web UI is not built; run `make up` or use the API at /api/docs"},
+            status_code=404,
+        )

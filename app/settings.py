@@ -1,0 +1,68 @@
+"""Typed settings: every knob is a NEBULA_* environment variable; nothing else reads os.environ."""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """The platform's configuration."""
+
+    model_config = SettingsConfigDict(env_prefix="NEBULA_", extra="ignore")
+
+    var_dir: Path = Path("./var")
+    database_url: str = ""  # empty: sqlite under var_dir
+    broker_url: str = ""  # empty: the embedded filesystem broker under var_dir
+    data_dir: Path | None = None  # None: var_dir / "data"
+    secret_key: SecretStr | None = None  # None: generated into var_dir/secret_key
+
+    session_ttl_hours: int = 12
+    max_api_token_days: int = 365
+    lockout_failures: int = 5
+    lockout_window_minutes: int = 15
+    # argon2id cost; the defaults are argon2-cffi's own (~0.12 s a hash here)
+    argon2_time_cost: int = 3
+    argon2_memory_kib: int = 65536
+    argon2_parallelism: int = 4
+
+    default_storage_bytes_limit: int = 10 * 1024**3
+    default_max_concurrent_jobs: int = 2
+    max_request_body_bytes: int = 1024 * 1024  # JSON bodies; uploads have their own limit
+    max_upload_bytes: int = 2 * 1024**3
+
+    cookie_secure: bool = False  # set true behind HTTPS
+    log_level: str = "INFO"
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL, defaulting to SQLite under var_dir."""
+        return self.database_url or f"sqlite:///{self.var_dir / 'nebula.db'}"
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        """Where encrypted datasets and artifacts live."""
+        return self.data_dir or self.var_dir / "data"
+
+    def secret(self) -> bytes:
+        """The platform secret; generated once into var_dir/secret_key when not configured."""
+        if self.secret_key is not None:
+            return self.secret_key.get_secret_value().encode()
+        path = self.var_dir / "secret_key"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd_path = path.with_suffix(".tmp")
+            fd_path.write_text(secrets.token_urlsafe(48))
+            fd_path.chmod(0o600)
+            fd_path.replace(path)
+        return path.read_text().strip().encode()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,126 @@
+"""Workspace rules: ownership, quotas."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.accounts.models import Role, User
+from app.audit import service as audit
+from app.audit.service import Actor
+from app.errors import Conflict, Forbidden, NotFound
+from app.settings import Settings
+from app.workspaces.models import Workspace
+
+PERSONAL_WORKSPACE_NAME = "personal"
+
+
+def create(
+    db: Session,
+    *,
+    actor: Actor,
+    owner: User,
+    name: str,
+    settings: Settings,
+    personal: bool = False,
+) -> Workspace:
+    """A new workspace for `owner` with the default quotas."""
+    if owner.role == Role.auditor and not personal:
+        raise Forbidden("auditors have a read-only role")
+    taken = db.scalar(
+        select(Workspace.id).where(Workspace.owner_id == owner.id, Workspace.name == name)
+    )
+    if taken is not None:
+        raise Conflict("you already have a workspace with this name")
+    workspace = Workspace(
+        owner_id=owner.id,
+        name=name,
+        is_personal=personal,
+        storage_bytes_limit=settings.default_storage_bytes_limit,
+        max_concurrent_jobs=settings.default_max_concurrent_jobs,
+    )
+    db.add(workspace)
+    db.flush()
+    audit.record(
+        db,
+        actor=actor,
+        action="workspace.create",
+        subject_type="workspace",
+        subject_id=workspace.id,
+        details={"owner_id": owner.id, "personal": personal},
+    )
+    return workspace
+
+
+def get_owned(db: Session, *, actor: Actor, user: User, workspace_id: str) -> Workspace:
+    """The workspace if `user` owns it; NotFound (audited) otherwise."""
+    workspace = db.get(Workspace, workspace_id)
+    if workspace is None or workspace.owner_id != user.id:
+        audit.deny(
+            db,
+            actor=actor,
+            action="workspace.access",
+            subject_type="workspace",
+            subject_id=workspace_id,
+        )
+    return workspace
+
+
+def list_owned(
+    db: Session, *, owner_id: str, limit: int, offset: int
+) -> tuple[list[Workspace], int]:
+    """Workspaces of one owner, newest first."""
+    where = Workspace.owner_id == owner_id
+    total = db.scalar(select(func.count()).select_from(Workspace).where(where)) or 0
+    items = db.scalars(
+        select(Workspace)
+        .where(where)
+        .order_by(Workspace.created_at.desc(), Workspace.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return list(items), total
+
+
+def delete(db: Session, *, actor: Actor, workspace: Workspace) -> None:
+    """Delete a workspace that is not the owner's personal one."""
+    if workspace.is_personal:
+        raise Conflict("the personal workspace cannot be deleted")
+    db.delete(workspace)
+    audit.record(
+        db,
+        actor=actor,
+        action="workspace.delete",
+        subject_type="workspace",
+        subject_id=workspace.id,
+    )
+
+
+def set_quota(
+    db: Session,
+    *,
+    actor: Actor,
+    workspace_id: str,
+    storage_bytes_limit: int | None,
+    max_concurrent_jobs: int | None,
+) -> Workspace:
+    """Change a workspace's quotas (admins only; the route enforces the role)."""
+    workspace = db.get(Workspace, workspace_id)
+    if workspace is None:
+        raise NotFound()
+    changes: dict[str, int] = {}
+    if storage_bytes_limit is not None:
+        workspace.storage_bytes_limit = storage_bytes_limit
+        changes["storage_bytes_limit"] = storage_bytes_limit
+    if max_concurrent_jobs is not None:
+        workspace.max_concurrent_jobs = max_concurrent_jobs
+        changes["max_concurrent_jobs"] = max_concurrent_jobs
+    audit.record(
+        db,
+        actor=actor,
+        action="workspace.quota",
+        subject_type="workspace",
+        subject_id=workspace.id,
+        details=changes,
+    )
+    return workspace

@@ -1,0 +1,63 @@
+"""Test helpers shared across modules: accounts made the way the CLI makes them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.accounts import service as accounts
+from app.accounts.models import Role
+from app.audit.service import SYSTEM
+from app.settings import Settings
+
+PASSWORD = "violet-harbor-cinnamon-42"
+
+
+@dataclass
+class Account:
+    """A user of the test platform with a live session token."""
+
+    id: str
+    email: str
+    role: Role
+    token: str
+    password: str = PASSWORD
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+
+class Platform:
+    """Makes users the way the CLI does, and logs them in through the API."""
+
+    def __init__(self, client: TestClient, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.factory: sessionmaker[Session] = client.app.state.sessionmaker  # type: ignore[attr-defined]
+
+    def user(self, role: Role = Role.member, email: str | None = None) -> Account:
+        email = email or f"{role.value}-{uuid.uuid4().hex[:8]}@example.org"
+        with self.factory() as db:
+            user = accounts.create_user(
+                db,
+                actor=SYSTEM,
+                email=email,
+                display_name=email.split("@")[0],
+                role=role,
+                password=PASSWORD,
+                settings=self.settings,
+            )
+            db.commit()
+        return Account(id=user.id, email=email, role=role, token=self.login(email))
+
+    def login(self, email: str, password: str = PASSWORD) -> str:
+        answer = self.client.post("/api/v1/auth/login", json={"email": email, "password": password})
+        assert answer.status_code == 200, answer.text
+        self.client.cookies.clear()  # tests choose bearer or cookie explicitly
+        token: str = answer.json()["token"]
+        return token
