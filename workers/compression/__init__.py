@@ -1,0 +1,54 @@
+"""Communication compression for the slow link: FP16, BF16, INT8, low rank, error feedback.
+
+codec = parse_spec("fp16(lowrank(0.2,method=power))")
+blob = codec.encode(x)            # self-describing bytes
+y = codec.decode(blob)            # or decode(blob): no encoder state needed
+codec.wire_nbytes(x.shape) == len(blob)
+"""
+
+from workers.compression.codecs import (
+    CastCodec,
+    Codec,
+    DenseCodec,
+    ErrorFeedback,
+    Int8Codec,
+    LowRankCodec,
+    WirePlan,
+    decode,
+)
+from workers.compression.errors import CodecError, NonFiniteError, SpecError, WireError
+from workers.compression.policy import (
+    AdaptivePolicy,
+    Choice,
+    CodecProfile,
+    choose_codec,
+    profile_codec,
+    relative_error,
+    transfer_seconds,
+)
+from workers.compression.schedule import Schedule
+from workers.compression.spec import parse_spec
+
+__all__ = [
+    "AdaptivePolicy",
+    "CastCodec",
+    "Choice",
+    "Codec",
+    "CodecError",
+    "CodecProfile",
+    "DenseCodec",
+    "ErrorFeedback",
+    "Int8Codec",
+    "LowRankCodec",
+    "NonFiniteError",
+    "Schedule",
+    "SpecError",
+    "WireError",
+    "WirePlan",
+    "choose_codec",
+    "decode",
+    "parse_spec",
+    "profile_codec",
+    "relative_error",
+    "transfer_seconds",
+]

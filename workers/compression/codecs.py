@@ -1,0 +1,468 @@
+"""Codecs: encode a float32 tensor to a self-describing blob, decode it back.
+
+Dense codecs (`none`, `fp16`, `bf16`, `int8`) are stateless apart from scratch
+buffers and a random generator. `lowrank` nests a dense codec for its factors and
+keeps the power-iteration warm start; `ef` keeps the error-feedback residual. Keep
+one instance per tensor stream. Any blob decodes with `decode` alone.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from workers.compression import lowrank
+from workers.compression.errors import CodecError, NonFiniteError, WireError
+from workers.compression.wire import (
+    DENSE_DTYPE,
+    Kind,
+    header_nbytes,
+    numel,
+    pack_header,
+    read_tensor,
+    row_count,
+    tensor_bytes,
+    unpack_header,
+)
+
+Method = Literal["svd", "rsvd", "power"]
+Layout = Literal["flat", "sample"]
+LAYOUT_CODE: dict[str, int] = {"flat": 0, "sample": 1}
+_LOWRANK_BODY = struct.Struct("<B3xI")
+INT8_TINY = 1e-30
+"""Rows of int8 whose absolute maximum is below this are sent as zeros."""
+
+
+@dataclass(frozen=True)
+class WirePlan:
+    """What a codec will put on the wire for one shape, against plain float32."""
+
+    nbytes: int
+    fp32_nbytes: int
+    rank: int | None = None
+    matrices: tuple[int, int, int] | None = None
+    dense_fallback: bool = False
+
+    @property
+    def ratio(self) -> float:
+        """Wire bytes over float32 bytes (header included)."""
+        return self.nbytes / self.fp32_nbytes if self.fp32_nbytes else 1.0
+
+
+def fp32_nbytes(shape: Sequence[int]) -> int:
+    """Bytes of the tensor sent raw as float32, without a header."""
+    return 4 * numel(shape)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite; one cheap reduction unless the sum overflows."""
+    if t.numel() == 0:
+        return True
+    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
+def check_input(x: object) -> torch.Tensor:
+    """The detached dense float32 tensor to encode, or a clear CodecError."""
+    if not isinstance(x, torch.Tensor):
+        raise CodecError(f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise CodecError(f"only dense tensors are supported, got layout {x.layout}")
+    if x.dtype != torch.float32:
+        raise CodecError(
+            f"expected a float32 tensor, got {x.dtype}; cast it first (x.float()), "
+            "decode always returns float32"
+        )
+    return x.detach()
+
+
+def _non_finite(what: str) -> NonFiniteError:
+    return NonFiniteError(f"{what}: the tensor holds NaN or Inf; nothing was encoded")
+
+
+class Codec(ABC):
+    """Encoder of float32 tensors into self-describing blobs; `decode` needs only the blob."""
+
+    @property
+    @abstractmethod
+    def spec(self) -> str:
+        """The canonical spec string; parse_spec(spec) builds an equivalent codec."""
+
+    @abstractmethod
+    def encode(self, x: torch.Tensor) -> bytes:
+        """The wire form of `x` (float32, any shape)."""
+
+    @abstractmethod
+    def plan(self, shape: Sequence[int]) -> WirePlan:
+        """Exact bytes, rank and fallback for a tensor of `shape`."""
+
+    def wire_nbytes(self, shape: Sequence[int]) -> int:
+        """Exact length of the blob `encode` produces for a tensor of `shape`."""
+        return self.plan(shape).nbytes
+
+    def decode(self, blob: bytes | bytearray | memoryview) -> torch.Tensor:
+        """The float32 tensor a blob carries (any codec's blob)."""
+        return decode(blob)
+
+    def reset(self) -> None:
+        """Forget carried state (warm starts, residuals); stateless codecs have none."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"parse_spec({self.spec!r})"
+
+
+class DenseCodec(Codec):
+    """A codec that sends every value; the ones a low-rank codec nests."""
+
+    kind: Kind
+
+    def dense_nbytes(self, shape: Sequence[int]) -> int:
+        """Blob length for `shape`."""
+        return header_nbytes(len(shape)) + self.body_nbytes(shape)
+
+    @abstractmethod
+    def body_nbytes(self, shape: Sequence[int]) -> int:
+        """Body length for `shape`."""
+
+    def plan(self, shape: Sequence[int]) -> WirePlan:
+        """Exact bytes for a tensor of `shape`."""
+        return WirePlan(nbytes=self.dense_nbytes(shape), fp32_nbytes=fp32_nbytes(shape))
+
+
+class CastCodec(DenseCodec):
+    """`none` (float32), `fp16` or `bf16`: a plain cast, round to nearest even."""
+
+    def __init__(self, kind: Kind) -> None:
+        if kind not in DENSE_DTYPE:
+            raise ValueError(f"{kind!r} is not a cast kind")
+        self.kind = kind
+        self.dtype = DENSE_DTYPE[kind]
+
+    @property
+    def spec(self) -> str:
+        """`none`, `fp16` or `bf16`."""
+        return {Kind.NONE: "none", Kind.FP16: "fp16", Kind.BF16: "bf16"}[self.kind]
+
+    def body_nbytes(self, shape: Sequence[int]) -> int:
+        """One value of the wire dtype per element."""
+        return torch.empty((), dtype=self.dtype).element_size() * numel(shape)
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        """Header and the values cast to the wire dtype."""
+        x = check_input(x)
+        y = x.to(self.dtype).cpu()
+        if not all_finite(y):
+            if all_finite(x):
+                raise NonFiniteError(
+                    f"{self.spec}: values beyond the {self.dtype} range "
+                    f"(max {torch.finfo(self.dtype).max:g}); use bf16, int8 or none"
+                )
+            raise _non_finite(self.spec)
+        return b"".join((pack_header(self.kind, x.shape), tensor_bytes(y)))
+
+
+class Int8Codec(DenseCodec):
+    """Per-row absmax INT8 (rows = all axes but the last), optional stochastic rounding."""
+
+    kind = Kind.INT8
+
+    def __init__(self, stochastic: bool = False, seed: int = 0) -> None:
+        self.stochastic = stochastic
+        self.seed = seed
+        self._generator = torch.Generator().manual_seed(seed)
+        self._scratch: torch.Tensor | None = None
+
+    @property
+    def spec(self) -> str:
+        """`int8` with its non-default options."""
+        opts = []
+        if self.stochastic:
+            opts.append("stochastic=true")
+        if self.seed:
+            opts.append(f"seed={self.seed}")
+        return f"int8({','.join(opts)})" if opts else "int8"
+
+    def body_nbytes(self, shape: Sequence[int]) -> int:
+        """A float32 scale per row and one byte per element."""
+        return 4 * row_count(shape) + numel(shape)
+
+    def reset(self) -> None:
+        """Restart the rounding noise from the seed."""
+        self._generator.manual_seed(self.seed)
+
+    def _buffer(self, shape: tuple[int, int]) -> torch.Tensor:
+        # reusing the float32 scratch is several times faster than allocating it per call
+        if self._scratch is None or tuple(self._scratch.shape) != shape:
+            self._scratch = torch.empty(shape, dtype=torch.float32)
+        return self._scratch
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        """Header, float32 scales (absmax / 127 per row), then the int8 values."""
+        x = check_input(x).cpu()
+        rows = row_count(x.shape)
+        cols = x.shape[-1] if x.dim() else 1
+        x2 = x.reshape(rows, cols)
+        if x2.numel():
+            absmax = torch.linalg.vector_norm(x2, ord=math.inf, dim=1)
+        else:
+            absmax = torch.zeros(rows)
+        if not all_finite(absmax):
+            raise _non_finite(self.spec)
+        live = absmax >= INT8_TINY
+        scale = torch.where(live, absmax / 127.0, 0.0)
+        inverse = torch.where(live, 127.0 / torch.where(live, absmax, 1.0), 0.0)
+        y = torch.mul(x2, inverse.unsqueeze(1), out=self._buffer((rows, cols)))
+        if self.stochastic:
+            y.add_(torch.rand(y.shape, generator=self._generator)).floor_()
+        else:
+            y.round_()
+        q = y.clamp_(-127.0, 127.0).to(torch.int8)
+        return b"".join((pack_header(self.kind, x.shape), tensor_bytes(scale), tensor_bytes(q)))
+
+
+class LowRankCodec(Codec):
+    """Rank-k factors P, Q with X ~= P Q^T, each sent with a nested dense codec.
+
+    The tensor is one (prod(shape[:-1]), shape[-1]) matrix (`layout=flat`) or, with
+    `layout=sample` and 3 or more axes, shape[0] matrices of
+    (prod(shape[1:-1]), shape[-1]). k = ceil(ratio * min(m, n)); while k >= mn/(m+n)
+    the factors would cost more than the matrix, so the codec sends the nested codec's
+    dense blob instead (`plan(shape).dense_fallback`), unless `fallback=False`.
+    """
+
+    def __init__(
+        self,
+        ratio: float,
+        method: Method = "svd",
+        inner: DenseCodec | None = None,
+        iters: int = 1,
+        oversample: int = 0,
+        layout: Layout = "flat",
+        fallback: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 < ratio <= 1.0 or not math.isfinite(ratio):
+            raise ValueError(f"the keep ratio must be in (0, 1], got {ratio}")
+        if method not in ("svd", "rsvd", "power"):
+            raise ValueError(f"unknown low-rank method {method!r}")
+        if layout not in LAYOUT_CODE:
+            raise ValueError(f"unknown layout {layout!r}")
+        if iters < 1 or oversample < 0:
+            raise ValueError("iters must be >= 1 and oversample >= 0")
+        self.ratio = float(ratio)
+        self.method: Method = method
+        self.inner: DenseCodec = inner if inner is not None else CastCodec(Kind.NONE)
+        self.iters = iters
+        self.oversample = oversample
+        self.layout: Layout = layout
+        self.fallback = fallback
+        self.seed = seed
+        self._generator = torch.Generator().manual_seed(seed)
+        self._warm: torch.Tensor | None = None
+
+    @property
+    def spec(self) -> str:
+        """`lowrank(r,...)` nested in its factor codec, with non-default options."""
+        opts = [repr(self.ratio)]
+        if self.method != "svd":
+            opts.append(f"method={self.method}")
+        if self.iters != 1:
+            opts.append(f"iters={self.iters}")
+        if self.oversample:
+            opts.append(f"oversample={self.oversample}")
+        if self.layout != "flat":
+            opts.append(f"layout={self.layout}")
+        if not self.fallback:
+            opts.append("fallback=false")
+        if self.seed:
+            opts.append(f"seed={self.seed}")
+        core = f"lowrank({','.join(opts)})"
+        if isinstance(self.inner, CastCodec) and self.inner.kind == Kind.NONE:
+            return core
+        inner = self.inner.spec
+        if inner.endswith(")"):
+            return f"{inner[:-1]},{core})"
+        return f"{inner}({core})"
+
+    def reset(self) -> None:
+        """Drop the warm start and restart the random sketches from the seed."""
+        self._warm = None
+        self._generator.manual_seed(self.seed)
+
+    def matrices(self, shape: Sequence[int]) -> tuple[int, int, int]:
+        """(batch, m, n): how the tensor is cut into matrices."""
+        if self.layout == "sample" and len(shape) >= 3:
+            return shape[0], math.prod(shape[1:-1]), shape[-1]
+        if not shape:
+            return 1, 1, 1
+        return 1, math.prod(shape[:-1]), shape[-1]
+
+    def _factor_shapes(self, b: int, m: int, n: int, k: int) -> tuple[tuple[int, ...], ...]:
+        if self.layout == "sample":
+            return (b, k, m), (b, k, n)
+        return (k, m), (k, n)
+
+    def plan(self, shape: Sequence[int]) -> WirePlan:
+        """Rank, fallback and exact bytes for a tensor of `shape`."""
+        shape = tuple(shape)
+        b, m, n = self.matrices(shape)
+        k = lowrank.rank_for(self.ratio, m, n)
+        dense = not lowrank.low_rank_pays(k, m, n) and (self.fallback or k == 0)
+        if dense:
+            nbytes = self.inner.dense_nbytes(shape)
+        else:
+            p_shape, q_shape = self._factor_shapes(b, m, n, k)
+            nbytes = (
+                header_nbytes(len(shape))
+                + _LOWRANK_BODY.size
+                + self.inner.dense_nbytes(p_shape)
+                + self.inner.dense_nbytes(q_shape)
+            )
+        return WirePlan(
+            nbytes=nbytes,
+            fp32_nbytes=fp32_nbytes(shape),
+            rank=k,
+            matrices=(b, m, n),
+            dense_fallback=dense,
+        )
+
+    def factors(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Balanced factors P (b, m, k), Q (b, n, k) of the (b, m, n) batch `x`."""
+        if self.method == "svd":
+            if not all_finite(x):
+                raise _non_finite(self.spec)
+            return lowrank.svd_factors(x, k)
+        if self.method == "rsvd":
+            return lowrank.rsvd_factors(x, k, self.iters, self.oversample, self._generator)
+        b, _, n = x.shape
+        if self._warm is None or tuple(self._warm.shape) != (b, n, k):
+            self._warm = torch.randn((b, n, k), generator=self._generator)
+        p, q, warm = lowrank.power_factors(x, k, self.iters, self._warm.to(x.device))
+        if all_finite(warm):
+            self._warm = warm.cpu()
+        else:
+            self._warm = None
+        return p, q
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        """The factor blob, or the nested dense blob past the break-even rank."""
+        x = check_input(x)
+        plan = self.plan(x.shape)
+        if plan.dense_fallback:
+            return self.inner.encode(x)
+        assert plan.matrices is not None and plan.rank is not None
+        b, m, n = plan.matrices
+        k = plan.rank
+        p, q = self.factors(x.reshape(b, m, n), k)
+        if not (all_finite(p) and all_finite(q)):
+            raise _non_finite(self.spec)
+        p_shape, q_shape = self._factor_shapes(b, m, n, k)
+        return b"".join(
+            (
+                pack_header(Kind.LOWRANK, x.shape),
+                _LOWRANK_BODY.pack(LAYOUT_CODE[self.layout], k),
+                self.inner.encode(p.mT.reshape(p_shape)),
+                self.inner.encode(q.mT.reshape(q_shape)),
+            )
+        )
+
+
+class ErrorFeedback(Codec):
+    """Adds the residual left by step t to the input of step t+1 before encoding."""
+
+    def __init__(self, inner: Codec) -> None:
+        if isinstance(inner, ErrorFeedback):
+            raise ValueError("error feedback cannot nest error feedback")
+        self.inner = inner
+        self._residual: torch.Tensor | None = None
+
+    @property
+    def spec(self) -> str:
+        """`ef(<inner spec>)`."""
+        return f"ef({self.inner.spec})"
+
+    def plan(self, shape: Sequence[int]) -> WirePlan:
+        """The inner codec's plan: feedback changes values, not bytes."""
+        return self.inner.plan(shape)
+
+    def reset(self) -> None:
+        """Drop the residual and the inner state."""
+        self._residual = None
+        self.inner.reset()
+
+    @property
+    def residual(self) -> torch.Tensor | None:
+        """What the last blob left out, to be added to the next input."""
+        return self._residual
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        """Encode x plus the carried residual; carry what this blob leaves out."""
+        x = check_input(x)
+        if self._residual is not None and self._residual.shape == x.shape:
+            x = x + self._residual.to(x.device)
+        blob = self.inner.encode(x)
+        self._residual = (x.cpu() - decode(blob)).contiguous()
+        return blob
+
+
+def _dense_from(
+    buf: memoryview, offset: int, kind: Kind, shape: tuple[int, ...]
+) -> tuple[torch.Tensor, int]:
+    if kind in DENSE_DTYPE:
+        values, end = read_tensor(buf, offset, DENSE_DTYPE[kind], shape)
+        return values.to(torch.float32, copy=True), end
+    if kind == Kind.INT8:
+        rows = row_count(shape)
+        scale, offset = read_tensor(buf, offset, torch.float32, (rows,))
+        q, end = read_tensor(buf, offset, torch.int8, shape)
+        cols = shape[-1] if shape else 1
+        x = q.reshape(rows, cols).to(torch.float32).mul_(scale.unsqueeze(1))
+        return x.reshape(shape), end
+    raise WireError(f"a low-rank factor must be a dense blob, got kind {kind.name.lower()}")
+
+
+def _decode_at(buf: memoryview, offset: int) -> tuple[torch.Tensor, int]:
+    kind, shape, offset = unpack_header(buf, offset)
+    if kind != Kind.LOWRANK:
+        return _dense_from(buf, offset, kind, shape)
+    if len(buf) - offset < _LOWRANK_BODY.size:
+        raise WireError("truncated low-rank blob")
+    layout, k = _LOWRANK_BODY.unpack_from(buf, offset)
+    if layout not in LAYOUT_CODE.values():
+        raise WireError(f"unknown low-rank layout {layout}")
+    pt, offset = _dense_from(buf, *_header_of(buf, offset + _LOWRANK_BODY.size))
+    qt, end = _dense_from(buf, *_header_of(buf, offset))
+    b, m, n = (
+        (shape[0], math.prod(shape[1:-1]), shape[-1])
+        if layout == LAYOUT_CODE["sample"] and len(shape) >= 3
+        else (1, math.prod(shape[:-1]) if shape else 1, shape[-1] if shape else 1)
+    )
+    if pt.numel() != b * k * m or qt.numel() != b * k * n or k < 1:
+        raise WireError(
+            f"low-rank factors {tuple(pt.shape)} and {tuple(qt.shape)} do not fit "
+            f"shape {shape} at rank {k}"
+        )
+    x = pt.reshape(b, k, m).mT @ qt.reshape(b, k, n)
+    return x.reshape(shape), end
+
+
+def _header_of(buf: memoryview, offset: int) -> tuple[int, Kind, tuple[int, ...]]:
+    kind, shape, body = unpack_header(buf, offset)
+    return body, kind, shape
+
+
+def decode(blob: bytes | bytearray | memoryview) -> torch.Tensor:
+    """The float32 tensor carried by any codec's blob; WireError on malformed input."""
+    buf = memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
+    x, end = _decode_at(buf, 0)
+    if end != len(buf):
+        raise WireError(f"{len(buf) - end} unexpected bytes after the blob")
+    return x
