@@ -1,0 +1,184 @@
+/** Shapes of the API's answers (../shared/API.md). Optional fields are extras the UI uses when present. */
+
+export type Role = "admin" | "member" | "auditor";
+export type UserStatus = "active" | "suspended" | "deleted";
+
+export interface Page<T> {
+  items: T[];
+  total: number;
+}
+
+export interface User {
+  id: string;
+  email: string;
+  display_name: string;
+  role: Role;
+  status: UserStatus;
+  created_at?: string;
+}
+
+export interface ApiToken {
+  id: string;
+  name: string;
+  expires_at: string | null;
+  created_at?: string;
+  last_used_at?: string | null;
+  revoked_at?: string | null;
+}
+
+export interface NewApiToken extends ApiToken {
+  token: string;
+}
+
+export interface Workspace {
+  id: string;
+  name: string;
+  owner_id: string;
+  storage_bytes_used: number;
+  storage_bytes_limit: number;
+  max_concurrent_jobs: number;
+  created_at?: string;
+  owner_email?: string;
+}
+
+export type DatasetKind = "text" | "parallel" | "model";
+
+export interface Dataset {
+  id: string;
+  name: string;
+  kind: DatasetKind;
+  size_bytes: number;
+  sha256: string;
+  discoverable: boolean;
+  workspace_id?: string;
+  owner_id?: string;
+  owner_email?: string;
+  owner_display_name?: string;
+  created_at?: string;
+  description?: string;
+}
+
+export type AccessStatus = "pending" | "approved" | "denied" | "revoked" | "withdrawn" | "expired";
+
+export interface AccessRequest {
+  id: string;
+  dataset_id: string;
+  requester_id: string;
+  owner_id: string;
+  purpose: string;
+  status: AccessStatus;
+  expires_at?: string | null;
+  created_at?: string;
+  decided_at?: string | null;
+  dataset_name?: string;
+  dataset_kind?: DatasetKind;
+  requester_email?: string;
+  requester_display_name?: string;
+  owner_email?: string;
+}
+
+export interface Cluster {
+  id: string;
+  name: string;
+  switch_host: string;
+  switch_port: number;
+  created_at?: string;
+  status?: string;
+}
+
+export interface Certificate {
+  serial: string;
+  cluster_id?: string;
+  not_before?: string;
+  not_after: string;
+  revoked_at?: string | null;
+  revocation_reason?: string | null;
+  subject?: string;
+  status?: string;
+}
+
+export interface SignedCertificate {
+  serial: string;
+  certificate_pem: string;
+  not_after: string;
+}
+
+export interface EnrollmentToken {
+  token: string;
+  expires_at: string;
+}
+
+export type JobKind = "electra_pretrain" | "abnet_finetune";
+export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+
+export interface Job {
+  id: string;
+  kind: JobKind;
+  status: JobStatus;
+  progress: number;
+  step: number;
+  total_steps: number;
+  metrics: Record<string, unknown> | null;
+  error: string | null;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  workspace_id?: string;
+  config?: Record<string, unknown>;
+  inputs?: Record<string, string>;
+  placement?: Record<string, string>;
+}
+
+export interface JobSubmission {
+  kind: JobKind;
+  config: Record<string, unknown>;
+  inputs: Record<string, string>;
+  placement: Record<string, string>;
+}
+
+export type SeriesPoint = [number, number];
+
+export interface JobMetrics {
+  series: Record<string, SeriesPoint[] | Record<string, SeriesPoint[]>>;
+}
+
+export interface JobEvent {
+  status?: JobStatus;
+  progress?: number;
+  step?: number;
+  total_steps?: number;
+  metrics?: Record<string, unknown>;
+  error?: string | null;
+}
+
+export interface Artifact {
+  id?: string;
+  name: string;
+  kind?: string;
+  size_bytes?: number;
+  sha256?: string;
+  created_at?: string;
+  url?: string;
+  dataset_id?: string;
+}
+
+export interface AuditEvent {
+  id: string;
+  seq: number;
+  at: string;
+  actor_id: string | null;
+  action: string;
+  subject_type: string | null;
+  subject_id: string | null;
+  outcome: string;
+  ip: string | null;
+  details: unknown;
+  hash: string;
+  prev_hash: string | null;
+}
+
+export interface AuditVerification {
+  ok: boolean;
+  count: number;
+  first_bad_seq: number | null;
+}

@@ -1,0 +1,294 @@
+/** Submit a job: kind, preset, inputs from own and granted datasets, roles placed on clusters. */
+import { useEffect, useMemo, useState, type FormEvent } from "react";
+import { Link, useNavigate, useSearchParams } from "react-router-dom";
+import { access, clusters, datasets, jobs, workspaces } from "../api/endpoints";
+import type { Dataset, JobKind } from "../api/types";
+import { EmptyState, ErrorMessage, Loading, PageHeader } from "../components/ui";
+import { formatBytes, isPast } from "../format";
+import { useAction, useLoad } from "../hooks";
+import { buildConfig, COMPRESSION_CHOICES, JOB_SPECS, PRESETS, type AdvancedOptions, type Preset } from "../jobs/specs";
+
+export interface UsableDatasets {
+  own: Dataset[];
+  granted: Dataset[];
+}
+
+/** Datasets the user may name as inputs: every one in their workspaces, and those under an active grant. */
+export async function loadUsableDatasets(): Promise<UsableDatasets> {
+  const [wsPage, outgoing] = await Promise.all([workspaces.list(), access.list("outgoing").catch(() => ({ items: [], total: 0 }))]);
+  const ownPages = await Promise.all(wsPage.items.map((w) => datasets.list(w.id)));
+  const own = ownPages.flatMap((p) => p.items);
+  const ownIds = new Set(own.map((d) => d.id));
+  const active = outgoing.items.filter((r) => r.status === "approved" && !isPast(r.expires_at) && !ownIds.has(r.dataset_id));
+  const unique = Array.from(new Map(active.map((r) => [r.dataset_id, r])).values());
+  const granted = (
+    await Promise.all(
+      unique.map(async (r) => {
+        try {
+          return await datasets.get(r.dataset_id);
+        } catch {
+          // Still usable by id even if its metadata cannot be read.
+          return r.dataset_kind
+            ? ({ id: r.dataset_id, name: r.dataset_name ?? r.dataset_id, kind: r.dataset_kind, size_bytes: 0, sha256: "", discoverable: true } as Dataset)
+            : null;
+        }
+      }),
+    )
+  ).filter((d): d is Dataset => d !== null);
+  return { own, granted };
+}
+
+const NO_ADVANCED: AdvancedOptions = { steps: "", compression: "", svdKeepRatio: "", compressionStartStep: "" };
+
+export function NewJobPage() {
+  const [params] = useSearchParams();
+  const navigate = useNavigate();
+  const wsList = useLoad(() => workspaces.list(), []);
+  const usable = useLoad(loadUsableDatasets, []);
+  const clusterList = useLoad(() => clusters.list(), []);
+  const [ws, setWs] = useState(params.get("ws") ?? "");
+  const [kind, setKind] = useState<JobKind>("electra_pretrain");
+  const [preset, setPreset] = useState<Preset>("tiny");
+  const [inputs, setInputs] = useState<Record<string, string>>({});
+  const [placement, setPlacement] = useState<Record<string, string>>({});
+  const [advanced, setAdvanced] = useState<AdvancedOptions>(NO_ADVANCED);
+  const action = useAction();
+  const spec = JOB_SPECS[kind];
+  const clusterNames = useMemo(() => (clusterList.data?.items ?? []).map((c) => c.name), [clusterList.data]);
+
+  useEffect(() => {
+    if (!ws && wsList.data?.items.length) setWs(wsList.data.items[0].id);
+  }, [ws, wsList.data]);
+
+  // Place the two roles on two different clusters by default: that is the point of Nebula.
+  useEffect(() => {
+    setPlacement((prev) => {
+      const next: Record<string, string> = {};
+      spec.roles.forEach((role, i) => {
+        next[role.name] = prev[role.name] && clusterNames.includes(prev[role.name]) ? prev[role.name] : clusterNames[i % Math.max(clusterNames.length, 1)] ?? "";
+      });
+      return next;
+    });
+  }, [spec, clusterNames]);
+
+  const missing = [
+    ...spec.inputs.filter((i) => !inputs[i.name]).map((i) => i.label),
+    ...spec.roles.filter((r) => !placement[r.name]).map((r) => `${r.label} cluster`),
+  ];
+  const sameCluster = spec.roles.length === 2 && placement[spec.roles[0].name] && placement[spec.roles[0].name] === placement[spec.roles[1].name];
+
+  async function submit(event: FormEvent) {
+    event.preventDefault();
+    if (!ws || missing.length) return;
+    const answer = await action.run(() =>
+      jobs.submit(ws, {
+        kind,
+        config: buildConfig(preset, advanced),
+        inputs: Object.fromEntries(spec.inputs.map((i) => [i.name, inputs[i.name]])),
+        placement: Object.fromEntries(spec.roles.map((r) => [r.name, placement[r.name]])),
+      }),
+    );
+    if (answer?.id) navigate(`/jobs/${answer.id}`);
+  }
+
+  const loading = (wsList.loading && !wsList.data) || (usable.loading && !usable.data) || (clusterList.loading && !clusterList.data);
+  const own = usable.data?.own ?? [];
+  const granted = usable.data?.granted ?? [];
+
+  return (
+    <>
+      <PageHeader title="New job" subtitle="A job is a configuration of Nebula’s own training code; no user code runs on the clusters." />
+      <ErrorMessage error={wsList.error} />
+      <ErrorMessage error={usable.error} />
+      <ErrorMessage error={clusterList.error} />
+      {loading ? (
+        <Loading />
+      ) : !wsList.data?.items.length ? (
+        <EmptyState title="You need a workspace first.">
+          Create one under <Link to="/workspaces">Workspaces</Link> and upload your data.
+        </EmptyState>
+      ) : (
+        <form className="card job-form" onSubmit={submit} aria-label="Submit job">
+          <div className="field">
+            <label htmlFor="job-ws">Workspace</label>
+            <select id="job-ws" value={ws} onChange={(e) => setWs(e.target.value)}>
+              {wsList.data.items.map((w) => (
+                <option key={w.id} value={w.id}>
+                  {w.name}
+                </option>
+              ))}
+            </select>
+          </div>
+
+          <fieldset>
+            <legend>Kind</legend>
+            <div className="choice-grid">
+              {Object.values(JOB_SPECS).map((s) => (
+                <label key={s.kind} className={kind === s.kind ? "choice selected" : "choice"}>
+                  <input
+                    type="radio"
+                    name="job-kind"
+                    value={s.kind}
+                    checked={kind === s.kind}
+                    onChange={() => {
+                      setKind(s.kind);
+                      setInputs({});
+                    }}
+                  />
+                  <span>
+                    <strong>{s.label}</strong>
+                    <span className="muted small block">{s.description}</span>
+                  </span>
+                </label>
+              ))}
+            </div>
+          </fieldset>
+
+          <fieldset>
+            <legend>Preset</legend>
+            <div className="choice-grid">
+              {PRESETS.map((p) => (
+                <label key={p.value} className={preset === p.value ? "choice selected" : "choice"}>
+                  <input type="radio" name="job-preset" value={p.value} checked={preset === p.value} onChange={() => setPreset(p.value)} />
+                  <span>
+                    <strong>{p.label}</strong>
+                    <span className="muted small block">{p.hint}</span>
+                  </span>
+                </label>
+              ))}
+            </div>
+          </fieldset>
+
+          <fieldset>
+            <legend>Inputs</legend>
+            {spec.inputs.map((input) => {
+              const ownOfKind = own.filter((d) => d.kind === input.kind);
+              const grantedOfKind = granted.filter((d) => d.kind === input.kind);
+              const id = `job-input-${input.name}`;
+              return (
+                <div className="field" key={input.name}>
+                  <label htmlFor={id}>
+                    {input.label} <span className="muted small">({input.kind})</span>
+                  </label>
+                  <select id={id} required value={inputs[input.name] ?? ""} onChange={(e) => setInputs((prev) => ({ ...prev, [input.name]: e.target.value }))}>
+                    <option value="">Choose a {input.kind} dataset…</option>
+                    {ownOfKind.length ? (
+                      <optgroup label="Your datasets">
+                        {ownOfKind.map((d) => (
+                          <option key={d.id} value={d.id}>
+                            {d.name} ({formatBytes(d.size_bytes)})
+                          </option>
+                        ))}
+                      </optgroup>
+                    ) : null}
+                    {grantedOfKind.length ? (
+                      <optgroup label="Granted to you">
+                        {grantedOfKind.map((d) => (
+                          <option key={d.id} value={d.id}>
+                            {d.name}
+                          </option>
+                        ))}
+                      </optgroup>
+                    ) : null}
+                  </select>
+                  {!ownOfKind.length && !grantedOfKind.length ? (
+                    <p className="hint">
+                      No {input.kind} dataset yet: upload one in a <Link to="/workspaces">workspace</Link> or request one in the{" "}
+                      <Link to="/catalog">catalog</Link>.
+                    </p>
+                  ) : null}
+                </div>
+              );
+            })}
+          </fieldset>
+
+          <fieldset>
+            <legend>Placement</legend>
+            {clusterNames.length === 0 ? (
+              <p className="hint">No cluster is registered yet; an administrator must add clusters before jobs can run.</p>
+            ) : null}
+            {spec.roles.map((role) => {
+              const id = `job-role-${role.name}`;
+              return (
+                <div className="field" key={role.name}>
+                  <label htmlFor={id}>{role.label} runs on</label>
+                  <select
+                    id={id}
+                    required
+                    aria-describedby={`${id}-hint`}
+                    value={placement[role.name] ?? ""}
+                    onChange={(e) => setPlacement((prev) => ({ ...prev, [role.name]: e.target.value }))}
+                  >
+                    <option value="">Choose a cluster…</option>
+                    {clusterNames.map((name) => (
+                      <option key={name} value={name}>
+                        {name}
+                      </option>
+                    ))}
+                  </select>
+                  <p className="hint" id={`${id}-hint`}>
+                    {role.hint}
+                  </p>
+                </div>
+              );
+            })}
+            {sameCluster ? <p className="hint warn">Both roles are on one cluster: nothing crosses a wide-area link.</p> : null}
+          </fieldset>
+
+          <details>
+            <summary>Advanced options</summary>
+            <p className="muted small">Leave blank to use the preset’s values.</p>
+            <div className="form-grid">
+              <div className="field">
+                <label htmlFor="job-steps">Training steps</label>
+                <input id="job-steps" type="number" min={1} value={advanced.steps} onChange={(e) => setAdvanced({ ...advanced, steps: e.target.value })} />
+              </div>
+              <div className="field">
+                <label htmlFor="job-compression">Link compression</label>
+                <select id="job-compression" value={advanced.compression} onChange={(e) => setAdvanced({ ...advanced, compression: e.target.value })}>
+                  {COMPRESSION_CHOICES.map((c) => (
+                    <option key={c.value} value={c.value}>
+                      {c.label}
+                    </option>
+                  ))}
+                </select>
+              </div>
+              {advanced.compression.includes("svd") ? (
+                <div className="field">
+                  <label htmlFor="job-keep">SVD keep ratio (0–1)</label>
+                  <input
+                    id="job-keep"
+                    type="number"
+                    min={0.01}
+                    max={1}
+                    step={0.01}
+                    value={advanced.svdKeepRatio}
+                    onChange={(e) => setAdvanced({ ...advanced, svdKeepRatio: e.target.value })}
+                  />
+                </div>
+              ) : null}
+              {advanced.compression && advanced.compression !== "none" ? (
+                <div className="field">
+                  <label htmlFor="job-cstart">Compress from step</label>
+                  <input
+                    id="job-cstart"
+                    type="number"
+                    min={0}
+                    value={advanced.compressionStartStep}
+                    onChange={(e) => setAdvanced({ ...advanced, compressionStartStep: e.target.value })}
+                  />
+                </div>
+              ) : null}
+            </div>
+          </details>
+
+          <ErrorMessage error={action.error} />
+          {missing.length ? <p className="hint">Still needed: {missing.join(", ")}.</p> : null}
+          <button type="submit" className="btn btn-primary" disabled={action.busy || missing.length > 0}>
+            {action.busy ? "Submitting…" : "Submit job"}
+          </button>
+        </form>
+      )}
+    </>
+  );
+}
