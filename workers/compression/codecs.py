@@ -228,6 +228,11 @@ class Int8Codec(DenseCodec):
         return b"".join((pack_header(self.kind, x.shape), tensor_bytes(scale), tensor_bytes(q)))
 
 
+def default_oversample(method: str) -> int:
+    """Extra sketch columns by default: randomized SVD needs them at small ranks."""
+    return 8 if method == "rsvd" else 0
+
+
 class LowRankCodec(Codec):
     """Rank-k factors P, Q with X ~= P Q^T, each sent with a nested dense codec.
 
@@ -244,7 +249,7 @@ class LowRankCodec(Codec):
         method: Method = "svd",
         inner: DenseCodec | None = None,
         iters: int = 1,
-        oversample: int = 0,
+        oversample: int | None = None,
         layout: Layout = "flat",
         fallback: bool = True,
         seed: int = 0,
@@ -255,6 +260,8 @@ class LowRankCodec(Codec):
             raise ValueError(f"unknown low-rank method {method!r}")
         if layout not in LAYOUT_CODE:
             raise ValueError(f"unknown layout {layout!r}")
+        if oversample is None:
+            oversample = default_oversample(method)
         if iters < 1 or oversample < 0:
             raise ValueError("iters must be >= 1 and oversample >= 0")
         self.ratio = float(ratio)
@@ -276,7 +283,7 @@ class LowRankCodec(Codec):
             opts.append(f"method={self.method}")
         if self.iters != 1:
             opts.append(f"iters={self.iters}")
-        if self.oversample:
+        if self.oversample != default_oversample(self.method):
             opts.append(f"oversample={self.oversample}")
         if self.layout != "flat":
             opts.append(f"layout={self.layout}")
@@ -289,7 +296,8 @@ class LowRankCodec(Codec):
             return core
         inner = self.inner.spec
         if inner.endswith(")"):
-            return f"{inner[:-1]},{core})"
+            name, options = inner.split("(", 1)
+            return f"{name}({core},{options}"
         return f"{inner}({core})"
 
     def reset(self) -> None:
@@ -337,14 +345,13 @@ class LowRankCodec(Codec):
     def factors(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Balanced factors P (b, m, k), Q (b, n, k) of the (b, m, n) batch `x`."""
         if self.method == "svd":
-            if not all_finite(x):
-                raise _non_finite(self.spec)
             return lowrank.svd_factors(x, k)
         if self.method == "rsvd":
             return lowrank.rsvd_factors(x, k, self.iters, self.oversample, self._generator)
-        b, _, n = x.shape
-        if self._warm is None or tuple(self._warm.shape) != (b, n, k):
-            self._warm = torch.randn((b, n, k), generator=self._generator)
+        b, m, n = x.shape
+        width = min(k + self.oversample, m, n)
+        if self._warm is None or tuple(self._warm.shape) != (b, n, width):
+            self._warm = torch.randn((b, n, width), generator=self._generator)
         p, q, warm = lowrank.power_factors(x, k, self.iters, self._warm.to(x.device))
         if all_finite(warm):
             self._warm = warm.cpu()
@@ -361,6 +368,8 @@ class LowRankCodec(Codec):
         assert plan.matrices is not None and plan.rank is not None
         b, m, n = plan.matrices
         k = plan.rank
+        if not all_finite(x):
+            raise _non_finite(self.spec)
         p, q = self.factors(x.reshape(b, m, n), k)
         if not (all_finite(p) and all_finite(q)):
             raise _non_finite(self.spec)

@@ -103,7 +103,8 @@ def power_factors(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """PowerSGD-style power iteration from the right factor of the previous step.
 
-    Returns P, Q and the next warm start (Q before balancing, so its scale is the data's).
+    `warm` is (..., n, q) with q >= k (q > k oversamples and truncates to k). Returns
+    P, Q and the next warm start (the unbalanced right factor, at the data's scale).
     """
     if iters < 1:
         raise ValueError("power iteration needs at least one iteration per step")
@@ -113,5 +114,6 @@ def power_factors(
     for _ in range(iters - 1):
         p = orthonormalize(x @ q)
         q = x.mT @ p
-    pb, qb = balance(p, q)
+    pk, qk = truncate(p, q, k)
+    pb, qb = balance(pk, qk)
     return pb, qb, q

@@ -1,4 +1,4 @@
-"""Adaptive choice of a codec per tensor: least encode + transfer + decode time under an error bound.
+"""Adaptive codec choice per tensor: least encode + transfer + decode time under an error bound.
 
 The switch measures the link bandwidth; `profile_codec` measures what each candidate
 costs on this machine and how much error it makes on a sample of the stream.

@@ -22,6 +22,7 @@ from workers.compression.codecs import (
     ErrorFeedback,
     Int8Codec,
     LowRankCodec,
+    default_oversample,
 )
 from workers.compression.errors import SpecError
 from workers.compression.wire import Kind
@@ -170,7 +171,7 @@ def _lowrank(parser: _Parser, node: Call, inner: DenseCodec) -> LowRankCodec:
         method=method,  # type: ignore[arg-type]
         inner=inner,
         iters=_integer(parser, node, "iters", 1, 1),
-        oversample=_integer(parser, node, "oversample", 0, 0),
+        oversample=_integer(parser, node, "oversample", default_oversample(method), 0),
         layout=layout,  # type: ignore[arg-type]
         fallback=_flag(parser, node, "fallback", True),
         seed=_integer(parser, node, "seed", 0, 0),

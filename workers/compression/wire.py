@@ -104,7 +104,7 @@ def tensor_bytes(x: torch.Tensor) -> memoryview:
     x = x.contiguous()
     if x.numel() == 0:
         return memoryview(b"")
-    return x.view(torch.uint8).numpy().data.cast("B")
+    return x.reshape(-1).view(torch.uint8).numpy().data.cast("B")
 
 
 def read_tensor(

@@ -1,0 +1,90 @@
+"""The compression schedule and the adaptive codec policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.compression import (
+    AdaptivePolicy,
+    CodecError,
+    CodecProfile,
+    Schedule,
+    SpecError,
+    choose_codec,
+    parse_spec,
+    profile_codec,
+    relative_error,
+    transfer_seconds,
+)
+
+
+def test_schedule_switches_on_at_the_chosen_step() -> None:
+    schedule = Schedule(compress_from_step=3, spec="fp16(lowrank(0.2,method=power))")
+    assert [schedule.spec_at(s) for s in range(5)] == ["none"] * 3 + [schedule.spec] * 2
+    assert schedule.codec_at(3) is schedule.codec_at(4)
+    assert schedule.codec_at(0).spec == "none"
+
+
+def test_schedule_rejects_bad_specs_up_front() -> None:
+    with pytest.raises(SpecError):
+        Schedule(compress_from_step=1, spec="fp17")
+    with pytest.raises(ValueError):
+        Schedule(compress_from_step=-1)
+
+
+def profile(spec: str, seconds: float, nbytes: int, error: float) -> CodecProfile:
+    return CodecProfile(spec, (4096, 768), seconds / 2, seconds / 2, nbytes, error)
+
+
+PROFILES = [
+    profile("none", 0.001, 12_582_912, 0.0),
+    profile("fp16", 0.005, 6_291_456, 2e-4),
+    profile("int8", 0.015, 3_162_112, 4e-3),
+    profile("fp16(lowrank(0.2,method=power))", 0.03, 1_419_264, 0.05),
+]
+
+
+def test_slow_links_pick_the_fewest_bytes_within_the_bound() -> None:
+    assert choose_codec(PROFILES, 60e6, max_rel_error=0.1).spec.startswith("fp16(lowrank")
+    assert choose_codec(PROFILES, 60e6, max_rel_error=0.01).spec == "int8"
+    assert choose_codec(PROFILES, 60e6, max_rel_error=1e-3).spec == "fp16"
+
+
+def test_fast_links_pick_the_cheapest_codec() -> None:
+    choice = choose_codec(PROFILES, 1e12, max_rel_error=0.1)
+    assert choice.spec == "none"
+    assert next(spec for spec, _, _ in choice.ranking) == "none"
+
+
+def test_no_admissible_codec_is_an_error() -> None:
+    with pytest.raises(CodecError, match="no candidate"):
+        choose_codec(PROFILES[1:], 60e6, max_rel_error=1e-6)
+    with pytest.raises(ValueError):
+        transfer_seconds(10, 0)
+
+
+def test_transfer_seconds() -> None:
+    # the issue's figure: 4096 x 768 float32 over 60 Mbit/s is about 1.7 s
+    assert transfer_seconds(4096 * 768 * 4, 60e6) == pytest.approx(1.68, abs=0.01)
+
+
+def test_profile_measures_bytes_and_error() -> None:
+    x = torch.randn(64, 48)
+    p = profile_codec("int8", x)
+    assert p.wire_nbytes == parse_spec("int8").wire_nbytes(x.shape)
+    assert 0 < p.rel_error < 0.02
+    assert p.encode_s >= 0 and p.decode_s >= 0
+    assert relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
+
+
+def test_adaptive_policy_keeps_one_codec_per_stream() -> None:
+    policy = AdaptivePolicy(candidates=["none", "fp16", "int8"], max_rel_error=1e-3)
+    x = torch.randn(64, 48)
+    codec = policy.codec("act", x, bandwidth_bps=1e6)
+    assert codec.spec == "fp16"
+    assert policy.codec("act", x, bandwidth_bps=1e6) is codec
+    assert policy.choose("act", x, bandwidth_bps=1e15).spec in {"none", "fp16", "int8"}
+    policy.forget("act")
+    with pytest.raises(SpecError):
+        AdaptivePolicy(candidates=["int9"])
