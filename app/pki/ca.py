@@ -29,6 +29,7 @@ from workers.switch.jobtoken import (
     verify_job_token,
 )
 from workers.switch.tls import load_crl, make_switch_key_and_csr, validate_cluster_name
+from workers.switch.tls import needs_renewal as switch_needs_renewal
 
 __all__ = [
     "CertificateError",
@@ -268,10 +269,8 @@ def build_crl(
 
 def needs_renewal(cert: x509.Certificate | bytes, now: datetime | None = None) -> bool:
     """True when less than a third of the certificate's validity is left."""
-    if isinstance(cert, bytes):
-        cert = load_certificate(cert)
-    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
-    return cert.not_valid_after_utc - _now(now) < lifetime / 3
+    pem = cert if isinstance(cert, bytes) else certificate_pem(cert)
+    return switch_needs_renewal(pem, _now(now))
 
 
 def make_job_token_key() -> Ed25519PrivateKey:

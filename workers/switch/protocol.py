@@ -82,9 +82,10 @@ class Hello:
 
 @dataclass(frozen=True)
 class PeerHello:
-    """A switch introduces itself to a peer switch."""
+    """A switch introduces itself to a peer switch; `session` changes when it restarts."""
 
     cluster: str
+    session: str = "-"
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def _meta_of(frame: Frame) -> tuple[Kind, dict[str, Any]]:
             "dir": frame.direction.value,
         }
     if isinstance(frame, PeerHello):
-        return Kind.PEER_HELLO, {"cluster": frame.cluster}
+        return Kind.PEER_HELLO, {"cluster": frame.cluster, "session": frame.session}
     if isinstance(frame, Welcome):
         return Kind.WELCOME, {}
     return Kind.ERROR, {"reason": frame.reason}
@@ -280,7 +281,7 @@ def _parse_meta(kind: Kind, meta: Mapping[str, Any]) -> Frame | dict[str, Any]:
             direction=direction,
         )
     if kind is Kind.PEER_HELLO:
-        return PeerHello(cluster=_name(meta, "cluster"))
+        return PeerHello(cluster=_name(meta, "cluster"), session=_name(meta, "session"))
     if kind is Kind.WELCOME:
         return Welcome()
     reason = meta.get("reason")
@@ -533,8 +534,8 @@ class StreamTracker:
         self.max_streams = max_streams
         self._next: dict[tuple[str, ...], int] = {}
 
-    def admit(self, stream: tuple[str, ...], seq: int) -> bool:
-        """True to deliver `seq` on `stream`, False for a duplicate; ProtocolError on a gap."""
+    def is_new(self, stream: tuple[str, ...], seq: int) -> bool:
+        """True if `seq` is the next on `stream`, False for a duplicate; ProtocolError on a gap."""
         expected = self._next.get(stream, 0)
         if seq < expected:
             return False
@@ -542,6 +543,12 @@ class StreamTracker:
             raise ProtocolError(f"sequence gap on {stream}: expected {expected}, got {seq}")
         if stream not in self._next and len(self._next) >= self.max_streams:
             raise ProtocolError(f"more than {self.max_streams} streams")
+        return True
+
+    def admit(self, stream: tuple[str, ...], seq: int) -> bool:
+        """Like `is_new`, and a new `seq` counts as delivered."""
+        if not self.is_new(stream, seq):
+            return False
         self._next[stream] = seq + 1
         return True
 

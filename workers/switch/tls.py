@@ -124,6 +124,13 @@ def load_crl(crl_pem: bytes, ca_cert_pem: bytes, *, now: datetime | None = None)
     return frozenset(entry.serial_number for entry in crl)
 
 
+def needs_renewal(cert_pem: bytes, now: datetime | None = None) -> bool:
+    """True when less than a third of the certificate's validity is left."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    return cert.not_valid_after_utc - (now or datetime.now(UTC)) < lifetime / 3
+
+
 def _harden(context: ssl.SSLContext) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_ciphers(TLS12_CIPHERS)

@@ -1,0 +1,179 @@
+"""Two switches on loopback, real TLS: delivery, link cuts, rotation, metrics."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+import torch
+
+from workers.switch.client import SwitchLink
+from workers.switch.shaper import Shaper, ShaperConfig
+
+
+def test_bytes_and_tensors_cross_both_ways_in_order(pair) -> None:
+    with pair.link("a", "job1", "G", "D") as g, pair.link("b", "job1", "D", "G") as d:
+        tensors = [
+            torch.randn(3, 4),
+            torch.arange(10, dtype=torch.int64),
+            torch.randn(2, 2).to(torch.bfloat16),
+            torch.randn(5).to(torch.float16)[::2],  # not contiguous
+            torch.zeros(0, 3),
+            torch.tensor(7.0),
+        ]
+        for t in tensors:
+            g.send("acts", t)
+        g.send("ids", b"hello")
+        d.send("grads", b"back")
+        for t in tensors:
+            got = d.recv("acts", timeout=10)
+            assert isinstance(got, torch.Tensor)
+            assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+        assert d.recv("ids", timeout=10) == b"hello"
+        assert g.recv("grads", timeout=10) == b"back"
+        with pytest.raises(TimeoutError):
+            g.recv("grads", timeout=0.05)
+        assert g.bytes_sent()["ids"] == 5
+    metrics = pair.a.metrics_text().decode()
+    assert 'nebula_switch_frames_total{direction="to_peer",job="job1"} 7.0' in metrics
+    assert 'nebula_switch_bytes_total{direction="from_peer",job="job1"} 4.0' in metrics
+
+
+def test_jobs_are_kept_apart(pair) -> None:
+    with (
+        pair.link("a", "job1", "G", "D") as g1,
+        pair.link("a", "job2", "G", "D") as g2,
+        pair.link("b", "job1", "D", "G") as d1,
+        pair.link("b", "job2", "D", "G") as d2,
+    ):
+        g1.send("x", b"one")
+        g2.send("x", b"two")
+        assert d2.recv("x", timeout=10) == b"two"
+        assert d1.recv("x", timeout=10) == b"one"
+
+
+def _stream(sender: SwitchLink, frames: int, size: int, sent_digest: list[str]) -> None:
+    digest = hashlib.sha256()
+    gen = torch.Generator().manual_seed(1)
+    buf = torch.empty(size // 4, dtype=torch.float32)
+    for i in range(frames):
+        buf.uniform_(generator=gen)
+        buf[0] = i
+        digest.update(buf.numpy().tobytes())
+        sender.send("stream", buf)
+    sent_digest.append(digest.hexdigest())
+
+
+def _receive(receiver: SwitchLink, frames: int, on_frame: callable) -> str:  # type: ignore[valid-type]
+    digest = hashlib.sha256()
+    for i in range(frames):
+        got = receiver.recv("stream", timeout=30)
+        assert isinstance(got, torch.Tensor)
+        assert int(got[0]) == i, "out of order or duplicated"
+        digest.update(got.numpy().tobytes())
+        on_frame(i)
+    with pytest.raises(TimeoutError):
+        receiver.recv("stream", timeout=0.2)  # nothing extra arrives
+    return digest.hexdigest()
+
+
+def test_a_200mb_stream_survives_repeated_link_cuts(make_pair, cutting_proxy) -> None:  # type: ignore[no-untyped-def]
+    proxy = None
+
+    def via_proxy(b):  # type: ignore[no-untyped-def]
+        nonlocal proxy
+        proxy = cutting_proxy(b.peer_address)
+        return proxy.address
+
+    pair = make_pair(a_peer_address=via_proxy)
+    assert proxy is not None
+    frames, size = 200, 1024 * 1024  # 200 MiB in 1 MiB frames
+    cut_at = {30, 70, 110, 150, 185}
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        sent: list[str] = []
+        sender = threading.Thread(target=_stream, args=(g, frames, size, sent))
+        sender.start()
+        received = _receive(d, frames, lambda i: proxy.cut() if i in cut_at else None)
+        sender.join()
+    assert received == sent[0]
+    assert proxy.cuts == len(cut_at)
+    assert pair.a.peer_connections("cluster-b") > len(cut_at)
+
+
+def test_certificate_rotation_during_a_stream_loses_nothing(pair, switch_log) -> None:  # type: ignore[no-untyped-def]
+    frames, size = 60, 256 * 1024
+    old_serial = _serial(pair.a.config.cert_path)
+
+    def rotate(i: int) -> None:
+        nonlocal old_serial
+        if i != 20:
+            return
+        key_path, cert_path, _ = pair.pki.issue("cluster-a", name="cluster-a-renewed")
+        pair.a.config.key_path, pair.a.config.cert_path = key_path, cert_path
+        pair.a.reload_certificate()
+        pair.pki.revoke(old_serial)
+        pair.b.refresh_crl()  # B cuts A's connection made with the old certificate
+
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        sent: list[str] = []
+        sender = threading.Thread(target=_stream, args=(g, frames, size, sent))
+        sender.start()
+        received = _receive(d, frames, rotate)
+        sender.join()
+    assert received == sent[0]
+    switch_log.wait_for("closing a connection of revoked certificate serial", str(old_serial))
+    assert pair.a.peer_connections("cluster-b") >= 2
+
+
+def _serial(cert_path) -> int:  # type: ignore[no-untyped-def]
+    from app.pki.ca import certificate_info
+
+    return int(certificate_info(cert_path.read_bytes())["serial"])  # type: ignore[call-overload]
+
+
+def test_switch_renews_its_own_certificate_when_due(pair) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from app.pki import ca
+
+    calls = []
+
+    def renew(csr_pem: bytes) -> bytes:
+        calls.append(csr_pem)
+        return ca.sign_csr(pair.pki.ca_key, pair.pki.ca_cert, csr_pem, cluster_name="cluster-a")  # type: ignore[arg-type]
+
+    before = _serial(pair.a.config.cert_path)
+    assert not pair.a.renew_if_due(renew)
+    assert pair.a.renew_if_due(renew, now=datetime.now(UTC) + timedelta(days=25))
+    assert len(calls) == 1 and _serial(pair.a.config.cert_path) != before
+    assert pair.a.config.key_path.stat().st_mode & 0o777 == 0o600
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        g.send("c", b"after renewal")
+        assert d.recv("c", timeout=10) == b"after renewal"
+
+
+def test_shaped_link_still_delivers(make_pair) -> None:  # type: ignore[no-untyped-def]
+    pair = make_pair(shaper=ShaperConfig(rate_mbit=2000, delay_ms=1))
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        payload = bytes(range(256)) * 4096
+        g.send("c", payload)
+        assert d.recv("c", timeout=10) == payload
+
+
+def test_shaper_paces_to_the_rate_and_holds_for_the_delay() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    shaper = Shaper(ShaperConfig(rate_mbit=8, delay_ms=50), clock=lambda: now[0], sleep=sleep)
+    chunks = list(shaper.chunks([bytes(1_064_000)]))
+    assert sum(len(c) for c in chunks) == 1_064_000
+    # 1 MB at 1 MB/s, less the 64 KiB burst the bucket starts with
+    assert now[0] == pytest.approx(1.0, rel=0.01)
+    now[0] = 10.0
+    shaper.hold(enqueued_at=9.98)
+    assert now[0] == pytest.approx(10.03)

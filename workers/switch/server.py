@@ -1,0 +1,723 @@
+"""The switch server: the only door of a cluster, one per cluster.
+
+Blocking TLS sockets, one thread per connection (measured faster than asyncio
+TLS here, and OpenSSL releases the GIL while it encrypts). Two listeners:
+
+- workers of this cluster connect over TLS and present a job token; a worker
+  opens one connection to send and one to receive, so that no TLS socket is
+  ever read and written by two threads at once;
+- peer switches connect with mutual TLS; each switch dials every peer and
+  sends its frames on the connection it dialled, and reads acknowledgements
+  back on it. Unacknowledged frames stay in a bounded resend buffer and go
+  again, in order, after a reconnection; the receiver drops what it already
+  has by sequence number, so each frame is delivered once.
+
+A switch runs from plain files (key, certificate, CA certificate) plus a CRL
+source (any callable returning CRL PEM) and the job-token public key.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import queue
+import secrets
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
+
+from workers.switch.jobtoken import (
+    JobClaims,
+    JobTokenError,
+    load_job_token_public_key,
+    verify_job_token,
+)
+from workers.switch.protocol import (
+    CLOSED,
+    DEFAULT_MAX_BODY_BYTES,
+    Ack,
+    Connection,
+    Data,
+    Direction,
+    Error,
+    Event,
+    Hello,
+    PeerHello,
+    ProtocolError,
+    Side,
+    StreamTracker,
+    Welcome,
+)
+from workers.switch.shaper import Shaper, ShaperConfig
+from workers.switch.stream import FrameStream
+from workers.switch.tls import (
+    PeerIdentity,
+    PeerRejected,
+    check_peer,
+    client_context,
+    load_crl,
+    make_switch_key_and_csr,
+    needs_renewal,
+    server_context,
+    validate_cluster_name,
+    write_private_file,
+)
+
+log = logging.getLogger("nebula.switch")
+Address = tuple[str, int]
+POLL_S = 0.2
+
+
+def crl_from_file(path: str | Path) -> Callable[[], bytes]:
+    """A CRL source that re-reads `path` each time it is asked."""
+    return lambda: Path(path).read_bytes()
+
+
+@dataclass
+class SwitchConfig:
+    """Everything a switch needs; all of it plain files, callables and addresses."""
+
+    cluster: str
+    key_path: Path
+    cert_path: Path
+    ca_path: Path
+    crl_source: Callable[[], bytes]  # returns the current CRL PEM (a file, GET /pki/crl.pem, ...)
+    job_token_public_key: Ed25519PublicKey | bytes  # the key or its PEM
+    worker_address: Address = ("127.0.0.1", 0)
+    peer_address: Address = ("127.0.0.1", 0)
+    peers: dict[str, Address] = field(default_factory=dict)  # cluster name -> its peer address
+    crl_refresh_s: float = 30.0  # revoked peers are cut within this long
+    shaper: ShaperConfig | None = None  # on frames sent to peers
+    max_frame_bytes: int = DEFAULT_MAX_BODY_BYTES
+    queue_frames: int = 8  # per outbound peer queue and per worker mailbox
+    resend_frames: int = 64
+    resend_bytes: int = 256 * 1024 * 1024
+    max_mailboxes: int = 4096
+    handshake_timeout_s: float = 10.0
+    io_timeout_s: float = 60.0  # a peer that takes no bytes for this long is reconnected
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 5.0
+    metrics_address: Address | None = None  # serve Prometheus /metrics here when given
+    # renew(csr_pem) -> cert_pem: when set, the switch renews its own certificate in time
+    renew: Callable[[bytes], bytes] | None = None
+    renew_check_s: float = 3600.0
+
+
+@dataclass
+class _Outbound:
+    """What a switch holds for one peer it sends to."""
+
+    cluster: str
+    address: Address
+    queue: queue.Queue[tuple[Data, float]]
+    unacked: collections.deque[Data] = field(default_factory=collections.deque)
+    unacked_bytes: int = 0
+    stream: FrameStream | None = None
+    connected: threading.Event = field(default_factory=threading.Event)
+    connections: int = 0
+
+
+class Switch:
+    """A switch server run by threads in this process: `start()`, `stop()`, or `with`."""
+
+    def __init__(self, config: SwitchConfig) -> None:
+        validate_cluster_name(config.cluster)
+        self.config = config
+        self.cluster = config.cluster
+        key = config.job_token_public_key
+        self._token_key = load_job_token_public_key(key) if isinstance(key, bytes) else key
+        self._ca_pem = Path(config.ca_path).read_bytes()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._listeners: list[socket.socket] = []
+        self._live: dict[FrameStream, PeerIdentity] = {}
+        self._worker_streams: set[FrameStream] = set()
+        self._revoked: frozenset[int] = frozenset()
+        self._session = secrets.token_hex(8)
+        self._out_seq: dict[tuple[str, ...], int] = {}
+        self._trackers: dict[tuple[str, str], tuple[threading.Lock, StreamTracker]] = {}
+        self._peer_in: dict[tuple[str, str], FrameStream] = {}
+        self._mailboxes: dict[tuple[str, str], queue.Queue[Data]] = {}
+        self._receivers: dict[tuple[str, str], int] = {}
+        self._claims: dict[tuple[str, str], JobClaims] = {}
+        self._generations = itertools.count(1)
+        self._outbound: dict[str, _Outbound] = {}
+        self._metrics_server: object | None = None
+        self.registry = CollectorRegistry()
+        self._bytes = Counter(
+            "nebula_switch_bytes",
+            "Payload bytes through the switch",
+            ["job", "direction"],
+            registry=self.registry,
+        )
+        self._frames = Counter(
+            "nebula_switch_frames",
+            "Data frames through the switch",
+            ["job", "direction"],
+            registry=self.registry,
+        )
+        self._refused = Counter(
+            "nebula_switch_refused",
+            "Connections or frames refused",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.reload_certificate()
+        self.worker_address: Address = config.worker_address
+        self.peer_address: Address = config.peer_address
+
+    # life cycle
+
+    def start(self) -> Switch:
+        """Load the CRL (failing if it cannot), bind both listeners and start the threads."""
+        self.refresh_crl(strict=True)
+        worker_listener = self._listen(self.config.worker_address)
+        peer_listener = self._listen(self.config.peer_address)
+        self.worker_address = worker_listener.getsockname()[:2]
+        self.peer_address = peer_listener.getsockname()[:2]
+        self._spawn(self._accept_loop, worker_listener, self._serve_worker, name="workers")
+        self._spawn(self._accept_loop, peer_listener, self._serve_peer, name="peers")
+        self._spawn(self._crl_loop, name="crl")
+        if self.config.renew is not None:
+            self._spawn(self._renew_loop, name="renew")
+        for cluster, address in self.config.peers.items():
+            self.add_peer(cluster, address)
+        if self.config.metrics_address is not None:
+            host, port = self.config.metrics_address
+            self._metrics_server, _ = start_http_server(port, host, registry=self.registry)
+        log.info(
+            "switch %s: workers on %s, peers on %s",
+            self.cluster,
+            self.worker_address,
+            self.peer_address,
+        )
+        return self
+
+    def stop(self) -> None:
+        """Close every listener and connection and join the threads."""
+        self._stop.set()
+        for listener in self._listeners:
+            _cut(listener)
+        with self._lock:
+            streams = [*self._live, *self._worker_streams]
+            streams += [o.stream for o in self._outbound.values() if o.stream is not None]
+        for stream in streams:
+            _cut(stream.sock)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()  # type: ignore[attr-defined]
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> Switch:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def add_peer(self, cluster: str, address: Address) -> None:
+        """Start sending to (and accepting) the peer switch of `cluster` at `address`."""
+        validate_cluster_name(cluster)
+        with self._lock:
+            self.config.peers[cluster] = address
+            if cluster in self._outbound:
+                self._outbound[cluster].address = address
+                return
+            out = _Outbound(cluster, address, queue.Queue(self.config.queue_frames))
+            self._outbound[cluster] = out
+        if not self._stop.is_set() and self._listeners:
+            self._spawn(self._peer_sender, out, name=f"to-{cluster}")
+
+    def wait_connected(self, cluster: str, timeout: float) -> bool:
+        """Wait until the connection to `cluster`'s switch is up."""
+        return self._outbound[cluster].connected.wait(timeout)
+
+    def peer_connections(self, cluster: str) -> int:
+        """How many times this switch has connected to `cluster` (1 + reconnections)."""
+        return self._outbound[cluster].connections
+
+    def metrics_text(self) -> bytes:
+        """The Prometheus text exposition of this switch's counters."""
+        return generate_latest(self.registry)
+
+    # certificates and revocation
+
+    def reload_certificate(self) -> None:
+        """Re-read key and certificate; new connections use them, open ones go on."""
+        cfg = self.config
+        worker_ctx = server_context(cert_path=cfg.cert_path, key_path=cfg.key_path, ca_path=None)
+        peer_server_ctx = server_context(
+            cert_path=cfg.cert_path, key_path=cfg.key_path, ca_path=str(cfg.ca_path)
+        )
+        peer_client_ctx = client_context(
+            ca_path=cfg.ca_path, cert_path=cfg.cert_path, key_path=cfg.key_path
+        )
+        with self._lock:
+            self._worker_ctx, self._peer_server_ctx = worker_ctx, peer_server_ctx
+            self._peer_client_ctx = peer_client_ctx
+
+    def renew_if_due(self, renew: Callable[[bytes], bytes], now: datetime | None = None) -> bool:
+        """Renew the certificate through `renew(csr_pem) -> cert_pem` when a third is left."""
+        if not needs_renewal(Path(self.config.cert_path).read_bytes(), now):
+            return False
+        key_pem, csr_pem = make_switch_key_and_csr(self.cluster)
+        cert_pem = renew(csr_pem)
+        write_private_file(self.config.key_path, key_pem)
+        write_private_file(self.config.cert_path, cert_pem)
+        self.reload_certificate()
+        log.info("switch %s: certificate renewed", self.cluster)
+        return True
+
+    def refresh_crl(self, *, strict: bool = False) -> None:
+        """Fetch and verify the CRL; cut open peer connections whose certificate is now revoked."""
+        try:
+            revoked = load_crl(self.config.crl_source(), self._ca_pem)
+        except Exception as exc:
+            if strict:
+                raise
+            log.warning(
+                "switch %s: CRL refresh failed, keeping the last one: %s", self.cluster, exc
+            )
+            return
+        with self._lock:
+            self._revoked = revoked
+            doomed = [(s, i.serial) for s, i in self._live.items() if i.serial in revoked]
+            for stream, _ in doomed:
+                self._live.pop(stream, None)
+        for stream, serial in doomed:
+            log.warning(
+                "switch %s: closing a connection of revoked certificate serial %s",
+                self.cluster,
+                serial,
+            )
+            self._refused.labels("revoked").inc()
+            _cut(stream.sock)
+
+    def _crl_loop(self) -> None:
+        while not self._stop.wait(self.config.crl_refresh_s):
+            self.refresh_crl()
+
+    def _renew_loop(self) -> None:
+        assert self.config.renew is not None
+        while not self._stop.is_set():
+            try:
+                self.renew_if_due(self.config.renew)
+            except Exception as exc:
+                log.warning("switch %s: certificate renewal failed: %s", self.cluster, exc)
+            if self._stop.wait(self.config.renew_check_s):
+                return
+
+    # plumbing
+
+    def _spawn(self, target: Callable[..., None], *args: object, name: str) -> None:
+        self._threads = [t for t in self._threads if t.is_alive()]
+        thread = threading.Thread(
+            target=target, args=args, name=f"switch-{self.cluster}-{name}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _listen(self, address: Address) -> socket.socket:
+        listener = socket.create_server(address, reuse_port=False)
+        self._listeners.append(listener)
+        return listener
+
+    def _accept_loop(
+        self, listener: socket.socket, serve: Callable[[socket.socket, Address], None]
+    ) -> None:
+        while not self._stop.is_set():
+            try:
+                raw, address = listener.accept()
+            except OSError:
+                return
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._spawn(serve, raw, address, name=f"conn-{address[1]}")
+
+    def _handshake(
+        self, raw: socket.socket, context: ssl.SSLContext, what: str, address: Address
+    ) -> ssl.SSLSocket | None:
+        raw.settimeout(self.config.handshake_timeout_s)
+        try:
+            sock = context.wrap_socket(raw, server_side=True)
+        except (OSError, ValueError) as exc:
+            self._refuse(raw, what, address, f"TLS handshake failed: {exc}", "tls")
+            return None
+        return sock
+
+    def _refuse(
+        self,
+        sock: socket.socket,
+        what: str,
+        address: Address,
+        reason: str,
+        label: str,
+        stream: FrameStream | None = None,
+    ) -> None:
+        log.warning("switch %s: refused %s from %s: %s", self.cluster, what, address, reason)
+        self._refused.labels(label).inc()
+        if stream is not None:
+            with contextlib.suppress(OSError, ProtocolError):
+                stream.write(Error(reason))
+        _shutdown(sock)
+
+    # workers
+
+    def _serve_worker(self, raw: socket.socket, address: Address) -> None:
+        with self._lock:
+            context = self._worker_ctx
+        sock = self._handshake(raw, context, "worker", address)
+        if sock is None:
+            return
+        stream = FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
+        with self._lock:
+            self._worker_streams.add(stream)
+        try:
+            hello = stream.read_event()
+            if not isinstance(hello, Hello):
+                self._refuse(sock, "worker", address, "expected a hello", "protocol", stream)
+                return
+            try:
+                claims = verify_job_token(hello.token, self._token_key)
+            except JobTokenError as exc:
+                self._refuse(sock, "worker", address, f"job token: {exc}", "token", stream)
+                return
+            if claims.cluster != self.cluster:
+                reason = f"job token is for cluster {claims.cluster!r}"
+                self._refuse(sock, "worker", address, reason, "token", stream)
+                return
+            if (claims.job_id, claims.role) != (hello.job_id, hello.role):
+                reason = "hello names another job or role than its token"
+                self._refuse(sock, "worker", address, reason, "token", stream)
+                return
+            sock.settimeout(None)
+            stream.write(Welcome())
+            if hello.direction is Direction.SEND:
+                self._worker_sends(stream, claims, hello, address)
+            else:
+                self._worker_receives(stream, claims)
+        except (OSError, ProtocolError) as exc:
+            if not self._stop.is_set():
+                log.info(
+                    "switch %s: worker connection from %s ended: %s", self.cluster, address, exc
+                )
+        finally:
+            with self._lock:
+                self._worker_streams.discard(stream)
+            stream.close()
+
+    def _route(self, claims: JobClaims, dst_role: str) -> str:
+        """The cluster whose switch serves `dst_role` of the job."""
+        if dst_role in claims.placement:
+            return claims.placement[dst_role]
+        with self._lock:
+            peers = list(self._outbound)
+        if len(peers) == 1:
+            return peers[0]
+        raise ProtocolError(f"no placement for role {dst_role!r} and {len(peers)} peers")
+
+    def _worker_sends(
+        self, stream: FrameStream, claims: JobClaims, hello: Hello, address: Address
+    ) -> None:
+        tracker = StreamTracker()
+        target = self._route(claims, hello.peer_role)
+        while not self._stop.is_set():
+            frame = stream.read_event()
+            if frame is CLOSED:
+                return
+            if not isinstance(frame, Data):
+                raise ProtocolError("workers send only data frames")
+            if (frame.job_id, frame.src_role, frame.dst_role) != (
+                claims.job_id,
+                claims.role,
+                hello.peer_role,
+            ):
+                reason = (
+                    f"frame for job {frame.job_id!r} {frame.src_role}->{frame.dst_role} outside"
+                    f" its token's job {claims.job_id!r} {claims.role}->{hello.peer_role}"
+                )
+                self._refuse(stream.sock, "worker frame", address, reason, "channel", stream)
+                return
+            key = (frame.job_id, frame.src_role, frame.dst_role, frame.channel)
+            if not tracker.admit(key, frame.seq):
+                raise ProtocolError("a worker repeated a sequence number")
+            nbytes = len(frame.body)
+            self._bytes.labels(frame.job_id, "from_worker").inc(nbytes)
+            self._frames.labels(frame.job_id, "from_worker").inc()
+            with self._lock:
+                seq = self._out_seq.get(key, 0)
+                self._out_seq[key] = seq + 1
+            out = Data(
+                frame.job_id,
+                frame.channel,
+                seq,
+                frame.src_role,
+                frame.dst_role,
+                frame.body,
+                frame.tensor,
+            )
+            if target == self.cluster:
+                self._deliver(out, lambda: not self._stop.is_set())
+            else:
+                outbound = self._outbound.get(target)
+                if outbound is None:
+                    raise ProtocolError(f"no peer switch for cluster {target!r}")
+                self._put(outbound.queue, (out, time.monotonic()))
+
+    def _put(
+        self, q: queue.Queue[Any], item: object, alive: Callable[[], bool] | None = None
+    ) -> None:
+        while not self._stop.is_set() and (alive is None or alive()):
+            try:
+                q.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+        raise OSError("switch stopping or connection closed")
+
+    def _mailbox(self, job_id: str, role: str) -> queue.Queue[Data]:
+        with self._lock:
+            box = self._mailboxes.get((job_id, role))
+            if box is None:
+                if len(self._mailboxes) >= self.config.max_mailboxes:
+                    raise ProtocolError("too many mailboxes")
+                box = self._mailboxes[(job_id, role)] = queue.Queue(self.config.queue_frames)
+            return box
+
+    def _deliver(self, frame: Data, alive: Callable[[], bool]) -> None:
+        self._put(self._mailbox(frame.job_id, frame.dst_role), frame, alive)
+
+    def _worker_receives(self, stream: FrameStream, claims: JobClaims) -> None:
+        key = (claims.job_id, claims.role)
+        generation = next(self._generations)
+        with self._lock:
+            self._receivers[key] = generation  # the newest connection of a role wins
+            self._claims[key] = claims
+        box = self._mailbox(*key)
+        while not self._stop.is_set() and self._receivers.get(key) == generation:
+            try:
+                frame = box.get(timeout=POLL_S)
+            except queue.Empty:
+                if stream.read_event(block=False) is CLOSED:
+                    return
+                continue
+            stream.write(frame)
+            self._bytes.labels(frame.job_id, "to_worker").inc(len(frame.body))
+            self._frames.labels(frame.job_id, "to_worker").inc()
+
+    # peers: receiving
+
+    def _serve_peer(self, raw: socket.socket, address: Address) -> None:
+        with self._lock:
+            context = self._peer_server_ctx
+        sock = self._handshake(raw, context, "peer", address)
+        if sock is None:
+            return
+        stream = FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
+        try:
+            hello = stream.read_event()
+            if not isinstance(hello, PeerHello):
+                self._refuse(sock, "peer", address, "expected a peer hello", "protocol", stream)
+                return
+            cluster, session = hello.cluster, hello.session
+            if cluster not in self.config.peers:
+                self._refuse(sock, "peer", address, f"unknown cluster {cluster!r}", "name", stream)
+                return
+            try:
+                identity = check_peer(sock, expected_cluster=cluster, revoked=self._revoked)
+            except PeerRejected as exc:
+                self._refuse(sock, "peer", address, str(exc), "name", stream)
+                return
+            sock.settimeout(self.config.io_timeout_s)
+            with self._lock:
+                self._live[stream] = identity
+                tracker = self._trackers.setdefault(
+                    (cluster, session), (threading.Lock(), StreamTracker())
+                )
+                # a newer connection of the same peer session replaces a half-dead older one
+                older = self._peer_in.get((cluster, session))
+                self._peer_in[(cluster, session)] = stream
+                if older is not None:
+                    self._live.pop(older, None)
+            if older is not None:
+                _cut(older.sock)
+            stream.write(Welcome())
+            log.info("switch %s: peer %s connected from %s", self.cluster, cluster, address)
+            self._receive_from_peer(stream, cluster, tracker)
+        except (OSError, ProtocolError) as exc:
+            if not self._stop.is_set():
+                log.info("switch %s: peer connection from %s ended: %s", self.cluster, address, exc)
+        finally:
+            with self._lock:
+                self._live.pop(stream, None)
+                for key in [k for k, v in self._peer_in.items() if v is stream]:
+                    del self._peer_in[key]
+            stream.close()
+
+    def _receive_from_peer(
+        self, stream: FrameStream, cluster: str, tracker: tuple[threading.Lock, StreamTracker]
+    ) -> None:
+        count = 0
+        lock, seqs = tracker
+        alive = lambda: stream in self._live  # noqa: E731
+        while not self._stop.is_set():
+            frame = stream.read_event()
+            if frame is CLOSED:
+                return
+            if not isinstance(frame, Data):
+                raise ProtocolError("peers send only data frames")
+            claims = self._claims.get((frame.job_id, frame.dst_role))
+            placed = claims.placement.get(frame.src_role) if claims is not None else None
+            if placed is not None and placed != cluster:
+                log.warning(
+                    "switch %s: dropped a frame of job %s from cluster %s: role %s runs on %s",
+                    self.cluster,
+                    frame.job_id,
+                    cluster,
+                    frame.src_role,
+                    placed,
+                )
+                self._refused.labels("placement").inc()
+            else:
+                key = (frame.job_id, frame.src_role, frame.dst_role, frame.channel)
+                # a frame counts as delivered only once it is in the mailbox: a link cut
+                # while waiting for room leaves it to the resend
+                with lock:
+                    if seqs.is_new(key, frame.seq):
+                        self._deliver(frame, alive)
+                        seqs.admit(key, frame.seq)
+                        self._bytes.labels(frame.job_id, "from_peer").inc(len(frame.body))
+                        self._frames.labels(frame.job_id, "from_peer").inc()
+            count += 1
+            stream.write(Ack(count))
+
+    # peers: sending
+
+    def _connect_peer(self, out: _Outbound) -> FrameStream:
+        raw = socket.create_connection(out.address, timeout=self.config.handshake_timeout_s)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            context = self._peer_client_ctx
+        try:
+            sock = context.wrap_socket(raw, server_hostname=out.cluster)
+            identity = check_peer(sock, expected_cluster=out.cluster, revoked=self._revoked)
+        except BaseException:
+            raw.close()
+            raise
+        stream = FrameStream(sock, Connection(Side.CLIENT, max_body=self.config.max_frame_bytes))
+        stream.write(PeerHello(self.cluster, self._session))
+        answer = stream.read_event()
+        if isinstance(answer, Error):
+            stream.close()
+            raise PeerRejected(f"peer refused us: {answer.reason}")
+        if not isinstance(answer, Welcome):
+            stream.close()
+            raise ProtocolError("peer did not welcome us")
+        sock.settimeout(self.config.io_timeout_s)
+        with self._lock:
+            self._live[stream] = identity
+        return stream
+
+    def _peer_sender(self, out: _Outbound) -> None:
+        backoff = self.config.backoff_initial_s
+        shaper = Shaper(self.config.shaper) if self.config.shaper is not None else None
+        while not self._stop.is_set():
+            try:
+                stream = self._connect_peer(out)
+            except (OSError, ProtocolError, PeerRejected, ValueError) as exc:
+                log.warning(
+                    "switch %s: cannot reach peer %s at %s: %s",
+                    self.cluster,
+                    out.cluster,
+                    out.address,
+                    exc,
+                )
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self.config.backoff_max_s)
+                continue
+            backoff = self.config.backoff_initial_s
+            out.stream = stream
+            out.connections += 1
+            out.connected.set()
+            try:
+                self._send_to_peer(out, stream, shaper)
+            except (OSError, ProtocolError) as exc:
+                if not self._stop.is_set():
+                    log.warning(
+                        "switch %s: link to %s dropped (%s); %d frames to resend",
+                        self.cluster,
+                        out.cluster,
+                        exc,
+                        len(out.unacked),
+                    )
+            finally:
+                out.connected.clear()
+                out.stream = None
+                with self._lock:
+                    self._live.pop(stream, None)
+                stream.close()
+
+    def _send_to_peer(self, out: _Outbound, stream: FrameStream, shaper: Shaper | None) -> None:
+        acked = 0  # frames acknowledged on this connection
+        for frame in list(out.unacked):
+            stream.write(frame, shaper)
+
+        def take_ack(event: Event | None) -> None:
+            nonlocal acked
+            if event is None:
+                return
+            if event is CLOSED or isinstance(event, Error):
+                raise OSError(f"peer closed the link: {getattr(event, 'reason', 'end of stream')}")
+            if (
+                not isinstance(event, Ack)
+                or event.count > acked + len(out.unacked)
+                or event.count < acked
+            ):
+                raise ProtocolError("bad acknowledgement")
+            for _ in range(event.count - acked):
+                done = out.unacked.popleft()
+                out.unacked_bytes -= len(done.body)
+            acked = event.count
+
+        while not self._stop.is_set():
+            while (event := stream.read_event(block=False)) is not None:
+                take_ack(event)
+            cfg = self.config
+            if len(out.unacked) >= cfg.resend_frames or out.unacked_bytes >= cfg.resend_bytes:
+                take_ack(stream.read_event())  # full: wait for the peer to catch up
+                continue
+            try:
+                frame, queued_at = out.queue.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            out.unacked.append(frame)
+            out.unacked_bytes += len(frame.body)
+            if shaper is not None:
+                shaper.hold(queued_at)
+            stream.write(frame, shaper)
+            self._bytes.labels(frame.job_id, "to_peer").inc(len(frame.body))
+            self._frames.labels(frame.job_id, "to_peer").inc()
+
+
+def _cut(sock: socket.socket) -> None:
+    """Shut a socket down from another thread; its owner notices and closes it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()

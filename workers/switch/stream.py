@@ -1,0 +1,62 @@
+"""The thin shell between a blocking TLS socket and a protocol `Connection`."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import ssl
+
+from workers.switch.protocol import NEED_DATA, Connection, Event, Frame
+from workers.switch.shaper import Shaper
+
+READ_CHUNK = 256 * 1024
+
+
+class FrameStream:
+    """Reads and writes frames on one socket; the owner keeps it to one thread."""
+
+    def __init__(self, sock: ssl.SSLSocket | socket.socket, conn: Connection) -> None:
+        self.sock = sock
+        self.conn = conn
+        self._scratch = bytearray(READ_CHUNK)
+
+    def read_event(self, *, block: bool = True) -> Event | None:
+        """The next event; with `block=False`, None when nothing has arrived yet."""
+        while True:
+            event = self.conn.next_event()
+            if event is not NEED_DATA:
+                return event
+            if not block and not self._readable():
+                return None
+            body = self.conn.body_view()
+            if body is not None:
+                count = self.sock.recv_into(body)
+                if count:
+                    self.conn.advance_body(count)
+                else:
+                    self.conn.receive_data(b"")
+            else:
+                count = self.sock.recv_into(self._scratch)
+                self.conn.receive_data(memoryview(self._scratch)[:count])
+
+    def _readable(self) -> bool:
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+            return True
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        return bool(readable)
+
+    def write(self, frame: Frame, shaper: Shaper | None = None) -> int:
+        """Write one frame (paced by `shaper` if given); returns the bytes written."""
+        buffers = self.conn.send(frame)
+        total = 0
+        pieces = shaper.chunks(buffers) if shaper is not None else buffers
+        for piece in pieces:
+            self.sock.sendall(piece)
+            total += memoryview(piece).nbytes
+        return total
+
+    def close(self) -> None:
+        """Close the socket, ignoring errors of an already broken connection."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
