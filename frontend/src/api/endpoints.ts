@@ -73,11 +73,11 @@ export const workspaces = {
   get: (ws: string) => api.get<Workspace>(`/workspaces/${enc(ws)}`),
   create: (name: string) => api.post<Workspace>("/workspaces", { name }),
   remove: (ws: string) => api.del(`/workspaces/${enc(ws)}`),
-  /** Admin: every tenant's workspace, for quotas. */
-  listAll: (q: PageQuery = {}) => page<Workspace>("/admin/workspaces", { ...q }),
+  /** Admin: the workspaces of another user. */
+  listOwnedBy: (owner_id: string, q: PageQuery = {}) => page<Workspace>("/workspaces", { limit: 500, ...q, owner_id }),
   /** Admin: change a workspace's quotas. */
   setQuota: (ws: string, body: { storage_bytes_limit?: number; max_concurrent_jobs?: number }) =>
-    api.patch<Workspace>(`/workspaces/${enc(ws)}`, body),
+    api.patch<Workspace>(`/workspaces/${enc(ws)}/quota`, body),
 };
 
 export const datasets = {
@@ -146,8 +146,6 @@ export interface AuditFilter extends PageQuery {
 export const audit = {
   list: (filter: AuditFilter) => page<AuditEvent>("/audit", { ...filter }),
   verify: () => api.get<AuditVerification>("/audit/verify"),
-  exportUrl: (format: "jsonl" | "csv", filter: AuditFilter = {}) => {
-    const { limit: _limit, offset: _offset, ...rest } = filter;
-    return buildUrl("/audit/export", { format, ...rest });
-  },
+  /** The whole log in chain order. */
+  exportUrl: (format: "jsonl" | "csv") => buildUrl("/audit/export", { format }),
 };

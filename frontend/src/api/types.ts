@@ -38,6 +38,7 @@ export interface Workspace {
   storage_bytes_limit: number;
   max_concurrent_jobs: number;
   created_at?: string;
+  is_personal?: boolean;
   owner_email?: string;
 }
 

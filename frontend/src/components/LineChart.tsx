@@ -4,6 +4,7 @@ import type uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import type { SeriesPoint } from "../api/types";
 import { formatNumber } from "../format";
+import { loadUPlot } from "./uplotLoader";
 
 export interface ChartSeries {
   label: string;
@@ -48,7 +49,7 @@ export function LineChart({
     if (!hasPoints) return;
     let cancelled = false;
     let resizeObserver: ResizeObserver | undefined;
-    void import("uplot").then(({ default: UPlot }) => {
+    void loadUPlot().then((UPlot) => {
       const el = holder.current;
       if (cancelled || !el) return;
       const width = Math.max(el.clientWidth || 0, 280);

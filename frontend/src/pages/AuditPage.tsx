@@ -79,10 +79,10 @@ export function AuditPage() {
         subtitle="Append-only and hash-chained: every state change and every use of a dataset."
         actions={
           <>
-            <a className="btn" href={audit.exportUrl("jsonl", filter)} download>
+            <a className="btn" href={audit.exportUrl("jsonl")} download aria-label="Export the whole log as JSON lines">
               Export JSONL
             </a>
-            <a className="btn" href={audit.exportUrl("csv", filter)} download>
+            <a className="btn" href={audit.exportUrl("csv")} download aria-label="Export the whole log as CSV">
               Export CSV
             </a>
           </>
@@ -105,6 +105,7 @@ export function AuditPage() {
             <option value="success">success</option>
             <option value="denied">denied</option>
             <option value="failure">failure</option>
+            <option value="locked">locked</option>
           </select>
         </div>
         <div className="field">

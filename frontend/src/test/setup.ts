@@ -1,8 +1,9 @@
+import "@testing-library/jest-dom/vitest";
 import { cleanup } from "@testing-library/react";
 import { afterEach, vi } from "vitest";
 
 // uPlot draws on a canvas, which jsdom lacks; charts are checked through their text summary.
-vi.mock("uplot", () => {
+vi.mock("../components/uplotLoader", () => {
   class FakePlot {
     static instances: FakePlot[] = [];
     data: unknown;
@@ -16,7 +17,7 @@ vi.mock("uplot", () => {
     setSize() {}
     destroy() {}
   }
-  return { default: FakePlot };
+  return { loadUPlot: async () => FakePlot };
 });
 
 afterEach(() => {

@@ -1,19 +1,18 @@
 /** Admin: storage and concurrency quotas of every workspace. */
 import { useState, type FormEvent } from "react";
-import { workspaces } from "../../api/endpoints";
+import { users, workspaces } from "../../api/endpoints";
 import type { Workspace } from "../../api/types";
-import { EmptyState, ErrorMessage, Loading, Notice, PageHeader, Pager, ProgressBar } from "../../components/ui";
+import { EmptyState, ErrorMessage, Loading, Notice, PageHeader, ProgressBar } from "../../components/ui";
 import { formatBytes, shortId } from "../../format";
 import { useAction, useLoad } from "../../hooks";
 
 const GIB = 1024 ** 3;
-const PAGE_SIZE = 50;
 
 export function gibToBytes(gib: string): number {
   return Math.round(Number(gib) * GIB);
 }
 
-function QuotaRow({ ws, onSaved }: { ws: Workspace; onSaved: (ws: Workspace) => void }) {
+function QuotaRow({ ws, ownerLabel, onSaved }: { ws: Workspace; ownerLabel?: string; onSaved: (ws: Workspace) => void }) {
   const [gib, setGib] = useState(String(Math.round((ws.storage_bytes_limit / GIB) * 100) / 100));
   const [jobs, setJobs] = useState(String(ws.max_concurrent_jobs));
   const action = useAction();
@@ -29,7 +28,7 @@ function QuotaRow({ ws, onSaved }: { ws: Workspace; onSaved: (ws: Workspace) => 
     <tr>
       <td>
         <span className="block">{ws.name}</span>
-        <span className="muted small">{ws.owner_email ?? `owner ${shortId(ws.owner_id)}`}</span>
+        <span className="muted small">{ws.is_personal ? "personal · " : ""}{ownerLabel ?? ws.owner_email ?? `owner ${shortId(ws.owner_id)}`}</span>
       </td>
       <td className="cell-progress">
         <ProgressBar percent={ws.storage_bytes_limit ? (ws.storage_bytes_used / ws.storage_bytes_limit) * 100 : 0} label={`Storage used in ${ws.name}`} />
@@ -61,17 +60,39 @@ function QuotaRow({ ws, onSaved }: { ws: Workspace; onSaved: (ws: Workspace) => 
 }
 
 export function QuotasPage() {
-  const [offset, setOffset] = useState(0);
-  const list = useLoad(() => workspaces.listAll({ limit: PAGE_SIZE, offset }), [offset]);
+  const people = useLoad(() => users.list({ limit: 500 }), []);
+  const [owner, setOwner] = useState("");
+  const ownerId = owner || people.data?.items[0]?.id || "";
+  const list = useLoad(() => (ownerId ? workspaces.listOwnedBy(ownerId) : Promise.resolve({ items: [], total: 0 })), [ownerId]);
   const items = list.data?.items ?? [];
+  const ownerUser = people.data?.items.find((u) => u.id === ownerId);
   return (
     <>
       <PageHeader title="Quotas" subtitle="Storage limit and concurrent jobs per workspace. Uploads over the limit are refused." />
+      <ErrorMessage error={people.error} />
+      {people.loading && !people.data ? (
+        <Loading />
+      ) : (
+        <div className="filters">
+          <div className="field">
+            <label htmlFor="quota-owner">Owner</label>
+            <select id="quota-owner" value={ownerId} onChange={(e) => setOwner(e.target.value)}>
+              {(people.data?.items ?? []).map((u) => (
+                <option key={u.id} value={u.id}>
+                  {u.display_name} ({u.email})
+                </option>
+              ))}
+            </select>
+          </div>
+        </div>
+      )}
       <ErrorMessage error={list.error} />
-      {list.loading && !list.data ? (
+      {ownerId && list.loading && !list.data ? (
         <Loading />
       ) : items.length === 0 ? (
-        <EmptyState title="No workspace yet.">Workspaces appear here when users are created or make their own.</EmptyState>
+        <EmptyState title={ownerUser ? `${ownerUser.display_name} has no workspace.` : "No user yet."}>
+          {ownerUser ? "Every user gets a personal workspace when created; pick another owner." : "Create users under Users first."}
+        </EmptyState>
       ) : (
         <div className="table-wrap">
           <table>
@@ -85,13 +106,17 @@ export function QuotasPage() {
             </thead>
             <tbody>
               {items.map((ws) => (
-                <QuotaRow key={ws.id} ws={ws} onSaved={(u) => list.setData((prev) => ({ total: prev?.total ?? 0, items: (prev?.items ?? []).map((x) => (x.id === u.id ? u : x)) }))} />
+                <QuotaRow
+                  key={ws.id}
+                  ws={ws}
+                  ownerLabel={ownerUser?.email}
+                  onSaved={(u) => list.setData((prev) => ({ total: prev?.total ?? 0, items: (prev?.items ?? []).map((x) => (x.id === u.id ? u : x)) }))}
+                />
               ))}
             </tbody>
           </table>
         </div>
       )}
-      <Pager total={list.data?.total ?? 0} limit={PAGE_SIZE} offset={offset} onChange={setOffset} label="Workspace pages" />
     </>
   );
 }

@@ -1,0 +1,126 @@
+import { act, screen, waitFor } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import { FakeEventSource, member, mockApi, page } from "../test/mockApi";
+import { renderPage } from "../test/render";
+import { JobPage } from "./JobPage";
+
+const runningJob = {
+  id: "job-1234567890",
+  kind: "electra_pretrain",
+  status: "running",
+  progress: 0.1,
+  step: 10,
+  total_steps: 100,
+  metrics: { loss: 3.2 },
+  error: null,
+  created_at: "2030-01-01T00:00:00Z",
+  started_at: "2030-01-01T00:00:05Z",
+  finished_at: null,
+  placement: { generator: "alpha", discriminator: "beta" },
+};
+
+function routes(job: Record<string, unknown> = runningJob) {
+  return {
+    "GET /me": member,
+    "GET /jobs/*": () => job,
+    "GET /jobs/job-1234567890/metrics": { series: { loss: [[5, 4.0], [10, 3.2]], bytes_sent: { generator_to_discriminator: [[10, 2048]] } } },
+    "GET /jobs/job-1234567890/artifacts": page([]),
+    "POST /jobs/job-1234567890/cancel": { id: "job-1234567890", status: "cancelled" },
+  };
+}
+
+beforeEach(() => {
+  FakeEventSource.instances = [];
+  vi.stubGlobal("EventSource", FakeEventSource);
+});
+afterEach(() => {
+  vi.useRealTimers();
+  vi.unstubAllGlobals();
+});
+
+function progressValue() {
+  return screen.getByRole("progressbar", { name: "Job progress" }).getAttribute("aria-valuenow");
+}
+
+describe("JobPage", () => {
+  it("opens the event stream with credentials and renders progress from an event", async () => {
+    mockApi(routes());
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    await screen.findByRole("progressbar", { name: "Job progress" });
+    expect(progressValue()).toBe("10");
+    await waitFor(() => expect(FakeEventSource.instances).toHaveLength(1));
+    const es = FakeEventSource.latest();
+    expect(es.url).toBe("/api/v1/jobs/job-1234567890/events");
+    expect(es.withCredentials).toBe(true);
+
+    act(() => es.emit({ status: "running", progress: 0.42, step: 42, metrics: { loss: 2.5, throughput: 1200, bytes_sent: { generator_to_discriminator: 4096 } } }));
+    expect(progressValue()).toBe("42");
+    expect(screen.getByText(/step 42 of 100/)).toBeInTheDocument();
+    expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("loss 2.5 at step 42");
+    expect(screen.getByRole("figure", { name: "Throughput" })).toHaveTextContent("throughput 1,200 at step 42");
+    expect(screen.getByRole("figure", { name: "Bytes sent per direction" })).toHaveTextContent("bytes_sent.generator_to_discriminator 4.00 KiB at step 42");
+    expect(screen.getByText("Live")).toBeInTheDocument();
+  });
+
+  it("accepts named SSE events too", async () => {
+    mockApi(routes());
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    await waitFor(() => expect(FakeEventSource.instances).toHaveLength(1));
+    act(() => FakeEventSource.latest().emit({ progress: 0.75, step: 75 }, "progress"));
+    expect(progressValue()).toBe("75");
+  });
+
+  it("closes the stream when the job finishes", async () => {
+    const fake = mockApi(routes());
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    await waitFor(() => expect(FakeEventSource.instances).toHaveLength(1));
+    const es = FakeEventSource.latest();
+    act(() => es.emit({ status: "succeeded", progress: 1, step: 100 }));
+    expect(es.closed).toBe(true);
+    expect(screen.getByText("succeeded")).toBeInTheDocument();
+    expect(screen.queryByRole("button", { name: "Cancel job" })).toBeNull();
+    // the final state is fetched once more from the API
+    await waitFor(() => expect(fake.find("GET", "/jobs/job-1234567890").length).toBeGreaterThanOrEqual(2));
+  });
+
+  it("falls back to polling every 2 s when the stream fails", async () => {
+    vi.useFakeTimers({ shouldAdvanceTime: true });
+    let job = { ...runningJob };
+    const fake = mockApi({ ...routes(), "GET /jobs/*": () => job });
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    await waitFor(() => expect(FakeEventSource.instances).toHaveLength(1));
+    const es = FakeEventSource.latest();
+    act(() => es.fail());
+    expect(es.closed).toBe(true);
+    expect(await screen.findByText(/refreshing every 2 s/)).toBeInTheDocument();
+    const before = fake.find("GET", "/jobs/job-1234567890").length;
+    job = { ...runningJob, progress: 0.6, step: 60 };
+    await act(async () => {
+      await vi.advanceTimersByTimeAsync(2100);
+    });
+    expect(fake.find("GET", "/jobs/job-1234567890").length).toBe(before + 1);
+    await waitFor(() => expect(progressValue()).toBe("60"));
+  });
+
+  it("does not open a stream for a finished job and draws its stored series", async () => {
+    mockApi(routes({ ...runningJob, status: "failed", error: "worker lost", finished_at: "2030-01-01T01:00:00Z" }));
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    expect(await screen.findByText("worker lost")).toBeInTheDocument();
+    expect(FakeEventSource.instances).toHaveLength(0);
+    expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("loss 3.2 at step 10");
+    expect(screen.getByRole("figure", { name: "Bytes sent per direction" })).toHaveTextContent("2.00 KiB");
+    expect(await screen.findByText("This job wrote no artifacts.")).toBeInTheDocument();
+  });
+
+  it("cancels after confirmation", async () => {
+    const fake = mockApi(routes());
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("button", { name: "Cancel job" }));
+    expect(fake.find("POST", "/jobs/job-1234567890/cancel")).toHaveLength(0);
+    await user.click(screen.getByRole("button", { name: "Yes, cancel the job" }));
+    await waitFor(() => expect(fake.find("POST", "/jobs/job-1234567890/cancel")).toHaveLength(1));
+    expect(await screen.findByText("Cancellation requested.")).toBeInTheDocument();
+  });
+});
