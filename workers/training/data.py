@@ -1,0 +1,225 @@
+"""Data for the training roles: the demo corpus, WordPiece tokenizers, id tensors, batch order.
+
+The platform opens datasets through its grant-checked reader and hands a role
+plain lines of text; nothing here reads a dataset by itself except
+`write_demo_corpus`, which creates one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from num2words import num2words
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 in every tokenizer trained here
+
+# ---------------------------------------------------------------- demo corpus
+
+# (es singular, es plural, en singular, en plural, es gender)
+_NOUNS = [
+    ("gato", "gatos", "cat", "cats", "m"),
+    ("perro", "perros", "dog", "dogs", "m"),
+    ("casa", "casas", "house", "houses", "f"),
+    ("libro", "libros", "book", "books", "m"),
+    ("manzana", "manzanas", "apple", "apples", "f"),
+    ("coche", "coches", "car", "cars", "m"),
+    ("mesa", "mesas", "table", "tables", "f"),
+    ("silla", "sillas", "chair", "chairs", "f"),
+    ("pájaro", "pájaros", "bird", "birds", "m"),
+    ("flor", "flores", "flower", "flowers", "f"),
+    ("árbol", "árboles", "tree", "trees", "m"),
+    ("ventana", "ventanas", "window", "windows", "f"),
+]
+# (es masculine, es feminine, en)
+_COLOURS = [
+    ("rojo", "roja", "red"),
+    ("blanco", "blanca", "white"),
+    ("negro", "negra", "black"),
+    ("verde", "verde", "green"),
+    ("azul", "azul", "blue"),
+    ("amarillo", "amarilla", "yellow"),
+]
+_NAMES = ["Ana", "Luis", "María", "Carlos", "Elena", "Pablo", "Lucía", "Jorge", "Sofía", "Diego"]
+_CITIES = ["Madrid", "Lima", "Bogotá", "Quito", "Sevilla", "Valencia", "Toledo", "Cusco"]
+_DAYS = [
+    ("lunes", "Monday"),
+    ("martes", "Tuesday"),
+    ("miércoles", "Wednesday"),
+    ("jueves", "Thursday"),
+    ("viernes", "Friday"),
+    ("sábado", "Saturday"),
+    ("domingo", "Sunday"),
+]
+_PLACES = [("cocina", "kitchen"), ("escuela", "school"), ("calle", "street"), ("plaza", "square")]
+
+
+def _es(n: int) -> str:
+    return str(num2words(n, lang="es"))
+
+
+def _en(n: int) -> str:
+    return str(num2words(n, lang="en"))
+
+
+def _demo_pair(rng: random.Random) -> tuple[str, str]:
+    """One Spanish sentence and its English translation, from a random template."""
+    es_sg, es_pl, en_sg, en_pl, gender = rng.choice(_NOUNS)
+    col_m, col_f, col_en = rng.choice(_COLOURS)
+    col_es = col_m if gender == "m" else col_f
+    art = "el" if gender == "m" else "la"
+    name = rng.choice(_NAMES)
+    other = rng.choice([x for x in _NAMES if x != name])
+    day_es, day_en = rng.choice(_DAYS)
+    place_es, place_en = rng.choice(_PLACES)
+    city = rng.choice(_CITIES)
+    n = rng.randint(2, 199)
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    template = rng.randrange(10)
+    if template == 0:
+        return f"{name} tiene {_es(n)} {es_pl}.", f"{name} has {_en(n)} {en_pl}."
+    if template == 1:
+        return (
+            f"hay {_es(n)} {es_pl} en la {place_es}.",
+            f"there are {_en(n)} {en_pl} in the {place_en}.",
+        )
+    if template == 2:
+        return f"el {day_es} compré {_es(n)} {es_pl}.", f"on {day_en} i bought {_en(n)} {en_pl}."
+    if template == 3:
+        return f"{art} {es_sg} de {name} es {col_es}.", f"{name}'s {en_sg} is {col_en}."
+    if template == 4:
+        return (
+            f"{name} vive en {city} desde hace {_es(n)} años.",
+            f"{name} has lived in {city} for {_en(n)} years.",
+        )
+    if template == 5:
+        return (
+            f"{_es(a)} más {_es(b)} son {_es(a + b)}.",
+            f"{_en(a)} plus {_en(b)} is {_en(a + b)}.",
+        )
+    if template == 6:
+        return (
+            f"mañana {name} va a comprar {_es(n)} {es_pl}.",
+            f"tomorrow {name} is going to buy {_en(n)} {en_pl}.",
+        )
+    if template == 7:
+        return (
+            f"{name} le dio {_es(n)} {es_pl} a {other}.",
+            f"{name} gave {_en(n)} {en_pl} to {other}.",
+        )
+    if template == 8:
+        return (
+            f"{art} {es_sg} {col_es} está en la {place_es}.",
+            f"the {en_sg} {col_en} is in the {place_en}.",
+        )
+    return (
+        f"el {day_es} {name} vio {_es(n)} {es_pl} en {city}.",
+        f"on {day_en} {name} saw {_en(n)} {en_pl} in {city}.",
+    )
+
+
+def demo_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    """`count` distinct es-en pairs drawn from the templates (deterministic in `seed`)."""
+    rng = random.Random(seed)
+    seen: set[tuple[str, str]] = set()
+    pairs: list[tuple[str, str]] = []
+    while len(pairs) < count:
+        pair = _demo_pair(rng)
+        if pair not in seen:
+            seen.add(pair)
+            pairs.append(pair)
+    return pairs
+
+
+def write_demo_corpus(out_dir: Path) -> dict[str, Path]:
+    """Write Nebula's demo corpus: a mixed es/en `text` file and es-en TSV splits."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # one pool of distinct pairs, so no test pair is also a training pair
+    pairs = demo_pairs(3400 + 1800, seed=20220531)
+    train, valid, test, mono = pairs[:3000], pairs[3000:3200], pairs[3200:3400], pairs[3400:]
+    # the monolingual text: the train pairs' two sides and more sentences, all unpaired
+    text = [s for pair in train + mono for s in pair]
+    random.Random(7).shuffle(text)
+    files = {
+        "text": out_dir / "text.txt",
+        "parallel.train": out_dir / "parallel.train.tsv",
+        "parallel.valid": out_dir / "parallel.valid.tsv",
+        "parallel.test": out_dir / "parallel.test.tsv",
+    }
+    files["text"].write_text("".join(f"{s}\n" for s in text), encoding="utf-8")
+    for split, rows in (("train", train), ("valid", valid), ("test", test)):
+        lines = "".join(f"{es}\t{en}\n" for es, en in rows)
+        files[f"parallel.{split}"].write_text(lines, encoding="utf-8")
+    return files
+
+
+def tsv_side(lines: Iterable[str], column: int) -> list[str]:
+    """One column of `source<TAB>target` lines (0: source, 1: target)."""
+    return [line.rstrip("\n").split("\t")[column] for line in lines if line.strip()]
+
+
+def clean_lines(lines: Iterable[str]) -> list[str]:
+    """Non-empty lines without their line breaks."""
+    return [s for s in (line.rstrip("\r\n") for line in lines) if s.strip()]
+
+
+def lines_digest(lines: Sequence[str]) -> str:
+    """SHA-256 of the lines: two roles read the same text iff their digests match."""
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode("utf-8"))
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(lines: Sequence[str], vocab_size: int) -> Tokenizer:
+    """A WordPiece tokenizer trained on a job's own text (case and accents kept)."""
+    tok = Tokenizer(models.WordPiece(unk_token=UNK))
+    # case and accents are kept: translations are scored on them
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=1, show_progress=False
+    )
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
+def encode_lines(tok: Tokenizer, lines: Sequence[str], max_len: int) -> torch.Tensor:
+    """Ids (N, max_len): [CLS] tokens [SEP], truncated, padded with [PAD] (id 0)."""
+    cls, sep = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    ids = torch.zeros(len(lines), max_len, dtype=torch.long)
+    for i, enc in enumerate(tok.encode_batch(list(lines), add_special_tokens=False)):
+        row = [cls, *enc.ids[: max_len - 2], sep]
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return ids
+
+
+def decode_ids(tok: Tokenizer, ids: Sequence[int]) -> str:
+    """Text of token ids, special tokens dropped."""
+    return str(tok.decode(list(ids), skip_special_tokens=True))
+
+
+# ---------------------------------------------------------------- batch order
+
+
+def batch_indices(n_examples: int, batch_size: int, position: int, seed: int) -> torch.Tensor:
+    """Example indices of the `position`-th batch: a fresh permutation each epoch.
+
+    A pure function of its arguments, so a resumed role and its peer agree on
+    the data order without any saved state.
+    """
+    per_epoch = max(1, n_examples // batch_size)
+    epoch, slot = divmod(position, per_epoch)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n_examples, generator=g)
+    return perm[slot * batch_size : (slot + 1) * batch_size]
