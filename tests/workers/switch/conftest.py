@@ -104,6 +104,18 @@ def pki(tmp_path: Path) -> Pki:
     return make_pki(tmp_path / "pki")
 
 
+@pytest.fixture
+def other_pki(tmp_path: Path) -> Pki:
+    """A second, unrelated CA."""
+    return make_pki(tmp_path / "other-pki", "Other CA")
+
+
+@pytest.fixture
+def configure(pki: Pki) -> Callable[..., SwitchConfig]:
+    """`configure(cluster, **overrides)`: a switch config with a fresh certificate."""
+    return lambda cluster, **kw: switch_config(pki, cluster, **kw)
+
+
 @dataclass
 class Pair:
     """Two switches on loopback, each the other's peer."""
