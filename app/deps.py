@@ -21,6 +21,7 @@ from app.settings import Settings
 SESSION_COOKIE = "nebula_session"
 CSRF_COOKIE = "nebula_csrf"
 CSRF_HEADER = "X-CSRF-Token"
+API_PREFIX = "/api/v1"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
-from starlette.routing import Match
-from starlette.types import Scope
 
 from app import registry
 from app.db import make_engine, make_sessionmaker
@@ -17,7 +15,6 @@ from app.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeade
 from app.settings import Settings, get_settings
 
 log = logging.getLogger("nebula")
-API_PREFIX = "/api/v1"
 FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
 
 
@@ -35,9 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = make_engine(settings.resolved_database_url)
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
 
-    for router in registry.api_routers():
-        app.include_router(router, prefix=API_PREFIX)
-    for router in registry.root_routers():
+    for router in registry.routers():
         app.include_router(router)
 
     @app.exception_handler(DomainError)
@@ -51,14 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     _mount_frontend(app)
 
-    def route_of(scope: Scope) -> str:
-        for route in app.router.routes:
-            match, _ = route.matches(scope)
-            if match == Match.FULL:
-                return str(getattr(route, "path", "other"))
-        return "unmatched"
-
-    app.add_middleware(MetricsMiddleware, route_of=route_of)
+    app.add_middleware(MetricsMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(
         BodyLimitMiddleware,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,10 +23,6 @@ SECURITY_HEADERS = [
         b"frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     ),
 ]
-
-
-class BodyTooLarge(Exception):
-    """The client sent more than the limit."""
 
 
 async def _send_413(send: Send, limit: int) -> None:
@@ -66,28 +61,27 @@ class BodyLimitMiddleware:
                     await _send_413(send, limit)
                     return
         received = 0
-        response_started = False
+        answered = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            nonlocal received, answered
+            if answered:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge
+                    # Answer now and tell the app the client is gone: it stops reading.
+                    answered = True
+                    await _send_413(send, limit)
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not answered:
+                await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not response_started:
-                await _send_413(send, limit)
+        await self.app(scope, limited_receive, guarded_send)
 
 
 class SecurityHeadersMiddleware:
@@ -112,9 +106,8 @@ class SecurityHeadersMiddleware:
 class MetricsMiddleware:
     """Count requests and their latency by route template (never by raw path)."""
 
-    def __init__(self, app: ASGIApp, route_of: Callable[[Scope], str]) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.route_of = route_of
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -132,6 +125,7 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, capture)
         finally:
-            route = self.route_of(scope)
+            # the router records the matched route in the scope
+            route = str(getattr(scope.get("route"), "path", "unmatched"))
             HTTP_REQUESTS.labels(scope["method"], route, str(status)).inc()
             HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)

@@ -10,11 +10,6 @@ from app.ops.routes import router as ops_router
 from app.workspaces.routes import router as workspaces_router
 
 
-def api_routers() -> list[APIRouter]:
-    """Routers mounted under /api/v1."""
-    return [accounts_router, workspaces_router, audit_router]
-
-
-def root_routers() -> list[APIRouter]:
-    """Routers mounted at the root (operations)."""
-    return [ops_router]
+def routers() -> list[APIRouter]:
+    """Every router; API routers carry the /api/v1 prefix themselves."""
+    return [accounts_router, workspaces_router, audit_router, ops_router]

@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
-from support import Platform
 
 from app.db import make_engine
 from app.main import create_app
 from app.migrate import upgrade
 from app.settings import Settings
+from support import Platform
 
 REQUIRE_SERVICES = os.environ.get("NEBULA_TEST_REQUIRE_SERVICES") == "1"
 POSTGRES_ADMIN_URL = os.environ.get(

@@ -22,6 +22,7 @@ from app.accounts.tokens import csrf_token
 from app.audit import service as audit
 from app.audit.schemas import AuditEventOut, AuditList
 from app.deps import (
+    API_PREFIX,
     CSRF_COOKIE,
     SESSION_COOKIE,
     AdminDep,
@@ -32,7 +33,7 @@ from app.deps import (
     client_ip,
 )
 
-router = APIRouter(tags=["accounts"])
+router = APIRouter(prefix=API_PREFIX, tags=["accounts"])
 
 
 @router.post("/auth/login", response_model=LoginOut)

@@ -15,9 +15,9 @@ from fastapi.responses import StreamingResponse
 from app.audit import service
 from app.audit.schemas import AuditEventOut, AuditList, VerificationOut
 from app.db import session_scope
-from app.deps import AuditorDep, PageDep, SessionDep
+from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep
 
-router = APIRouter(tags=["audit"])
+router = APIRouter(prefix=API_PREFIX, tags=["audit"])
 
 _FIELDS = list(AuditEventOut.model_fields)
 
@@ -58,13 +58,15 @@ def verify_chain(caller: AuditorDep, db: SessionDep) -> VerificationOut:
 
 @router.get("/audit/export")
 def export(
-    caller: AuditorDep, request: Request, format: Literal["jsonl", "csv"] = "jsonl"
+    caller: AuditorDep,
+    request: Request,
+    db: SessionDep,
+    format: Literal["jsonl", "csv"] = "jsonl",
 ) -> StreamingResponse:
     """The whole log in chain order, streamed as JSON lines or CSV."""
+    service.record(db, actor=caller.actor, action="audit.export", details={"format": format})
+    db.commit()  # the request's session is idle from here; the stream reads with its own
     factory = request.app.state.sessionmaker
-    for db in session_scope(factory):
-        service.record(db, actor=caller.actor, action="audit.export", details={"format": format})
-        db.commit()
 
     def rows() -> Iterator[str]:
         for db in session_scope(factory):

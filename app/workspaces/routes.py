@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from app.accounts.models import Role
-from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
+from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Forbidden
 from app.workspaces import service
 from app.workspaces.schemas import QuotaIn, WorkspaceCreateIn, WorkspaceList, WorkspaceOut
 
-router = APIRouter(tags=["workspaces"])
+router = APIRouter(prefix=API_PREFIX, tags=["workspaces"])
 
 
 @router.get("/workspaces", response_model=WorkspaceList)

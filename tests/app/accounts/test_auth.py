@@ -6,11 +6,11 @@ from datetime import timedelta
 
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
-from support import PASSWORD, Platform
 
 from app.accounts.models import AuthToken, LoginFailure, Role, User
 from app.audit.models import AuditEvent
 from app.db import utcnow
+from support import PASSWORD, Platform
 
 LOGIN = "/api/v1/auth/login"
 
