@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import queue
@@ -80,8 +81,8 @@ POLL_S = 0.2
 
 
 def crl_from_file(path: str | Path) -> Callable[[], bytes]:
-    """A CRL source that re-reads `path` each time it is asked."""
-    return lambda: Path(path).read_bytes()
+    """A CRL source that re-reads `path` each time it is asked (picklable, for subprocesses)."""
+    return functools.partial(Path.read_bytes, Path(path))
 
 
 @dataclass

@@ -31,10 +31,12 @@ class FrameStream:
                 return None
             body = self.conn.body_view()
             if body is not None:
-                count = self.sock.recv_into(body)
-                if count:
-                    self.conn.advance_body(count)
-                else:
+                # fill the whole body here: one protocol step per frame, not per TLS record
+                got, size = 0, len(body)
+                while got < size and (count := self.sock.recv_into(body[got:])):
+                    got += count
+                self.conn.advance_body(got)
+                if got < size:
                     self.conn.receive_data(b"")
             else:
                 count = self.sock.recv_into(self._scratch)
