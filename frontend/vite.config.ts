@@ -20,5 +20,7 @@ export default defineConfig({
     setupFiles: ["./src/test/setup.ts"],
     include: ["src/**/*.test.{ts,tsx}"],
     restoreMocks: true,
+    pool: "threads",
+    isolate: false,
   },
 });

@@ -147,7 +147,7 @@ export function SecretOnce({ label, value, note }: { label: string; value: strin
   const id = useId();
   const [copied, setCopied] = useState(false);
   return (
-    <div className="secret" role="region" aria-label={label}>
+    <div className="secret" role="region" aria-label={`${label}, shown once`}>
       <label htmlFor={id}>{label}</label>
       <div className="secret-row">
         <input id={id} className="mono" readOnly value={value} onFocus={(e) => e.currentTarget.select()} />

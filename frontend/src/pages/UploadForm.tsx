@@ -60,7 +60,7 @@ export function UploadForm({ workspaceId, onUploaded }: { workspaceId: string; o
             id="upload-file"
             ref={fileInput}
             type="file"
-            required
+            aria-required="true"
             disabled={uploading}
             onChange={(e) => {
               const chosen = e.target.files?.[0] ?? null;

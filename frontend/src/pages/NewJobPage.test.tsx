@@ -1,0 +1,86 @@
+import { screen, waitFor } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { member, mockApi, page, reply } from "../test/mockApi";
+import { renderPage } from "../test/render";
+import { NewJobPage } from "./NewJobPage";
+
+afterEach(() => vi.unstubAllGlobals());
+
+const ds = (id: string, name: string, kind: string) => ({ id, name, kind, size_bytes: 1024, sha256: "0".repeat(64), discoverable: false });
+
+function routes() {
+  return {
+    "GET /me": member,
+    "GET /workspaces": page([{ id: "w1", name: "personal", owner_id: member.id, storage_bytes_used: 0, storage_bytes_limit: 1, max_concurrent_jobs: 2 }]),
+    "GET /workspaces/w1/datasets": page([ds("d-text", "wiki", "text"), ds("d-par", "news", "parallel"), ds("d-src", "bert-de", "model")]),
+    "GET /access-requests": page([
+      { id: "r1", dataset_id: "d-granted", requester_id: member.id, owner_id: "u-x", purpose: "p", status: "approved", expires_at: "2099-01-01T00:00:00Z" },
+      { id: "r2", dataset_id: "d-old", requester_id: member.id, owner_id: "u-x", purpose: "p", status: "approved", expires_at: "2000-01-01T00:00:00Z" },
+    ]),
+    "GET /datasets/d-granted": ds("d-granted", "gpt-en (granted)", "model"),
+    "GET /datasets/d-old": ds("d-old", "expired one", "model"),
+    "GET /clusters": page([
+      { id: "c1", name: "alpha", switch_host: "a", switch_port: 1 },
+      { id: "c2", name: "beta", switch_host: "b", switch_port: 2 },
+    ]),
+    "POST /workspaces/w1/jobs": reply(202, { id: "job-9", status: "queued" }),
+  };
+}
+
+describe("NewJobPage", () => {
+  it("submits an ELECTRA job with the chosen input and roles on two clusters", async () => {
+    const fake = mockApi(routes());
+    renderPage(<NewJobPage />, { path: "/jobs/new?ws=w1", route: "/jobs/new" });
+    const user = userEvent.setup();
+    const input = await screen.findByLabelText(/Text corpus/);
+    await user.selectOptions(input, "d-text");
+    expect(screen.getByLabelText("Generator runs on")).toHaveValue("alpha");
+    expect(screen.getByLabelText("Discriminator runs on")).toHaveValue("beta");
+    await user.click(screen.getByRole("button", { name: "Submit job" }));
+    await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
+    expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toEqual({
+      kind: "electra_pretrain",
+      config: { preset: "tiny" },
+      inputs: { text: "d-text" },
+      placement: { generator: "alpha", discriminator: "beta" },
+    });
+  });
+
+  it("offers own and granted datasets of the right kind for ABNet, not expired grants", async () => {
+    const fake = mockApi(routes());
+    renderPage(<NewJobPage />, { path: "/jobs/new", route: "/jobs/new" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("radio", { name: /ABNet fine-tuning/ }));
+    await user.click(screen.getByRole("radio", { name: /paper/ }));
+    const target = screen.getByLabelText(/Target model/);
+    const options = Array.from(target.querySelectorAll("option")).map((o) => o.textContent);
+    expect(options.some((o) => o?.includes("gpt-en (granted)"))).toBe(true);
+    expect(options.some((o) => o?.includes("expired one"))).toBe(false);
+    expect(options.some((o) => o?.includes("wiki"))).toBe(false);
+    expect(screen.getByRole("button", { name: "Submit job" })).toBeDisabled();
+    await user.selectOptions(screen.getByLabelText(/Parallel corpus/), "d-par");
+    await user.selectOptions(screen.getByLabelText(/Source model/), "d-src");
+    await user.selectOptions(target, "d-granted");
+    await user.selectOptions(screen.getByLabelText("Decoder runs on"), "alpha");
+    expect(screen.getByText(/Both roles are on one cluster/)).toBeInTheDocument();
+    await user.selectOptions(screen.getByLabelText("Decoder runs on"), "beta");
+    await user.click(screen.getByRole("button", { name: "Submit job" }));
+    await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
+    expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toEqual({
+      kind: "abnet_finetune",
+      config: { preset: "paper" },
+      inputs: { parallel: "d-par", source_model: "d-src", target_model: "d-granted" },
+      placement: { encoder: "alpha", decoder: "beta" },
+    });
+  });
+
+  it("shows the API's refusal (no active grant)", async () => {
+    mockApi({ ...routes(), "POST /workspaces/w1/jobs": reply(403, { detail: "no active grant on dataset d-text" }) });
+    renderPage(<NewJobPage />, { path: "/jobs/new?ws=w1", route: "/jobs/new" });
+    const user = userEvent.setup();
+    await user.selectOptions(await screen.findByLabelText(/Text corpus/), "d-text");
+    await user.click(screen.getByRole("button", { name: "Submit job" }));
+    expect(await screen.findByRole("alert")).toHaveTextContent("no active grant on dataset d-text");
+  });
+});

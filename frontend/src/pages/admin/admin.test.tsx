@@ -1,0 +1,111 @@
+import { screen, waitFor, within } from "@testing-library/react";
+import userEvent from "@testing-library/user-event";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { admin, member, mockApi, page, reply } from "../../test/mockApi";
+import { renderPage } from "../../test/render";
+import { certificateState, ClustersPage } from "./ClustersPage";
+import { QuotasPage } from "./QuotasPage";
+import { UsersPage } from "./UsersPage";
+
+afterEach(() => vi.unstubAllGlobals());
+
+describe("UsersPage", () => {
+  it("creates a user and shows a duplicate as the API says", async () => {
+    let n = 0;
+    const fake = mockApi({
+      "GET /me": admin,
+      "GET /users": page([admin]),
+      "POST /users": (c: { body: Record<string, string> }) =>
+        ++n === 1 ? reply(201, { id: "u-new", status: "active", ...c.body }) : reply(409, { detail: "a user with that email exists" }),
+    });
+    renderPage(<UsersPage />, { path: "/admin/users", route: "/admin/users" });
+    const user = userEvent.setup();
+    const form = await screen.findByRole("form", { name: "Create user" });
+    const fill = async () => {
+      await user.type(within(form).getByLabelText("Email"), "bob@example.org");
+      await user.type(within(form).getByLabelText("Display name"), "Bob");
+      await user.selectOptions(within(form).getByLabelText("Role"), "auditor");
+      await user.type(within(form).getByLabelText("Initial password"), "a long password 1");
+      await user.click(within(form).getByRole("button", { name: "Create user" }));
+    };
+    await fill();
+    expect(await screen.findByText("Created bob@example.org.")).toBeInTheDocument();
+    expect(fake.find("POST", "/users")[0].body).toEqual({ email: "bob@example.org", display_name: "Bob", role: "auditor", password: "a long password 1" });
+    expect(screen.getByRole("combobox", { name: "Role of bob@example.org" })).toHaveValue("auditor");
+    await fill();
+    expect(await screen.findByText("a user with that email exists")).toBeInTheDocument();
+  });
+
+  it("suspends, reactivates and changes the role; never offers it on oneself", async () => {
+    const fake = mockApi({
+      "GET /me": admin,
+      "GET /users": page([admin, member]),
+      "POST /users/u-member/suspend": { ...member, status: "suspended" },
+      "POST /users/u-member/reactivate": { ...member, status: "active" },
+      "PATCH /users/u-member": (c: { body: { role: string } }) => ({ ...member, ...c.body }),
+    });
+    renderPage(<UsersPage />, { path: "/admin/users", route: "/admin/users" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("button", { name: "Suspend mia@example.org" }));
+    await user.click(screen.getByRole("button", { name: "Yes, suspend" }));
+    expect(await screen.findByText(/is suspended; their sessions and tokens were revoked/)).toBeInTheDocument();
+    await user.click(screen.getByRole("button", { name: "Reactivate mia@example.org" }));
+    expect(await screen.findByText("mia@example.org is active again.")).toBeInTheDocument();
+    await user.selectOptions(screen.getByRole("combobox", { name: "Role of mia@example.org" }), "admin");
+    await waitFor(() => expect(fake.find("PATCH", "/users/u-member")[0]?.body).toEqual({ role: "admin" }));
+    expect(screen.queryByRole("button", { name: "Suspend ada@example.org" })).toBeNull();
+    expect(screen.queryByRole("button", { name: "Delete ada@example.org" })).toBeNull();
+  });
+});
+
+describe("ClustersPage", () => {
+  it("shows an enrollment token once, certificates with expiry, and revokes with a reason", async () => {
+    const fake = mockApi({
+      "GET /me": admin,
+      "GET /clusters": page([{ id: "c1", name: "alpha", switch_host: "10.0.0.5", switch_port: 7443 }]),
+      "GET /clusters/c1/certificates": page([{ serial: "0a1b", not_after: "2099-01-01T00:00:00Z", revoked_at: null }]),
+      "POST /clusters/c1/enrollment-tokens": reply(201, { token: "enroll-xyz", expires_at: "2030-01-01T01:00:00Z" }),
+      "POST /certificates/0a1b/revoke": { serial: "0a1b", not_after: "2099-01-01T00:00:00Z", revoked_at: "2030-01-01T00:00:00Z" },
+    });
+    renderPage(<ClustersPage />, { path: "/admin/clusters", route: "/admin/clusters" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("button", { name: "New enrollment token for alpha" }));
+    expect(await screen.findByLabelText("Enrollment token for alpha")).toHaveValue("enroll-xyz");
+    expect(await screen.findByText(/valid, \d+ days left/)).toBeInTheDocument();
+    await user.click(screen.getByRole("button", { name: "Revoke certificate 0a1b" }));
+    await user.type(screen.getByLabelText("Reason"), "key compromise");
+    await user.click(screen.getByRole("button", { name: "Confirm revoke" }));
+    expect(await screen.findByText("revoked")).toBeInTheDocument();
+    expect(fake.find("POST", "/certificates/0a1b/revoke")[0].body).toEqual({ reason: "key compromise" });
+  });
+
+  it("labels certificate states", () => {
+    const now = new Date("2030-01-01T00:00:00Z");
+    expect(certificateState({ serial: "1", not_after: "2029-12-31T00:00:00Z" }, now).status).toBe("expired");
+    expect(certificateState({ serial: "1", not_after: "2030-01-10T00:00:00Z" }, now).text).toBe("expires in 9 days");
+    expect(certificateState({ serial: "1", not_after: "2031-01-10T00:00:00Z", revoked_at: "x" }, now).status).toBe("revoked");
+  });
+});
+
+describe("QuotasPage", () => {
+  it("changes a workspace's quota in GiB", async () => {
+    const ws = { id: "w1", name: "personal", owner_id: member.id, storage_bytes_used: 0, storage_bytes_limit: 1024 ** 3, max_concurrent_jobs: 2 };
+    const fake = mockApi({
+      "GET /me": admin,
+      "GET /users": page([member]),
+      "GET /workspaces": page([ws]),
+      "PATCH /workspaces/w1/quota": (c: { body: object }) => ({ ...ws, ...c.body }),
+    });
+    renderPage(<QuotasPage />, { path: "/admin/quotas", route: "/admin/quotas" });
+    const user = userEvent.setup();
+    const storage = await screen.findByLabelText("Storage limit of personal in GiB");
+    expect(fake.find("GET", "/workspaces")[0].query.get("owner_id")).toBe("u-member");
+    await user.clear(storage);
+    await user.type(storage, "5");
+    await user.clear(screen.getByLabelText("Maximum concurrent jobs of personal"));
+    await user.type(screen.getByLabelText("Maximum concurrent jobs of personal"), "4");
+    await user.click(screen.getByRole("button", { name: "Save" }));
+    await waitFor(() => expect(fake.find("PATCH", "/workspaces/w1/quota")[0]?.body).toEqual({ storage_bytes_limit: 5 * 1024 ** 3, max_concurrent_jobs: 4 }));
+    expect(await screen.findByText("Saved.")).toBeInTheDocument();
+  });
+});
