@@ -39,7 +39,6 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[]): Loaded<T> {
     return () => {
       generation.current += 1;
     };
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, deps);
 
   const setData = useCallback((update: T | ((prev: T | undefined) => T)) => {

@@ -94,7 +94,6 @@ export function LineChart({
       plot.current?.destroy();
       plot.current = null;
     };
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [labels, height, hasPoints]);
 
   useEffect(() => {

@@ -23,7 +23,6 @@ export function JobsPage() {
     if (!active) return;
     const timer = setInterval(() => void list.reload(), REFRESH_MS);
     return () => clearInterval(timer);
-    // eslint-disable-next-line react-hooks/exhaustive-deps
   }, [active, ws, offset]);
 
   return (
