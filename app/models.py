@@ -3,6 +3,16 @@
 from app.accounts.models import AuthToken, LoginFailure, User
 from app.audit.models import AuditEvent
 from app.db import Base
-from app.workspaces.models import Workspace
+from app.grants.models import AccessRequest
+from app.workspaces.models import Dataset, Workspace
 
-__all__ = ["AuditEvent", "AuthToken", "Base", "LoginFailure", "User", "Workspace"]
+__all__ = [
+    "AccessRequest",
+    "AuditEvent",
+    "AuthToken",
+    "Base",
+    "Dataset",
+    "LoginFailure",
+    "User",
+    "Workspace",
+]

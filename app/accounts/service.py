@@ -15,6 +15,7 @@ from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import utcnow
 from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
+from app.grants import service as grants
 from app.settings import Settings
 from app.workspaces import service as workspaces
 
@@ -344,8 +345,9 @@ def reactivate(db: Session, *, actor: Actor, user: User) -> None:
 
 
 def delete_user(db: Session, *, actor: Actor, user: User) -> None:
-    """Mark deleted: login refused, credentials revoked; the audit trail stays."""
+    """Mark deleted: login refused, credentials and data-access grants (both ways) revoked."""
     _set_status(db, actor=actor, user=user, status=UserStatus.deleted, action="user.delete")
+    grants.end_grants_of_user(db, actor=actor, user_id=user.id)
 
 
 def purge_expired(db: Session) -> int:

@@ -1,10 +1,11 @@
-"""Workspaces: a user's isolated space, with quotas."""
+"""Workspaces (a user's isolated space, with quotas) and the datasets stored in them."""
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, String, UniqueConstraint
+from sqlalchemy import BigInteger, Enum, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, new_id, utcnow
@@ -24,3 +25,35 @@ class Workspace(Base):
     storage_bytes_limit: Mapped[int] = mapped_column(BigInteger)
     max_concurrent_jobs: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The workspace's data key, wrapped (AES-GCM) by the master key derived from the
+    # platform secret: the database alone never holds a key that opens a dataset.
+    data_key_wrapped: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+class DatasetKind(enum.StrEnum):
+    """What a dataset holds, and so how it is validated on upload."""
+
+    text = "text"  # UTF-8, one sentence per line
+    parallel = "parallel"  # UTF-8 TSV, source<TAB>target per line
+    model = "model"  # a safetensors checkpoint written by Nebula jobs
+
+
+class Dataset(Base):
+    """A file stored encrypted under data_dir/datasets/<id>.enc; its name is metadata only."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    # SET NULL: a workspace can go once its datasets are deleted; their rows stay for
+    # grants and audit, with owner_id still naming whose they were.
+    workspace_id: Mapped[str | None] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="SET NULL"), index=True
+    )
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[DatasetKind] = mapped_column(Enum(DatasetKind, native_enum=False, length=16))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    discoverable: Mapped[bool] = mapped_column(default=False, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None]

@@ -1,16 +1,30 @@
-"""HTTP routes of workspaces."""
+"""HTTP routes of workspaces, their datasets, and the catalog."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Iterator
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Query, Request, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from app.accounts.models import Role
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
-from app.errors import Forbidden
-from app.workspaces import service
-from app.workspaces.schemas import QuotaIn, WorkspaceCreateIn, WorkspaceList, WorkspaceOut
+from app.errors import Forbidden, Invalid
+from app.workspaces import datasets, service
+from app.workspaces.models import DatasetKind
+from app.workspaces.schemas import (
+    DatasetList,
+    DatasetOut,
+    DatasetUpdateIn,
+    QuotaIn,
+    WorkspaceCreateIn,
+    WorkspaceList,
+    WorkspaceOut,
+)
+from app.workspaces.upload import UploadForm
 
 router = APIRouter(prefix=API_PREFIX, tags=["workspaces"])
 
@@ -74,3 +88,190 @@ def set_quota(workspace_id: str, body: QuotaIn, caller: AdminDep, db: SessionDep
     )
     db.commit()
     return WorkspaceOut.model_validate(workspace)
+
+
+# ----------------------------------------------------------------------------- datasets
+
+UPLOAD_BATCH_BYTES = 1024 * 1024  # body bytes handed to the worker thread at a time
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "name", "kind"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "kind": {"type": "string", "enum": [k.value for k in DatasetKind]},
+                        "discoverable": {"type": "boolean", "default": False},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/workspaces/{workspace_id}/datasets",
+    response_model=DatasetOut,
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=UPLOAD_BODY,
+)
+async def upload_dataset(
+    workspace_id: str, request: Request, caller: WriterDep, db: SessionDep, settings: SettingsDep
+) -> DatasetOut:
+    """Upload a file (multipart: file, name, kind, discoverable), streamed and encrypted to disk."""
+    plan = await run_in_threadpool(
+        datasets.begin_upload,
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        workspace_id=workspace_id,
+        settings=settings,
+    )
+    incoming = await run_in_threadpool(datasets.IncomingFile, plan)
+    try:
+        form = UploadForm(request.headers.get("content-type", ""), incoming)
+        batch = bytearray()
+        async for data in request.stream():
+            batch += data
+            if len(batch) >= UPLOAD_BATCH_BYTES:
+                # parse, hash, validate and encrypt off the event loop
+                await run_in_threadpool(form.write, bytes(batch))
+                batch.clear()
+        if batch:
+            await run_in_threadpool(form.write, bytes(batch))
+        fields = datasets.parse_fields(form.finish())
+        await run_in_threadpool(incoming.complete, fields.kind)
+        dataset = await run_in_threadpool(
+            datasets.finish_upload,
+            db,
+            actor=caller.actor,
+            plan=plan,
+            incoming=incoming,
+            fields=fields,
+        )
+    except ClientDisconnect:
+        # the client went away, or the body outgrew the limit (already answered 413)
+        raise Invalid("the upload was interrupted") from None
+    finally:
+        await run_in_threadpool(incoming.discard)
+    return DatasetOut.model_validate(dataset)
+
+
+@router.get("/workspaces/{workspace_id}/datasets", response_model=DatasetList)
+def list_datasets(
+    workspace_id: str, caller: CallerDep, db: SessionDep, page: PageDep
+) -> DatasetList:
+    """The datasets of one of the caller's workspaces."""
+    items, total = datasets.list_in_workspace(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        workspace_id=workspace_id,
+        limit=page.limit,
+        offset=page.offset,
+    )
+    return DatasetList(items=[DatasetOut.model_validate(d) for d in items], total=total)
+
+
+@router.get("/datasets/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: str, caller: CallerDep, db: SessionDep) -> DatasetOut:
+    """Metadata, for the owner or the holder of an active grant."""
+    dataset = datasets.get_visible(db, actor=caller.actor, user=caller.user, dataset_id=dataset_id)
+    return DatasetOut.model_validate(dataset)
+
+
+@router.get(
+    "/datasets/{dataset_id}/content",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def get_dataset_content(
+    dataset_id: str, caller: CallerDep, db: SessionDep, settings: SettingsDep
+) -> StreamingResponse:
+    """The bytes, decrypted as they stream, for the owner only: grants allow use, not download."""
+    dataset = datasets.get_owned(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        dataset_id=dataset_id,
+        action="dataset.download",
+        forbidden="grants allow use in jobs, not download",
+    )
+    reader = datasets.open_for_download(db, actor=caller.actor, dataset=dataset, settings=settings)
+    chunks = reader.iter_chunks()
+    # Authenticate the first chunk before answering 200: a damaged header or first chunk
+    # is a clean error; later damage ends the stream early, never with unchecked bytes.
+    first = next(chunks, b"")
+
+    def body() -> Iterator[bytes]:
+        if first:
+            yield first
+        yield from chunks
+
+    return StreamingResponse(
+        body(),
+        media_type="application/octet-stream",
+        headers={
+            "content-length": str(reader.size_bytes),
+            "content-disposition": f'attachment; filename="{reader.dataset_id}.{reader.kind}"',
+            "x-content-sha256": reader.sha256,
+        },
+    )
+
+
+@router.patch("/datasets/{dataset_id}", response_model=DatasetOut)
+def update_dataset(
+    dataset_id: str, body: DatasetUpdateIn, caller: WriterDep, db: SessionDep
+) -> DatasetOut:
+    """Rename, or switch whether the catalog lists it (owner)."""
+    dataset = datasets.get_owned(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        dataset_id=dataset_id,
+        action="dataset.update",
+        forbidden="only the owner may change a dataset",
+    )
+    datasets.update(
+        db, actor=caller.actor, dataset=dataset, name=body.name, discoverable=body.discoverable
+    )
+    db.commit()
+    return DatasetOut.model_validate(dataset)
+
+
+@router.delete("/datasets/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_dataset(
+    dataset_id: str, caller: WriterDep, db: SessionDep, settings: SettingsDep
+) -> None:
+    """Delete (owner): the quota is given back, requests and grants on it end."""
+    dataset = datasets.get_owned(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        dataset_id=dataset_id,
+        action="dataset.delete",
+        forbidden="only the owner may delete a dataset",
+    )
+    datasets.delete(db, actor=caller.actor, dataset=dataset, settings=settings)
+
+
+@router.get("/catalog", response_model=DatasetList)
+def get_catalog(
+    caller: CallerDep,
+    db: SessionDep,
+    page: PageDep,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    kind: DatasetKind | None = None,
+) -> DatasetList:
+    """Metadata of the datasets their owners made discoverable, to request access to."""
+    rows, total = datasets.catalog(db, q=q, kind=kind, limit=page.limit, offset=page.offset)
+    items = [
+        DatasetOut.model_validate(d).model_copy(update={"owner_display_name": owner})
+        for d, owner in rows
+    ]
+    return DatasetList(items=items, total=total)

@@ -6,6 +6,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.workspaces.models import DatasetKind
+
 
 class WorkspaceCreateIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -36,3 +38,32 @@ class WorkspaceOut(BaseModel):
 class WorkspaceList(BaseModel):
     items: list[WorkspaceOut]
     total: int
+
+
+class DatasetOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    workspace_id: str | None
+    owner_id: str
+    name: str
+    kind: DatasetKind
+    size_bytes: int
+    sha256: str
+    discoverable: bool
+    created_at: datetime
+    owner_display_name: str | None = None
+
+
+class DatasetList(BaseModel):
+    items: list[DatasetOut]
+    total: int
+
+
+class DatasetUpdateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$"
+    )
+    discoverable: bool | None = None

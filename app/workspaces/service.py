@@ -1,6 +1,8 @@
-"""Workspace rules: ownership, quotas."""
+"""Workspace rules: ownership, quotas, the workspace data keys."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -8,9 +10,11 @@ from sqlalchemy.orm import Session
 from app.accounts.models import Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
+from app.db import new_id
 from app.errors import Conflict, Forbidden, NotFound
 from app.settings import Settings
-from app.workspaces.models import Workspace
+from app.workspaces import storage
+from app.workspaces.models import Dataset, Workspace
 
 PERSONAL_WORKSPACE_NAME = "personal"
 
@@ -32,7 +36,10 @@ def create(
     )
     if taken is not None:
         raise Conflict("you already have a workspace with this name")
+    workspace_id = new_id()
     workspace = Workspace(
+        id=workspace_id,
+        data_key_wrapped=_new_wrapped_key(workspace_id, settings),
         owner_id=owner.id,
         name=name,
         is_personal=personal,
@@ -83,9 +90,16 @@ def list_owned(
 
 
 def delete(db: Session, *, actor: Actor, workspace: Workspace) -> None:
-    """Delete a workspace that is not the owner's personal one."""
+    """Delete a workspace that is not the owner's personal one and holds no datasets."""
     if workspace.is_personal:
         raise Conflict("the personal workspace cannot be deleted")
+    held = db.scalar(
+        select(func.count())
+        .select_from(Dataset)
+        .where(Dataset.workspace_id == workspace.id, Dataset.deleted_at.is_(None))
+    )
+    if held:
+        raise Conflict("the workspace still holds datasets; delete them first")
     db.delete(workspace)
     audit.record(
         db,
@@ -124,3 +138,51 @@ def set_quota(
         details=changes,
     )
     return workspace
+
+
+def dataset_path(settings: Settings, dataset_id: str) -> Path:
+    """Where a dataset's encrypted file lives: named by its id, never by a user string."""
+    return settings.resolved_data_dir / "datasets" / f"{dataset_id}.enc"
+
+
+def upload_tmp_dir(settings: Settings) -> Path:
+    """Where uploads are written while they stream."""
+    return settings.resolved_data_dir / "tmp"
+
+
+def lock(db: Session, *, workspace_id: str) -> Workspace | None:
+    """The workspace re-read from the database under a row lock, for read-then-write rules.
+
+    PostgreSQL takes the row lock (FOR UPDATE); on SQLite every write transaction already
+    holds the database's write lock (BEGIN IMMEDIATE, app/db.py), and FOR UPDATE is omitted.
+    """
+    return db.scalar(
+        select(Workspace)
+        .where(Workspace.id == workspace_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+
+
+def _new_wrapped_key(workspace_id: str, settings: Settings) -> bytes:
+    master = storage.master_key(settings.secret())
+    return storage.wrap_data_key(master, storage.new_data_key(), workspace_id=workspace_id)
+
+
+def data_key(db: Session, *, workspace: Workspace, settings: Settings) -> bytes:
+    """The workspace's data key in clear; made (under the row lock) for older workspaces.
+
+    A key made here is flushed, not committed: the caller commits.
+    """
+    wrapped = workspace.data_key_wrapped
+    if wrapped is None:
+        locked = lock(db, workspace_id=workspace.id)
+        if locked is None:
+            raise NotFound()
+        if locked.data_key_wrapped is None:
+            locked.data_key_wrapped = _new_wrapped_key(locked.id, settings)
+            db.flush()
+        wrapped = locked.data_key_wrapped
+    return storage.unwrap_data_key(
+        storage.master_key(settings.secret()), wrapped, workspace_id=workspace.id
+    )

@@ -1,0 +1,1 @@
+"""Data-access requests and the grants they become once approved."""

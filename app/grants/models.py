@@ -1,0 +1,41 @@
+"""Access requests: a user asks to use another user's dataset in jobs; the owner decides."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import Enum, ForeignKey, Index, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, new_id, utcnow
+
+
+class AccessStatus(enum.StrEnum):
+    """Stored states; `expired` is derived (approved and past expires_at), never stored."""
+
+    pending = "pending"
+    approved = "approved"
+    denied = "denied"
+    revoked = "revoked"
+    withdrawn = "withdrawn"
+
+
+class AccessRequest(Base):
+    """One request by `requester_id` to use `dataset_id` (owned by `owner_id`) in jobs."""
+
+    __tablename__ = "access_requests"
+    __table_args__ = (Index("ix_access_requests_dataset_requester", "dataset_id", "requester_id"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    requester_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    purpose: Mapped[str] = mapped_column(String(2000))
+    status: Mapped[AccessStatus] = mapped_column(
+        Enum(AccessStatus, native_enum=False, length=16), default=AccessStatus.pending
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    decided_at: Mapped[datetime | None]  # approved or denied
+    expires_at: Mapped[datetime | None]  # set on approval; None: until revoked
+    ended_at: Mapped[datetime | None]  # revoked or withdrawn

@@ -1,0 +1,104 @@
+"""HTTP routes of access requests and grants."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Query, status
+
+from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.grants import service
+from app.grants.schemas import AccessRequestCreateIn, AccessRequestList, AccessRequestOut, ApproveIn
+
+router = APIRouter(prefix=API_PREFIX, tags=["access requests"])
+
+StatusFilter = Literal["pending", "approved", "denied", "revoked", "withdrawn", "expired"]
+
+
+@router.post(
+    "/access-requests", response_model=AccessRequestOut, status_code=status.HTTP_201_CREATED
+)
+def create_request(
+    body: AccessRequestCreateIn, caller: WriterDep, db: SessionDep
+) -> AccessRequestOut:
+    """Ask the owner of a discoverable dataset for the right to use it in jobs."""
+    request = service.create_request(
+        db, actor=caller.actor, user=caller.user, dataset_id=body.dataset_id, purpose=body.purpose
+    )
+    answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    return answer
+
+
+@router.get("/access-requests", response_model=AccessRequestList)
+def list_requests(
+    caller: CallerDep,
+    db: SessionDep,
+    page: PageDep,
+    direction: service.Direction | None = None,
+    status: Annotated[StatusFilter | None, Query()] = None,
+) -> AccessRequestList:
+    """Requests the caller made (outgoing), received (incoming), or both."""
+    items, total = service.list_for(
+        db,
+        user=caller.user,
+        direction=direction,
+        status=status,
+        limit=page.limit,
+        offset=page.offset,
+    )
+    return AccessRequestList(items=[AccessRequestOut.of(v) for v in items], total=total)
+
+
+@router.get("/access-requests/{request_id}", response_model=AccessRequestOut)
+def get_request(request_id: str, caller: CallerDep, db: SessionDep) -> AccessRequestOut:
+    """One request the caller made or received."""
+    request = service.get_for_party(db, actor=caller.actor, user=caller.user, request_id=request_id)
+    return AccessRequestOut.of(service.view(db, request))
+
+
+@router.post("/access-requests/{request_id}/approve", response_model=AccessRequestOut)
+def approve(
+    request_id: str,
+    caller: WriterDep,
+    db: SessionDep,
+    body: Annotated[ApproveIn | None, Body()] = None,
+) -> AccessRequestOut:
+    """The dataset's owner lets the requester use it in jobs (until expires_at, if given)."""
+    request = service.approve(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        request_id=request_id,
+        expires_at=body.expires_at if body else None,
+    )
+    answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    return answer
+
+
+@router.post("/access-requests/{request_id}/deny", response_model=AccessRequestOut)
+def deny(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
+    """The dataset's owner refuses."""
+    request = service.deny(db, actor=caller.actor, user=caller.user, request_id=request_id)
+    answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    return answer
+
+
+@router.post("/access-requests/{request_id}/revoke", response_model=AccessRequestOut)
+def revoke(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
+    """The dataset's owner ends an active grant; the requester's running jobs on it stop."""
+    request = service.revoke(db, actor=caller.actor, user=caller.user, request_id=request_id)
+    answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    return answer
+
+
+@router.post("/access-requests/{request_id}/withdraw", response_model=AccessRequestOut)
+def withdraw(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
+    """The requester takes the request back (or gives up the grant)."""
+    request = service.withdraw(db, actor=caller.actor, user=caller.user, request_id=request_id)
+    answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    return answer

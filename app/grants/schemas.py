@@ -1,0 +1,67 @@
+"""Request and response bodies of the access-requests API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from app.grants.service import RequestView, status_of
+
+
+class AccessRequestCreateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset_id: str = Field(min_length=1, max_length=64)
+    purpose: str = Field(min_length=1, max_length=2000)
+
+
+class ApproveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expires_at: AwareDatetime | None = None
+
+
+class AccessRequestOut(BaseModel):
+    id: str
+    dataset_id: str
+    requester_id: str
+    owner_id: str
+    purpose: str
+    status: str  # pending, approved, denied, revoked, withdrawn, or expired
+    created_at: datetime
+    decided_at: datetime | None
+    expires_at: datetime | None
+    ended_at: datetime | None
+    dataset_name: str
+    dataset_kind: str
+    requester_email: str
+    requester_display_name: str
+    owner_display_name: str
+
+    @classmethod
+    def of(cls, view: RequestView) -> AccessRequestOut:
+        """The answer for one request."""
+        r = view.request
+        return cls(
+            id=r.id,
+            dataset_id=r.dataset_id,
+            requester_id=r.requester_id,
+            owner_id=r.owner_id,
+            purpose=r.purpose,
+            status=status_of(r),
+            created_at=r.created_at,
+            decided_at=r.decided_at,
+            expires_at=r.expires_at,
+            ended_at=r.ended_at,
+            dataset_name=view.dataset_name,
+            dataset_kind=view.dataset_kind,
+            requester_email=view.requester_email,
+            requester_display_name=view.requester_display_name,
+            owner_display_name=view.owner_display_name,
+        )
+
+
+class AccessRequestList(BaseModel):
+    items: list[AccessRequestOut]
+    total: int

@@ -1,0 +1,550 @@
+"""Access-request rules, and the one door through which jobs read datasets.
+
+States: pending -> approved | denied | withdrawn; approved -> revoked | withdrawn.
+An approved request past its `expires_at` is reported as `expired` and grants nothing.
+Only the dataset's owner approves, denies and revokes; only the requester withdraws.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import event, func, or_, select
+from sqlalchemy.orm import Session
+
+from app.accounts.models import User
+from app.audit import service as audit
+from app.audit.service import Actor
+from app.db import utcnow
+from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app.grants.models import AccessRequest, AccessStatus
+from app.settings import Settings
+from app.workspaces import service as workspaces
+from app.workspaces.models import Dataset, Workspace
+from app.workspaces.storage import DatasetReader
+
+log = logging.getLogger("nebula.grants")
+
+EXPIRED = "expired"
+
+# Called with the access request's id after the commit that ended an approved grant
+# (revoked by the owner, withdrawn, the dataset deleted, a party deleted). The job layer
+# appends a function here that stops the requester's running jobs that use the dataset.
+# A hook that raises is logged; the revocation stands.
+on_grant_revoked: list[Callable[[str], None]] = []
+
+_ENDED_KEY = "nebula.grants.ended"
+
+
+def _queue_ended(db: Session, request_id: str) -> None:
+    db.info.setdefault(_ENDED_KEY, []).append(request_id)
+
+
+@event.listens_for(Session, "after_commit")
+def _run_revocation_hooks(session: Session) -> None:
+    # After the commit, so that the hooks (which may open their own sessions) see the
+    # revocation and the request's transaction no longer holds any lock.
+    for request_id in session.info.pop(_ENDED_KEY, []):
+        for hook in list(on_grant_revoked):
+            try:
+                hook(request_id)
+            except Exception:
+                log.exception("grant revocation hook failed for %s", request_id)
+
+
+@event.listens_for(Session, "after_rollback")
+def _forget_revocations(session: Session) -> None:
+    session.info.pop(_ENDED_KEY, None)
+
+
+class Direction(StrEnum):
+    """Requests the user made, or requests for the user's datasets."""
+
+    incoming = "incoming"
+    outgoing = "outgoing"
+
+
+def status_of(request: AccessRequest, now: datetime | None = None) -> str:
+    """The status to report: the stored one, or `expired` for an approved request past its end."""
+    if (
+        request.status == AccessStatus.approved
+        and request.expires_at is not None
+        and request.expires_at <= (now or utcnow())
+    ):
+        return EXPIRED
+    return request.status.value
+
+
+def grant_is_active(request: AccessRequest, now: datetime | None = None) -> bool:
+    """Approved and not expired."""
+    return status_of(request, now) == AccessStatus.approved.value
+
+
+def _active_clause(now: datetime) -> Any:
+    return (AccessRequest.status == AccessStatus.approved) & (
+        AccessRequest.expires_at.is_(None) | (AccessRequest.expires_at > now)
+    )
+
+
+def _live_clause(now: datetime) -> Any:
+    return (AccessRequest.status == AccessStatus.pending) | _active_clause(now)
+
+
+def active_grant_ids_for(db: Session, *, dataset_id: str, user_id: str) -> list[str]:
+    """Ids of the approved, unexpired requests that let `user_id` use `dataset_id`."""
+    return list(
+        db.scalars(
+            select(AccessRequest.id).where(
+                AccessRequest.dataset_id == dataset_id,
+                AccessRequest.requester_id == user_id,
+                _active_clause(utcnow()),
+            )
+        )
+    )
+
+
+def _live_dataset(db: Session, dataset_id: str) -> Dataset | None:
+    dataset = db.get(Dataset, dataset_id)
+    if dataset is None or dataset.deleted_at is not None:
+        return None
+    return dataset
+
+
+def _has_any_request(db: Session, *, dataset_id: str, user_id: str) -> bool:
+    return (
+        db.scalar(
+            select(AccessRequest.id)
+            .where(AccessRequest.dataset_id == dataset_id, AccessRequest.requester_id == user_id)
+            .limit(1)
+        )
+        is not None
+    )
+
+
+class Usability(StrEnum):
+    """Why a user may or may not use a dataset in a job."""
+
+    owner = "owner"
+    granted = "granted"
+    visible = "visible"  # discoverable, or the user asked for it: 403 rather than 404
+    hidden = "hidden"
+
+
+def _usability(db: Session, *, user_id: str, dataset: Dataset | None) -> Usability:
+    if dataset is None:
+        return Usability.hidden
+    if dataset.owner_id == user_id:
+        return Usability.owner
+    if active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id):
+        return Usability.granted
+    if dataset.discoverable or _has_any_request(db, dataset_id=dataset.id, user_id=user_id):
+        return Usability.visible
+    return Usability.hidden
+
+
+def check_dataset_usable(db: Session, *, user_id: str, dataset_id: str) -> Dataset:
+    """The dataset if `user_id` owns it or holds an active grant (for job submission; no audit).
+
+    NotFound when the user cannot see it; Forbidden when visible without an active grant.
+    """
+    dataset = _live_dataset(db, dataset_id)
+    usability = _usability(db, user_id=user_id, dataset=dataset)
+    if usability == Usability.hidden or dataset is None:
+        raise NotFound()
+    if usability == Usability.visible:
+        raise Forbidden("no active grant for this dataset")
+    return dataset
+
+
+def open_dataset_for_job(
+    db: Session, *, user_id: str, dataset_id: str, job_id: str, settings: Settings
+) -> DatasetReader:
+    """A decrypting reader of the dataset for a job of `user_id`, checked now and audited.
+
+    The grant is checked at the moment of use (an expired or revoked grant refuses), the
+    `dataset.use` event (or its denial) is committed here whatever the job does next, and
+    the reader holds no session. NotFound: not visible; Forbidden: visible, no active grant.
+    """
+    actor = Actor(user_id=user_id)
+    dataset = _live_dataset(db, dataset_id)
+    usability = _usability(db, user_id=user_id, dataset=dataset)
+    if usability in (Usability.hidden, Usability.visible) or dataset is None:
+        status = 404 if usability == Usability.hidden else 403
+        db.rollback()
+        audit.record(
+            db,
+            actor=actor,
+            action="dataset.use",
+            subject_type="dataset",
+            subject_id=dataset_id,
+            outcome="denied",
+            details={"job_id": job_id, "status": status},
+        )
+        db.commit()
+        if status == 404:
+            raise NotFound()
+        raise Forbidden("no active grant for this dataset")
+    workspace = db.get(Workspace, dataset.workspace_id) if dataset.workspace_id else None
+    if workspace is None:
+        raise NotFound()
+    key = workspaces.data_key(db, workspace=workspace, settings=settings)
+    audit.record(
+        db,
+        actor=actor,
+        action="dataset.use",
+        subject_type="dataset",
+        subject_id=dataset.id,
+        details={
+            "job_id": job_id,
+            "owner_id": dataset.owner_id,
+            "via": usability.value,
+            "grant_ids": active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id),
+        },
+    )
+    db.commit()
+    return DatasetReader(
+        dataset_id=dataset.id,
+        name=dataset.name,
+        kind=dataset.kind.value,
+        size_bytes=dataset.size_bytes,
+        sha256=dataset.sha256,
+        path=workspaces.dataset_path(settings, dataset.id),
+        data_key=key,
+    )
+
+
+# ----------------------------------------------------------------- requests and decisions
+
+
+def create_request(
+    db: Session, *, actor: Actor, user: User, dataset_id: str, purpose: str
+) -> AccessRequest:
+    """A pending request to use a discoverable dataset of another user."""
+    dataset = db.scalar(
+        select(Dataset)
+        .where(Dataset.id == dataset_id)
+        .with_for_update()  # serializes the one-live-request check per dataset
+        .execution_options(populate_existing=True)
+    )
+    if dataset is None or dataset.deleted_at is not None:
+        audit.deny(
+            db, actor=actor, action="access.request", subject_type="dataset", subject_id=dataset_id
+        )
+    if dataset.owner_id == user.id:
+        raise Conflict("you own this dataset")
+    if not dataset.discoverable:
+        audit.deny(
+            db, actor=actor, action="access.request", subject_type="dataset", subject_id=dataset_id
+        )
+    live = db.scalar(
+        select(AccessRequest.id).where(
+            AccessRequest.dataset_id == dataset.id,
+            AccessRequest.requester_id == user.id,
+            _live_clause(utcnow()),
+        )
+    )
+    if live is not None:
+        raise Conflict("you already have a pending or active request for this dataset")
+    request = AccessRequest(
+        dataset_id=dataset.id,
+        requester_id=user.id,
+        owner_id=dataset.owner_id,
+        purpose=purpose,
+        status=AccessStatus.pending,
+    )
+    db.add(request)
+    db.flush()
+    audit.record(
+        db,
+        actor=actor,
+        action="access.request",
+        subject_type="access_request",
+        subject_id=request.id,
+        details={"dataset_id": dataset.id, "owner_id": dataset.owner_id},
+    )
+    return request
+
+
+def _locked_request(db: Session, request_id: str) -> AccessRequest | None:
+    return db.scalar(
+        select(AccessRequest)
+        .where(AccessRequest.id == request_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+
+
+def get_for_party(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
+    """A request the user made or received; NotFound (audited) for anyone else."""
+    request = db.get(AccessRequest, request_id)
+    if request is None or user.id not in (request.requester_id, request.owner_id):
+        audit.deny(
+            db,
+            actor=actor,
+            action="access.view",
+            subject_type="access_request",
+            subject_id=request_id,
+        )
+    return request
+
+
+class _Party(StrEnum):
+    owner = "owner"
+    requester = "requester"
+
+
+def _transition(
+    db: Session,
+    *,
+    actor: Actor,
+    user: User,
+    request_id: str,
+    action: str,
+    who: _Party,
+    allowed_from: tuple[str, ...],
+) -> AccessRequest:
+    request = _locked_request(db, request_id)
+    if request is None or user.id not in (request.requester_id, request.owner_id):
+        audit.deny(
+            db, actor=actor, action=action, subject_type="access_request", subject_id=request_id
+        )
+    party_id = request.owner_id if who == _Party.owner else request.requester_id
+    if user.id != party_id:
+        audit.deny(
+            db,
+            actor=actor,
+            action=action,
+            subject_type="access_request",
+            subject_id=request_id,
+            forbidden=f"only the {who.value} may do this",
+        )
+    current = status_of(request)
+    if current not in allowed_from:
+        raise Conflict(f"the request is {current}")
+    return request
+
+
+def approve(
+    db: Session, *, actor: Actor, user: User, request_id: str, expires_at: datetime | None
+) -> AccessRequest:
+    """The owner grants use in jobs, until `expires_at` (future) or revocation."""
+    now = utcnow()
+    if expires_at is not None and expires_at <= now:
+        raise Invalid("expires_at must be in the future")
+    request = _transition(
+        db,
+        actor=actor,
+        user=user,
+        request_id=request_id,
+        action="access.approve",
+        who=_Party.owner,
+        allowed_from=(AccessStatus.pending.value,),
+    )
+    if _live_dataset(db, request.dataset_id) is None:
+        raise Conflict("the dataset was deleted")
+    request.status = AccessStatus.approved
+    request.decided_at = now
+    request.expires_at = expires_at
+    audit.record(
+        db,
+        actor=actor,
+        action="access.approve",
+        subject_type="access_request",
+        subject_id=request.id,
+        details={
+            "dataset_id": request.dataset_id,
+            "requester_id": request.requester_id,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
+    )
+    return request
+
+
+def deny(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
+    """The owner refuses a pending request."""
+    request = _transition(
+        db,
+        actor=actor,
+        user=user,
+        request_id=request_id,
+        action="access.deny",
+        who=_Party.owner,
+        allowed_from=(AccessStatus.pending.value,),
+    )
+    request.status = AccessStatus.denied
+    request.decided_at = utcnow()
+    _record_decision(db, actor=actor, action="access.deny", request=request)
+    return request
+
+
+def revoke(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
+    """The owner ends an active grant; running jobs are stopped through `on_grant_revoked`."""
+    request = _transition(
+        db,
+        actor=actor,
+        user=user,
+        request_id=request_id,
+        action="access.revoke",
+        who=_Party.owner,
+        allowed_from=(AccessStatus.approved.value,),
+    )
+    _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason="owner")
+    return request
+
+
+def withdraw(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
+    """The requester takes back a pending request or gives up an active grant."""
+    request = _transition(
+        db,
+        actor=actor,
+        user=user,
+        request_id=request_id,
+        action="access.withdraw",
+        who=_Party.requester,
+        allowed_from=(AccessStatus.pending.value, AccessStatus.approved.value),
+    )
+    _end(db, actor=actor, request=request, status=AccessStatus.withdrawn, reason="requester")
+    return request
+
+
+def _record_decision(
+    db: Session, *, actor: Actor, action: str, request: AccessRequest, **details: Any
+) -> None:
+    audit.record(
+        db,
+        actor=actor,
+        action=action,
+        subject_type="access_request",
+        subject_id=request.id,
+        details={
+            "dataset_id": request.dataset_id,
+            "requester_id": request.requester_id,
+            **details,
+        },
+    )
+
+
+def _end(
+    db: Session, *, actor: Actor, request: AccessRequest, status: AccessStatus, reason: str
+) -> None:
+    was_granted = request.status == AccessStatus.approved
+    request.status = status
+    request.ended_at = utcnow()
+    action = "access.withdraw" if status == AccessStatus.withdrawn else "access.revoke"
+    _record_decision(db, actor=actor, action=action, request=request, reason=reason)
+    if was_granted:
+        _queue_ended(db, request.id)
+
+
+def _end_live(db: Session, *, actor: Actor, where: Any, reason: str) -> list[str]:
+    now = utcnow()
+    requests = db.scalars(
+        select(AccessRequest)
+        .where(where, _live_clause(now))
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).all()
+    for request in requests:
+        _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason=reason)
+    return [r.id for r in requests]
+
+
+def end_grants_for_dataset(db: Session, *, actor: Actor, dataset_id: str) -> list[str]:
+    """Revoke every pending or active request on a dataset (it is being deleted); not committed."""
+    return _end_live(
+        db, actor=actor, where=AccessRequest.dataset_id == dataset_id, reason="dataset deleted"
+    )
+
+
+def end_grants_of_user(db: Session, *, actor: Actor, user_id: str) -> list[str]:
+    """Revoke every pending or active request the user made or received (user deleted)."""
+    return _end_live(
+        db,
+        actor=actor,
+        where=or_(AccessRequest.requester_id == user_id, AccessRequest.owner_id == user_id),
+        reason="user deleted",
+    )
+
+
+# ------------------------------------------------------------------------------ listing
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """A request with the names the UI shows next to it."""
+
+    request: AccessRequest
+    dataset_name: str
+    dataset_kind: str
+    requester_email: str
+    requester_display_name: str
+    owner_display_name: str
+
+
+def _views(db: Session, requests: list[AccessRequest]) -> list[RequestView]:
+    dataset_ids = {r.dataset_id for r in requests}
+    user_ids = {r.requester_id for r in requests} | {r.owner_id for r in requests}
+    datasets = (
+        {d.id: d for d in db.scalars(select(Dataset).where(Dataset.id.in_(dataset_ids)))}
+        if dataset_ids
+        else {}
+    )
+    users = (
+        {u.id: u for u in db.scalars(select(User).where(User.id.in_(user_ids)))} if user_ids else {}
+    )
+    return [
+        RequestView(
+            request=r,
+            dataset_name=datasets[r.dataset_id].name,
+            dataset_kind=datasets[r.dataset_id].kind.value,
+            requester_email=users[r.requester_id].email,
+            requester_display_name=users[r.requester_id].display_name,
+            owner_display_name=users[r.owner_id].display_name,
+        )
+        for r in requests
+    ]
+
+
+def view(db: Session, request: AccessRequest) -> RequestView:
+    """One request with its display names."""
+    return _views(db, [request])[0]
+
+
+def list_for(
+    db: Session,
+    *,
+    user: User,
+    direction: Direction | None,
+    status: str | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[RequestView], int]:
+    """The user's requests (outgoing), requests for the user's datasets (incoming), or both."""
+    if direction == Direction.incoming:
+        where: Any = AccessRequest.owner_id == user.id
+    elif direction == Direction.outgoing:
+        where = AccessRequest.requester_id == user.id
+    else:
+        where = or_(AccessRequest.owner_id == user.id, AccessRequest.requester_id == user.id)
+    now = utcnow()
+    if status == EXPIRED:
+        where = where & (AccessRequest.status == AccessStatus.approved)
+        where = where & AccessRequest.expires_at.is_not(None) & (AccessRequest.expires_at <= now)
+    elif status == AccessStatus.approved.value:
+        where = where & _active_clause(now)
+    elif status is not None:
+        where = where & (AccessRequest.status == AccessStatus(status))
+    total = db.scalar(select(func.count()).select_from(AccessRequest).where(where)) or 0
+    items = db.scalars(
+        select(AccessRequest)
+        .where(where)
+        .order_by(AccessRequest.created_at.desc(), AccessRequest.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return _views(db, list(items)), total

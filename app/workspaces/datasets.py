@@ -1,0 +1,406 @@
+"""Dataset rules: streamed encrypted upload within quota, visibility, changes, deletion, catalog.
+
+Who sees what: the owner sees and changes a dataset; the holder of an active grant sees
+its metadata and uses it in jobs (app/grants/service.open_dataset_for_job), never its
+bytes; anyone else gets 404 as if it did not exist. The catalog shows metadata of the
+datasets their owners made discoverable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.accounts.models import User, UserStatus
+from app.audit import service as audit
+from app.audit.service import Actor
+from app.db import new_id, utcnow
+from app.errors import Invalid, NotFound, QuotaExceeded
+from app.grants import service as grants
+from app.settings import Settings
+from app.workspaces import service as workspaces
+from app.workspaces.formats import Validator, validator_for
+from app.workspaces.models import Dataset, DatasetKind, Workspace
+from app.workspaces.storage import DatasetReader, EncryptedWriter, decrypt_chunks
+
+MAX_NAME_LENGTH = 200
+_NAME = re.compile(r"^[^\x00-\x1f\x7f]+$")
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off", ""})
+
+
+# ------------------------------------------------------------------------------- upload
+
+
+@dataclass(frozen=True)
+class UploadPlan:
+    """What an upload may do, settled before its body is read."""
+
+    workspace_id: str
+    owner_id: str
+    dataset_id: str
+    data_key: bytes
+    size_limit: int  # settings.max_upload_bytes
+    quota_left: int  # at the start; checked again under the row lock at the end
+    tmp_path: Path
+    final_path: Path
+
+    @property
+    def budget(self) -> int:
+        """The most bytes the file may have."""
+        return min(self.size_limit, self.quota_left)
+
+    def too_large(self, size: int) -> QuotaExceeded:
+        """The 413 for a file of `size` bytes."""
+        if size > self.size_limit:
+            return QuotaExceeded(f"the file is larger than the limit of {self.size_limit} bytes")
+        return QuotaExceeded("the workspace's storage quota would be exceeded")
+
+
+def begin_upload(
+    db: Session, *, actor: Actor, user: User, workspace_id: str, settings: Settings
+) -> UploadPlan:
+    """Check ownership, settle the key and budget, and end the transaction before streaming."""
+    workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    key = workspaces.data_key(db, workspace=workspace, settings=settings)
+    dataset_id = new_id()
+    plan = UploadPlan(
+        workspace_id=workspace.id,
+        owner_id=workspace.owner_id,
+        dataset_id=dataset_id,
+        data_key=key,
+        size_limit=settings.max_upload_bytes,
+        quota_left=max(0, workspace.storage_bytes_limit - workspace.storage_bytes_used),
+        tmp_path=workspaces.upload_tmp_dir(settings) / f"{new_id()}.part",
+        final_path=workspaces.dataset_path(settings, dataset_id),
+    )
+    # Nothing may be held while the body streams (on SQLite every transaction holds the
+    # write lock); this also commits a data key made for an older workspace.
+    db.commit()
+    return plan
+
+
+class IncomingFile:
+    """The uploaded file as it streams: size and quota, sha256, format, encryption to disk.
+
+    Plaintext is never written anywhere; at most one chunk of it is in memory.
+    """
+
+    def __init__(self, plan: UploadPlan) -> None:
+        self.plan = plan
+        plan.tmp_path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: BinaryIO = plan.tmp_path.open("xb")
+        self._writer = EncryptedWriter(
+            self._file, data_key=plan.data_key, dataset_id=plan.dataset_id
+        )
+        self._hash = hashlib.sha256()
+        self._validator: Validator | None = None
+        self._validated_kind: DatasetKind | None = None
+        self._closed = False
+        self.size = 0
+
+    def validate_as(self, kind: DatasetKind) -> None:
+        """Validate on the fly (the form sent `kind` before the file)."""
+        if self.size == 0 and self._validator is None:
+            self._validator = validator_for(kind)
+            self._validated_kind = kind
+
+    def write(self, data: bytes) -> None:
+        """The next bytes of the file; 413 as soon as it outgrows the limit or the quota."""
+        self.size += len(data)
+        if self.size > self.plan.budget:
+            raise self.plan.too_large(self.size)
+        self._hash.update(data)
+        if self._validator is not None:
+            self._validator.feed(data)
+        self._writer.write(data)
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of the plaintext received so far."""
+        return self._hash.hexdigest()
+
+    def complete(self, kind: DatasetKind) -> None:
+        """Seal and flush the file to disk, then make sure it is a valid `kind` file (422)."""
+        self._writer.close()
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._closed = True
+        if self._validator is not None and self._validated_kind == kind:
+            self._validator.finish()
+            return
+        # `kind` came after the file: a second streaming pass over what was stored
+        validator = validator_for(kind)
+        with self.plan.tmp_path.open("rb") as src:
+            for chunk in decrypt_chunks(
+                src, data_key=self.plan.data_key, dataset_id=self.plan.dataset_id
+            ):
+                validator.feed(chunk)
+        validator.finish()
+
+    def discard(self) -> None:
+        """Remove the temporary file (a no-op once it has become the dataset's file)."""
+        if not self._closed:
+            self._file.close()
+            self._closed = True
+        self.plan.tmp_path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class UploadFields:
+    """The form fields of an upload, checked."""
+
+    name: str
+    kind: DatasetKind
+    discoverable: bool
+
+
+def parse_kind(raw: str) -> DatasetKind:
+    """A dataset kind from a form field (422 otherwise)."""
+    try:
+        return DatasetKind(raw.strip())
+    except ValueError:
+        kinds = ", ".join(k.value for k in DatasetKind)
+        raise Invalid(f"kind must be one of: {kinds}") from None
+
+
+def check_name(name: str) -> str:
+    """A dataset name: metadata only, 1-200 characters, no control characters."""
+    name = name.strip()
+    if not 1 <= len(name) <= MAX_NAME_LENGTH or not _NAME.match(name):
+        raise Invalid(f"name must be 1-{MAX_NAME_LENGTH} characters without control characters")
+    return name
+
+
+def parse_fields(fields: dict[str, str]) -> UploadFields:
+    """The `name`, `kind` and `discoverable` fields of the upload form (422 when wrong)."""
+    if "name" not in fields or "kind" not in fields:
+        raise Invalid("the form needs the fields file, name and kind")
+    raw = fields.get("discoverable", "false").strip().lower()
+    if raw not in _TRUE | _FALSE:
+        raise Invalid("discoverable must be true or false")
+    return UploadFields(
+        name=check_name(fields["name"]),
+        kind=parse_kind(fields["kind"]),
+        discoverable=raw in _TRUE,
+    )
+
+
+def finish_upload(
+    db: Session, *, actor: Actor, plan: UploadPlan, incoming: IncomingFile, fields: UploadFields
+) -> Dataset:
+    """One transaction under the workspace row lock: quota, dataset row, audit, file in place."""
+    workspace = workspaces.lock(db, workspace_id=plan.workspace_id)
+    if workspace is None or workspace.owner_id != plan.owner_id:
+        db.rollback()
+        raise NotFound()
+    if workspace.storage_bytes_used + incoming.size > workspace.storage_bytes_limit:
+        db.rollback()
+        raise plan.too_large(incoming.size)
+    workspace.storage_bytes_used += incoming.size
+    dataset = Dataset(
+        id=plan.dataset_id,
+        workspace_id=workspace.id,
+        owner_id=workspace.owner_id,
+        name=fields.name,
+        kind=fields.kind,
+        size_bytes=incoming.size,
+        sha256=incoming.sha256,
+        discoverable=fields.discoverable,
+    )
+    db.add(dataset)
+    db.flush()
+    audit.record(
+        db,
+        actor=actor,
+        action="dataset.upload",
+        subject_type="dataset",
+        subject_id=dataset.id,
+        details={
+            "workspace_id": workspace.id,
+            "kind": fields.kind.value,
+            "size_bytes": incoming.size,
+            "sha256": dataset.sha256,
+        },
+    )
+    plan.final_path.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(plan.tmp_path, plan.final_path)
+    try:
+        db.commit()
+    except BaseException:
+        plan.final_path.unlink(missing_ok=True)
+        raise
+    _fsync_dir(plan.final_path.parent)
+    return dataset
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------- access to one
+
+
+def _live(db: Session, dataset_id: str) -> Dataset | None:
+    dataset = db.get(Dataset, dataset_id)
+    if dataset is None or dataset.deleted_at is not None:
+        return None
+    return dataset
+
+
+def get_visible(db: Session, *, actor: Actor, user: User, dataset_id: str) -> Dataset:
+    """The dataset's metadata for its owner or an active grantee; NotFound (audited) otherwise."""
+    dataset = _live(db, dataset_id)
+    if dataset is None or (
+        dataset.owner_id != user.id
+        and not grants.active_grant_ids_for(db, dataset_id=dataset.id, user_id=user.id)
+    ):
+        audit.deny(
+            db, actor=actor, action="dataset.access", subject_type="dataset", subject_id=dataset_id
+        )
+    return dataset
+
+
+def get_owned(
+    db: Session, *, actor: Actor, user: User, dataset_id: str, action: str, forbidden: str
+) -> Dataset:
+    """The dataset if `user` owns it; Forbidden for an active grantee; NotFound otherwise."""
+    dataset = get_visible(db, actor=actor, user=user, dataset_id=dataset_id)
+    if dataset.owner_id != user.id:
+        audit.deny(
+            db,
+            actor=actor,
+            action=action,
+            subject_type="dataset",
+            subject_id=dataset_id,
+            forbidden=forbidden,
+        )
+    return dataset
+
+
+def list_in_workspace(
+    db: Session, *, actor: Actor, user: User, workspace_id: str, limit: int, offset: int
+) -> tuple[list[Dataset], int]:
+    """The live datasets of one of the user's workspaces, newest first."""
+    workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    where = (Dataset.workspace_id == workspace.id) & Dataset.deleted_at.is_(None)
+    total = db.scalar(select(func.count()).select_from(Dataset).where(where)) or 0
+    items = db.scalars(
+        select(Dataset)
+        .where(where)
+        .order_by(Dataset.created_at.desc(), Dataset.id)
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return list(items), total
+
+
+def update(
+    db: Session, *, actor: Actor, dataset: Dataset, name: str | None, discoverable: bool | None
+) -> Dataset:
+    """Rename, or switch whether the catalog lists it."""
+    changes: dict[str, str | bool] = {}
+    if name is not None and check_name(name) != dataset.name:
+        dataset.name = changes["name"] = check_name(name)
+    if discoverable is not None and discoverable != dataset.discoverable:
+        dataset.discoverable = changes["discoverable"] = discoverable
+    audit.record(
+        db,
+        actor=actor,
+        action="dataset.update",
+        subject_type="dataset",
+        subject_id=dataset.id,
+        details=changes,
+    )
+    return dataset
+
+
+def delete(db: Session, *, actor: Actor, dataset: Dataset, settings: Settings) -> None:
+    """Soft-delete: quota given back, requests on it ended, file removed; committed here."""
+    if dataset.workspace_id is not None:
+        workspace = workspaces.lock(db, workspace_id=dataset.workspace_id)
+        if workspace is not None:
+            workspace.storage_bytes_used = max(0, workspace.storage_bytes_used - dataset.size_bytes)
+    dataset.deleted_at = utcnow()
+    ended = grants.end_grants_for_dataset(db, actor=actor, dataset_id=dataset.id)
+    audit.record(
+        db,
+        actor=actor,
+        action="dataset.delete",
+        subject_type="dataset",
+        subject_id=dataset.id,
+        details={"size_bytes": dataset.size_bytes, "requests_ended": ended},
+    )
+    db.commit()
+    # After the commit: a crash in between leaves an unreadable orphan, never a dataset
+    # row without its file.
+    workspaces.dataset_path(settings, dataset.id).unlink(missing_ok=True)
+
+
+def open_for_download(
+    db: Session, *, actor: Actor, dataset: Dataset, settings: Settings
+) -> DatasetReader:
+    """A decrypting reader for the owner's download; audited and committed before streaming."""
+    if dataset.workspace_id is None:
+        raise NotFound()
+    workspace = db.get(Workspace, dataset.workspace_id)
+    if workspace is None:
+        raise NotFound()
+    key = workspaces.data_key(db, workspace=workspace, settings=settings)
+    audit.record(
+        db,
+        actor=actor,
+        action="dataset.download",
+        subject_type="dataset",
+        subject_id=dataset.id,
+    )
+    db.commit()
+    return DatasetReader(
+        dataset_id=dataset.id,
+        name=dataset.name,
+        kind=dataset.kind.value,
+        size_bytes=dataset.size_bytes,
+        sha256=dataset.sha256,
+        path=workspaces.dataset_path(settings, dataset.id),
+        data_key=key,
+    )
+
+
+# ------------------------------------------------------------------------------ catalog
+
+
+def catalog(
+    db: Session, *, q: str | None, kind: DatasetKind | None, limit: int, offset: int
+) -> tuple[list[tuple[Dataset, str]], int]:
+    """Discoverable live datasets of active users with their owner's display name, newest first."""
+    stmt = (
+        select(Dataset, User.display_name)
+        .join(User, User.id == Dataset.owner_id)
+        .where(
+            Dataset.discoverable.is_(True),
+            Dataset.deleted_at.is_(None),
+            User.status == UserStatus.active,
+        )
+    )
+    if kind is not None:
+        stmt = stmt.where(Dataset.kind == kind)
+    if q:
+        pattern = "%" + q.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        stmt = stmt.where(func.lower(Dataset.name).like(pattern + "%", escape="\\"))
+    total = db.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = db.execute(
+        stmt.order_by(Dataset.created_at.desc(), Dataset.id).limit(limit).offset(offset)
+    ).all()
+    return [(row[0], row[1]) for row in rows], total

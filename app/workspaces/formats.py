@@ -1,0 +1,205 @@
+"""Streaming validators of dataset formats: feed bytes as they arrive, then finish.
+
+Each validator holds at most one line (or the safetensors header) in memory and raises
+`Invalid` (422) naming the line on the first problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from typing import Any, Protocol
+
+from app.errors import Invalid
+from app.workspaces.models import DatasetKind
+
+MAX_LINE_BYTES = 1024 * 1024
+MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
+# C0 controls other than TAB, LF and CR, and DEL: not text
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+SAFETENSORS_DTYPES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
+
+
+class Validator(Protocol):
+    """Checks one file's bytes as they stream."""
+
+    def feed(self, data: bytes) -> None:
+        """The next bytes of the file."""
+
+    def finish(self) -> None:
+        """The file ended; raise if what came is not a whole, valid file."""
+
+
+class LinesValidator:
+    """UTF-8 lines: `text` (any non-blank content) or `parallel` (source<TAB>target)."""
+
+    def __init__(self, kind: DatasetKind) -> None:
+        self.kind = kind
+        self._pending = b""
+        self._lines = 0  # complete lines checked so far
+        self._content_lines = 0
+
+    def _fail(self, line: int, why: str) -> Invalid:
+        return Invalid(f"line {line}: {why}")
+
+    def _check_block(self, block: bytes) -> None:
+        """`block` is whole lines, each ending with a newline except maybe the last."""
+        base = self._lines
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            at_line = base + block.count(b"\n", 0, exc.start) + 1
+            raise self._fail(at_line, "not valid UTF-8") from None
+        bad = _CONTROL.search(block)
+        if bad is not None:
+            raise self._fail(
+                base + block.count(b"\n", 0, bad.start()) + 1, "contains a control character"
+            )
+        lines = block.split(b"\n")
+        if block.endswith(b"\n"):
+            lines.pop()
+        if len(block) > MAX_LINE_BYTES:
+            for number, line in enumerate(lines, base + 1):
+                if len(line) > MAX_LINE_BYTES:
+                    raise self._fail(number, f"longer than {MAX_LINE_BYTES} bytes")
+        if self.kind == DatasetKind.parallel:
+            for number, line in enumerate(lines, base + 1):
+                self._check_pair(number, line)
+            self._content_lines += len(lines)
+        else:
+            self._content_lines += sum(1 for line in lines if line.strip())
+        self._lines += len(lines)
+
+    def _check_pair(self, number: int, line: bytes) -> None:
+        fields = line.removesuffix(b"\r").split(b"\t")
+        if len(fields) != 2:
+            raise self._fail(number, f"expected source<TAB>target, found {len(fields) - 1} tab(s)")
+        if not fields[0].strip() or not fields[1].strip():
+            raise self._fail(number, "empty source or target")
+
+    def feed(self, data: bytes) -> None:
+        """Check every line completed by `data`; keep the unfinished one."""
+        data = self._pending + data
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._pending = data
+        else:
+            self._pending = data[end + 1 :]
+            self._check_block(data[: end + 1])
+        if len(self._pending) > MAX_LINE_BYTES:
+            raise self._fail(self._lines + 1, f"longer than {MAX_LINE_BYTES} bytes")
+
+    def finish(self) -> None:
+        """Check the last line (it may lack a newline) and that there was content."""
+        if self._pending:
+            self._check_block(self._pending)
+            self._pending = b""
+        if self._content_lines == 0:
+            raise Invalid("the file has no lines" if self._lines == 0 else "the file is blank")
+
+
+class SafetensorsValidator:
+    """A safetensors file whose header is sound and whose metadata says Nebula wrote it."""
+
+    def __init__(self) -> None:
+        self._head = bytearray()
+        self._header_len: int | None = None
+        self._data_expected: int | None = None
+        self._data_seen = 0
+
+    def feed(self, data: bytes) -> None:
+        """Buffer until the header is complete, check it, then only count data bytes."""
+        if self._data_expected is not None:
+            self._data_seen += len(data)
+            return
+        self._head += data
+        if self._header_len is None and len(self._head) >= 8:
+            (self._header_len,) = struct.unpack("<Q", self._head[:8])
+            if not 2 <= self._header_len <= MAX_SAFETENSORS_HEADER:
+                raise Invalid("not a safetensors file: header size out of range")
+        if self._header_len is not None and len(self._head) >= 8 + self._header_len:
+            end = 8 + self._header_len
+            self._data_expected = self._check_header(bytes(self._head[8:end]))
+            self._data_seen = len(self._head) - end
+            self._head = bytearray()
+
+    def _check_header(self, raw: bytes) -> int:
+        try:
+            header: Any = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise Invalid("not a safetensors file: the header is not JSON") from None
+        if not isinstance(header, dict):
+            raise Invalid("not a safetensors file: the header is not a JSON object")
+        meta = header.pop("__metadata__", None)
+        if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+        ):
+            raise Invalid("not a checkpoint written by Nebula: no string metadata")
+        if not any(key == "nebula" or key.startswith("nebula.") for key in meta):
+            raise Invalid("not a checkpoint written by Nebula: no nebula metadata")
+        spans: list[tuple[int, int]] = []
+        for name, info in header.items():
+            spans.append(self._check_tensor(name, info))
+        spans.sort()
+        position = 0
+        for begin, end in spans:
+            if begin != position:
+                raise Invalid("not a safetensors file: tensor data overlaps or leaves holes")
+            position = end
+        return position
+
+    def _check_tensor(self, name: str, info: Any) -> tuple[int, int]:
+        if not isinstance(info, dict):
+            raise Invalid(f"tensor {name[:80]!r}: not an object")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise Invalid(f"tensor {name[:80]!r}: unknown dtype")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise Invalid(f"tensor {name[:80]!r}: bad shape")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise Invalid(f"tensor {name[:80]!r}: bad data offsets")
+        if offsets[1] - offsets[0] != math.prod(shape) * SAFETENSORS_DTYPES[dtype]:
+            raise Invalid(f"tensor {name[:80]!r}: size does not match its shape")
+        return offsets[0], offsets[1]
+
+    def finish(self) -> None:
+        """The data section must be exactly as long as the header says."""
+        if self._data_expected is None:
+            raise Invalid("not a safetensors file: truncated header")
+        if self._data_seen != self._data_expected:
+            raise Invalid(
+                f"not a safetensors file: {self._data_seen} data bytes, "
+                f"the header describes {self._data_expected}"
+            )
+
+
+def validator_for(kind: DatasetKind) -> Validator:
+    """The streaming validator of one dataset kind."""
+    if kind == DatasetKind.model:
+        return SafetensorsValidator()
+    return LinesValidator(kind)
