@@ -7,6 +7,7 @@ import getpass
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from app.settings import Settings, get_settings
 
@@ -88,6 +89,113 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def _switch(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.switch import agent
+    from workers.switch.shaper import ShaperConfig
+
+    peers = {}
+    for item in args.peer:
+        name, _, address = item.partition("=")
+        peers[name] = _address(address)
+    shaper = None
+    if args.shape_mbit or args.shape_delay_ms:
+        shaper = ShaperConfig(rate_mbit=args.shape_mbit, delay_ms=args.shape_delay_ms or 0.0)
+    agent.run(
+        cluster=args.cluster,
+        folder=args.state_dir or settings.var_dir / "clusters" / args.cluster,
+        control_plane=args.control_plane.rstrip("/"),
+        enroll_token=args.enroll_token,
+        worker_address=(args.worker_host, args.worker_port),
+        peer_address=(args.peer_host, args.peer_port),
+        peers=peers,
+        shaper=shaper,
+        metrics_address=(args.worker_host, args.metrics_port) if args.metrics_port else None,
+    )
+    return 0
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from workers.celery_app import make_celery, queue_for
+    from workers.runner import ClusterSide
+    from workers.worker_state import set_side, switch_state_path
+
+    if args.switch:
+        switch, ca_path = _address(args.switch), args.ca
+    else:
+        state = json.loads(switch_state_path(settings.var_dir, args.cluster).read_text())
+        host, port = state["worker_address"]
+        switch, ca_path = (host, int(port)), state["ca_path"]
+    set_side(
+        ClusterSide(
+            cluster=args.cluster,
+            switch_address=switch,
+            ca_path=Path(ca_path),
+            scratch_dir=(settings.var_dir / "clusters" / args.cluster / "scratch").resolve(),
+        )
+    )
+    app = make_celery(settings)
+    import workers.tasks  # noqa: F401  (registers the task)
+
+    app.worker_main(
+        [
+            "worker",
+            "--queues",
+            queue_for(args.cluster),
+            "--concurrency",
+            str(args.concurrency),
+            "--hostname",
+            f"{args.cluster}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
+    return 0
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from app.up import up
+
+    return up(settings, host=args.host, port=args.port)
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from app.demo import run_demo
+    from app.up import demo_admin_path
+
+    login_file = demo_admin_path(settings)
+    if not login_file.exists():
+        print(f"no demo login at {login_file}: start the platform with `nebula up` first")
+        return 1
+    login = json.loads(login_file.read_text())
+    return run_demo(
+        args.url.rstrip("/"),
+        login["email"],
+        login["password"],
+        electra_steps=args.electra_steps,
+        abnet_steps=args.abnet_steps,
+    )
+
+
+def _demo_corpus(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.training.data import write_demo_corpus
+
+    for name, path in write_demo_corpus(Path(args.directory)).items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="nebula", description="Nebula control plane")
@@ -103,6 +211,44 @@ def build_parser() -> argparse.ArgumentParser:
     create_admin.add_argument("email")
     create_admin.add_argument("--name", default=None, help="display name")
     create_admin.set_defaults(run=_create_admin)
+
+    up = sub.add_parser("up", help="everything on one machine: API, UI, two clusters")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000)
+    up.set_defaults(run=_up)
+
+    demo = sub.add_parser("demo", help="walk users, data, grants and two jobs through the API")
+    demo.add_argument("--url", default="http://127.0.0.1:8000")
+    demo.add_argument("--electra-steps", type=int, default=150)
+    demo.add_argument("--abnet-steps", type=int, default=300)
+    demo.set_defaults(run=_demo)
+
+    switch = sub.add_parser("switch", help="run a cluster's switch (enrolls on first start)")
+    switch.add_argument("--cluster", required=True)
+    switch.add_argument("--control-plane", default="http://127.0.0.1:8000")
+    switch.add_argument("--enroll-token", default=None)
+    switch.add_argument("--state-dir", type=Path, default=None)
+    switch.add_argument("--worker-host", default="127.0.0.1")
+    switch.add_argument("--worker-port", type=int, default=7201)
+    switch.add_argument("--peer-host", default="127.0.0.1")
+    switch.add_argument("--peer-port", type=int, default=7101)
+    switch.add_argument("--peer", action="append", default=[], help="NAME=HOST:PORT of a peer")
+    switch.add_argument("--metrics-port", type=int, default=0)
+    switch.add_argument("--shape-mbit", type=float, default=None, help="link rate to peers")
+    switch.add_argument("--shape-delay-ms", type=float, default=None, help="added delay to peers")
+    switch.set_defaults(run=_switch)
+
+    worker = sub.add_parser("worker", help="a Celery worker on a cluster's queue")
+    worker.add_argument("--cluster", required=True)
+    worker.add_argument("--switch", default=None, help="HOST:PORT of the switch (else its state)")
+    worker.add_argument("--ca", default=None, help="the platform CA (with --switch)")
+    worker.add_argument("--concurrency", type=int, default=2)
+    worker.set_defaults(run=_worker)
+
+    data = sub.add_parser("data", help="data tools").add_subparsers(dest="data", required=True)
+    corpus = data.add_parser("demo-corpus", help="write the es-en demo corpus")
+    corpus.add_argument("directory")
+    corpus.set_defaults(run=_demo_corpus)
 
     db = sub.add_parser("db", help="database").add_subparsers(dest="db", required=True)
     db.add_parser("upgrade", help="apply migrations up to head").set_defaults(run=_db_upgrade)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -11,6 +13,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from app import registry
 from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError
+from app.jobs.dispatch import Reaper
 from app.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from app.settings import Settings, get_settings
 
@@ -21,7 +24,18 @@ FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the control plane for `settings` (default: from the environment)."""
     settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reaper = Reaper(app.state.sessionmaker, settings).start() if settings.run_reaper else None
+        try:
+            yield
+        finally:
+            if reaper is not None:
+                reaper.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="Nebula",
         version="0.1.0",
         openapi_url="/api/openapi.json",

@@ -2,8 +2,10 @@
 
 from app.accounts.models import AuthToken, LoginFailure, User
 from app.audit.models import AuditEvent
+from app.clusters.models import Certificate, Cluster, EnrollmentToken, PlatformKey
 from app.db import Base
 from app.grants.models import AccessRequest
+from app.jobs.models import Job, JobArtifact, JobMetric, JobRole
 from app.workspaces.models import Dataset, Workspace
 
 __all__ = [
@@ -11,8 +13,16 @@ __all__ = [
     "AuditEvent",
     "AuthToken",
     "Base",
+    "Certificate",
+    "Cluster",
     "Dataset",
+    "EnrollmentToken",
+    "Job",
+    "JobArtifact",
+    "JobMetric",
+    "JobRole",
     "LoginFailure",
+    "PlatformKey",
     "User",
     "Workspace",
 ]

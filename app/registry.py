@@ -6,11 +6,21 @@ from fastapi import APIRouter
 
 from app.accounts.routes import router as accounts_router
 from app.audit.routes import router as audit_router
+from app.clusters.routes import router as clusters_router
 from app.grants.routes import router as grants_router
+from app.jobs.routes import router as jobs_router
 from app.ops.routes import router as ops_router
 from app.workspaces.routes import router as workspaces_router
 
 
 def routers() -> list[APIRouter]:
     """Every router; API routers carry the /api/v1 prefix themselves."""
-    return [accounts_router, workspaces_router, grants_router, audit_router, ops_router]
+    return [
+        accounts_router,
+        workspaces_router,
+        grants_router,
+        clusters_router,
+        jobs_router,
+        audit_router,
+        ops_router,
+    ]

@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 2 * 1024**3
 
     cookie_secure: bool = False  # set true behind HTTPS
+    run_reaper: bool = True  # restart stalled job attempts and dispatch pending roles
     log_level: str = "INFO"
 
     @property

@@ -116,6 +116,7 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         argon2_time_cost=1,
         argon2_memory_kib=1024,
         argon2_parallelism=1,
+        run_reaper=False,
     )
 
 

@@ -61,3 +61,40 @@ class Platform:
         self.client.cookies.clear()  # tests choose bearer or cookie explicitly
         token: str = answer.json()["token"]
         return token
+
+
+class LiveServer:
+    """The control plane served by uvicorn on a free loopback port, in a thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        import socket
+
+        import uvicorn
+
+        from app.main import create_app
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LiveServer:
+        import threading
+        import time
+
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the control plane did not start")
+            self.thread.join(timeout=0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.app.state.engine.dispose()

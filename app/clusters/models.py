@@ -1,0 +1,61 @@
+"""Clusters, their switch certificates, enrollment tokens, and the platform's own keys."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, LargeBinary, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, new_id, utcnow
+
+
+class Cluster(Base):
+    """A compute cluster, reachable only through its switch."""
+
+    __tablename__ = "clusters"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    switch_host: Mapped[str] = mapped_column(String(255))
+    switch_port: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Certificate(Base):
+    """A switch certificate the CA issued; serials are kept as decimal strings (160 bits)."""
+
+    __tablename__ = "certificates"
+
+    serial: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    certificate_pem: Mapped[str] = mapped_column(Text)
+    not_before: Mapped[datetime]
+    not_after: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+    revocation_reason: Mapped[str | None] = mapped_column(String(200))
+
+
+class EnrollmentToken(Base):
+    """A single-use, expiring secret with which a new switch obtains its first certificate."""
+
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None]
+
+
+class PlatformKey(Base):
+    """A key of the platform itself (the root CA, the job-token signer), encrypted at rest."""
+
+    __tablename__ = "platform_keys"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    encrypted_key: Mapped[bytes] = mapped_column(LargeBinary)
+    certificate_pem: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

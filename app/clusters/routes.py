@@ -1,0 +1,186 @@
+"""HTTP routes of clusters, certificates and the PKI."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi import APIRouter, Request, Response, status
+from sqlalchemy.orm import Session
+
+from app.clusters import service
+from app.clusters.models import Cluster
+from app.clusters.schemas import (
+    CertificateList,
+    CertificateOut,
+    ClusterCreateIn,
+    ClusterList,
+    ClusterOut,
+    CsrIn,
+    EnrollIn,
+    EnrollmentTokenIn,
+    EnrollmentTokenOut,
+    IssuedOut,
+    RenewIn,
+    RevokeIn,
+)
+from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
+from app.pki import service as pki
+
+router = APIRouter(prefix=API_PREFIX, tags=["clusters"])
+
+
+def _out(db: Session, cluster: Cluster) -> ClusterOut:
+    return ClusterOut.model_validate(cluster).model_copy(
+        update={"has_valid_certificate": pki.has_valid_certificate(db, cluster_id=cluster.id)}
+    )
+
+
+@router.post("/clusters", response_model=ClusterOut, status_code=status.HTTP_201_CREATED)
+def create_cluster(body: ClusterCreateIn, caller: AdminDep, db: SessionDep) -> ClusterOut:
+    """Register a cluster by its switch address."""
+    cluster = service.create(
+        db,
+        actor=caller.actor,
+        name=body.name,
+        switch_host=body.switch_host,
+        switch_port=body.switch_port,
+    )
+    db.commit()
+    return _out(db, cluster)
+
+
+@router.get("/clusters", response_model=ClusterList)
+def list_clusters(caller: CallerDep, db: SessionDep, page: PageDep) -> ClusterList:
+    """Every cluster (any signed-in user may place jobs on them)."""
+    items, total = service.list_all(db, limit=page.limit, offset=page.offset)
+    return ClusterList(items=[_out(db, c) for c in items], total=total)
+
+
+@router.get("/clusters/{cluster_id}", response_model=ClusterOut)
+def get_cluster(cluster_id: str, caller: CallerDep, db: SessionDep) -> ClusterOut:
+    """One cluster."""
+    return _out(db, service.get(db, cluster_id=cluster_id))
+
+
+@router.delete("/clusters/{cluster_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_cluster(cluster_id: str, caller: AdminDep, db: SessionDep) -> None:
+    """Remove a cluster that never had a certificate."""
+    service.delete(db, actor=caller.actor, cluster=service.get(db, cluster_id=cluster_id))
+    db.commit()
+
+
+@router.post(
+    "/clusters/{cluster_id}/csr", response_model=IssuedOut, status_code=status.HTTP_201_CREATED
+)
+def sign_csr(
+    cluster_id: str, body: CsrIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> IssuedOut:
+    """The CA signs the cluster switch's CSR; the private key stays on the switch."""
+    pki.check_csr_text(body.csr_pem)
+    cluster = service.get(db, cluster_id=cluster_id)
+    certificate = pki.issue(
+        db, actor=caller.actor, cluster=cluster, csr_pem=body.csr_pem, settings=settings
+    )
+    db.commit()
+    return IssuedOut(
+        serial=certificate.serial,
+        certificate_pem=certificate.certificate_pem,
+        not_after=certificate.not_after,
+        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
+    )
+
+
+@router.get("/clusters/{cluster_id}/certificates", response_model=CertificateList)
+def list_certificates(
+    cluster_id: str, caller: AdminDep, db: SessionDep, page: PageDep
+) -> CertificateList:
+    """Certificates issued to the cluster's switch."""
+    service.get(db, cluster_id=cluster_id)
+    items, total = service.certificates(
+        db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
+    )
+    return CertificateList(items=[CertificateOut.model_validate(c) for c in items], total=total)
+
+
+@router.post(
+    "/clusters/{cluster_id}/enrollment-tokens",
+    response_model=EnrollmentTokenOut,
+    status_code=status.HTTP_201_CREATED,
+)
+def create_enrollment_token(
+    cluster_id: str, body: EnrollmentTokenIn, caller: AdminDep, db: SessionDep
+) -> EnrollmentTokenOut:
+    """A single-use, expiring token for `nebula switch --enroll-token`; shown once."""
+    cluster = service.get(db, cluster_id=cluster_id)
+    row, secret = pki.create_enrollment_token(
+        db, actor=caller.actor, cluster=cluster, ttl=timedelta(minutes=body.expires_in_minutes)
+    )
+    db.commit()
+    return EnrollmentTokenOut(token=secret, expires_at=row.expires_at, cluster_id=cluster.id)
+
+
+@router.post("/certificates/{serial}/revoke", response_model=CertificateOut)
+def revoke_certificate(
+    serial: str, body: RevokeIn, caller: AdminDep, db: SessionDep
+) -> CertificateOut:
+    """Put the certificate on the CRL; switches refuse it from their next refresh."""
+    certificate = pki.revoke(db, actor=caller.actor, serial=serial, reason=body.reason)
+    db.commit()
+    return CertificateOut.model_validate(certificate)
+
+
+@router.post("/pki/enroll", response_model=IssuedOut, status_code=status.HTTP_201_CREATED)
+def enroll(body: EnrollIn, request: Request, db: SessionDep, settings: SettingsDep) -> IssuedOut:
+    """A new switch trades its enrollment token (once) and CSR for its certificate."""
+    pki.check_csr_text(body.csr_pem)
+    _cluster, certificate = pki.enroll(
+        db, token=body.token, csr_pem=body.csr_pem, ip=client_ip(request), settings=settings
+    )
+    db.commit()
+    return IssuedOut(
+        serial=certificate.serial,
+        certificate_pem=certificate.certificate_pem,
+        not_after=certificate.not_after,
+        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
+    )
+
+
+@router.post("/pki/renew", response_model=IssuedOut, status_code=status.HTTP_201_CREATED)
+def renew(body: RenewIn, request: Request, db: SessionDep, settings: SettingsDep) -> IssuedOut:
+    """A switch proves it holds a live certificate's key and gets a fresh certificate."""
+    pki.check_csr_text(body.csr_pem)
+    certificate = pki.renew(
+        db,
+        certificate_pem=body.certificate_pem,
+        csr_pem=body.csr_pem,
+        signature_b64=body.signature,
+        ip=client_ip(request),
+        settings=settings,
+    )
+    db.commit()
+    return IssuedOut(
+        serial=certificate.serial,
+        certificate_pem=certificate.certificate_pem,
+        not_after=certificate.not_after,
+        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
+    )
+
+
+@router.get("/pki/ca.pem")
+def ca_pem(db: SessionDep, settings: SettingsDep) -> Response:
+    """The platform root CA certificate."""
+    return Response(pki.platform_keys(db, settings).ca_pem, media_type="application/x-pem-file")
+
+
+@router.get("/pki/crl.pem")
+def crl_pem(db: SessionDep, settings: SettingsDep) -> Response:
+    """The current certificate revocation list, signed by the CA."""
+    return Response(pki.crl_pem(db, settings), media_type="application/x-pem-file")
+
+
+@router.get("/pki/job-token-key.pem")
+def job_token_key(db: SessionDep, settings: SettingsDep) -> Response:
+    """The public key switches use to verify job tokens."""
+    return Response(
+        pki.platform_keys(db, settings).job_public_pem, media_type="application/x-pem-file"
+    )

@@ -1,0 +1,93 @@
+"""Request and response bodies of clusters, certificates and enrollment."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CLUSTER_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+PEM_MAX = 16_384
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClusterCreateIn(Strict):
+    name: str = Field(pattern=CLUSTER_NAME, max_length=63)
+    switch_host: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:\-\[\]]+$")
+    switch_port: int = Field(ge=1, le=65535)
+
+
+class ClusterOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    name: str
+    switch_host: str
+    switch_port: int
+    created_at: datetime
+    has_valid_certificate: bool = False
+
+
+class ClusterList(BaseModel):
+    items: list[ClusterOut]
+    total: int
+
+
+class CsrIn(Strict):
+    csr_pem: str = Field(min_length=1, max_length=PEM_MAX)
+
+
+class CertificateOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    serial: str
+    cluster_id: str
+    certificate_pem: str
+    not_before: datetime
+    not_after: datetime
+    revoked_at: datetime | None
+    revocation_reason: str | None
+
+
+class CertificateList(BaseModel):
+    items: list[CertificateOut]
+    total: int
+
+
+class IssuedOut(BaseModel):
+    serial: str
+    certificate_pem: str
+    not_after: datetime
+    ca_pem: str
+
+
+class RevokeIn(Strict):
+    reason: str = Field(min_length=1, max_length=200)
+
+
+class EnrollmentTokenIn(Strict):
+    expires_in_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60)
+
+
+class EnrollmentTokenOut(BaseModel):
+    token: str
+    expires_at: datetime
+    cluster_id: str
+
+
+class EnrollIn(Strict):
+    token: str = Field(min_length=1, max_length=200)
+    csr_pem: str = Field(min_length=1, max_length=PEM_MAX)
+
+
+class RenewIn(Strict):
+    certificate_pem: str = Field(min_length=1, max_length=PEM_MAX)
+    csr_pem: str = Field(min_length=1, max_length=PEM_MAX)
+    signature: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="base64 ECDSA-SHA256 of csr_pem by the current key",
+    )

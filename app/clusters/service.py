@@ -1,0 +1,86 @@
+"""The cluster registry."""
+
+from __future__ import annotations
+
+from sqlalchemy import delete as sql_delete
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.audit import service as audit
+from app.audit.service import Actor
+from app.clusters.models import Certificate, Cluster, EnrollmentToken
+from app.errors import Conflict, NotFound
+
+
+def create(db: Session, *, actor: Actor, name: str, switch_host: str, switch_port: int) -> Cluster:
+    """Register a cluster by the address of its switch."""
+    if db.scalar(select(Cluster.id).where(Cluster.name == name)) is not None:
+        raise Conflict("a cluster with this name already exists")
+    cluster = Cluster(name=name, switch_host=switch_host, switch_port=switch_port)
+    db.add(cluster)
+    db.flush()
+    audit.record(
+        db,
+        actor=actor,
+        action="cluster.create",
+        subject_type="cluster",
+        subject_id=cluster.id,
+        details={"name": name, "switch": f"{switch_host}:{switch_port}"},
+    )
+    return cluster
+
+
+def get(db: Session, *, cluster_id: str) -> Cluster:
+    """A cluster by id."""
+    cluster = db.get(Cluster, cluster_id)
+    if cluster is None:
+        raise NotFound()
+    return cluster
+
+
+def by_name(db: Session, *, name: str) -> Cluster | None:
+    """A cluster by name, if registered."""
+    return db.scalar(select(Cluster).where(Cluster.name == name))
+
+
+def list_all(db: Session, *, limit: int, offset: int) -> tuple[list[Cluster], int]:
+    """Every cluster, newest first."""
+    total = db.scalar(select(func.count()).select_from(Cluster)) or 0
+    items = db.scalars(
+        select(Cluster).order_by(Cluster.created_at.desc(), Cluster.id).limit(limit).offset(offset)
+    ).all()
+    return list(items), total
+
+
+def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
+    """Remove a cluster that has no certificates (revoke them and keep the record otherwise)."""
+    if db.scalar(
+        select(func.count()).select_from(Certificate).where(Certificate.cluster_id == cluster.id)
+    ):
+        raise Conflict("the cluster has issued certificates; revoke them instead of deleting")
+    db.execute(sql_delete(EnrollmentToken).where(EnrollmentToken.cluster_id == cluster.id))
+    db.delete(cluster)
+    audit.record(
+        db,
+        actor=actor,
+        action="cluster.delete",
+        subject_type="cluster",
+        subject_id=cluster.id,
+        details={"name": cluster.name},
+    )
+
+
+def certificates(
+    db: Session, *, cluster_id: str, limit: int, offset: int
+) -> tuple[list[Certificate], int]:
+    """Certificates of one cluster, newest first."""
+    where = Certificate.cluster_id == cluster_id
+    total = db.scalar(select(func.count()).select_from(Certificate).where(where)) or 0
+    items = db.scalars(
+        select(Certificate)
+        .where(where)
+        .order_by(Certificate.created_at.desc())
+        .limit(limit)
+        .offset(offset)
+    ).all()
+    return list(items), total

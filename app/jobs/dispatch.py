@@ -1,0 +1,122 @@
+"""Handing roles to their clusters' queues, and the reaper that keeps jobs moving.
+
+The job row and its roles are committed first (status `pending`), then each role
+is sent to its queue and marked `dispatched`. If sending fails, the reaper sends
+it later: no job without its tasks. A task whose row is gone or whose attempt is
+stale does nothing: no task without its row.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import session_scope, utcnow
+from app.jobs import service
+from app.jobs.models import FINAL_STATUSES, Job, JobRole, RoleStatus
+from app.pki import service as pki
+from app.settings import Settings
+
+log = logging.getLogger("nebula.jobs")
+
+JOB_TOKEN_TTL = timedelta(hours=24)
+HEARTBEAT_TIMEOUT = timedelta(seconds=20)
+
+
+def _send(
+    settings: Settings, *, job_id: str, role: str, attempt: int, cluster: str, token: str
+) -> None:
+    from workers.celery_app import RUN_ROLE_TASK, current_celery, queue_for
+
+    current_celery(settings).send_task(
+        RUN_ROLE_TASK, args=[job_id, role, attempt, token], queue=queue_for(cluster)
+    )
+
+
+def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
+    """Send the job's pending roles of its live attempt to their queues; returns how many."""
+    job = db.get(Job, job_id)
+    if job is None or job.status in FINAL_STATUSES or job.paused:
+        return 0
+    roles = db.scalars(
+        select(JobRole).where(
+            JobRole.job_id == job_id,
+            JobRole.attempt == job.attempt,
+            JobRole.status == RoleStatus.pending,
+        )
+    ).all()
+    sent = 0
+    for row in roles:
+        token = pki.job_token(
+            db,
+            settings=settings,
+            job_id=f"{job.id}.{job.attempt}",
+            role=row.role,
+            cluster=row.cluster,
+            placement=dict(job.placement),
+            ttl=JOB_TOKEN_TTL,
+        )
+        try:
+            _send(
+                settings,
+                job_id=job.id,
+                role=row.role,
+                attempt=job.attempt,
+                cluster=row.cluster,
+                token=token,
+            )
+        except Exception:  # the broker is down: the reaper tries again
+            log.exception("could not enqueue role %s of job %s", row.role, job.id)
+            continue
+        row.status, row.dispatched_at = RoleStatus.dispatched, utcnow()
+        sent += 1
+    db.commit()
+    return sent
+
+
+def reap_once(
+    db: Session, *, settings: Settings, heartbeat_timeout: timedelta = HEARTBEAT_TIMEOUT
+) -> None:
+    """Restart attempts whose roles stopped beating, and dispatch whatever is pending."""
+    for job, role in service.stale_roles(db, older_than=heartbeat_timeout):
+        log.warning("role %s of job %s stopped beating; restarting the attempt", role.role, job.id)
+        service.restart_attempt(db, job=job, reason=f"role {role.role} stopped (no heartbeat)")
+    db.commit()
+    pending = db.scalars(
+        select(JobRole.job_id).where(JobRole.status == RoleStatus.pending).distinct()
+    ).all()
+    for job_id in pending:
+        dispatch_job(db, settings=settings, job_id=job_id)
+
+
+class Reaper:
+    """A background thread that runs `reap_once` every few seconds."""
+
+    def __init__(
+        self, factory: sessionmaker[Session], settings: Settings, interval_s: float = 2.0
+    ) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nebula-reaper", daemon=True)
+
+    def start(self) -> Reaper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                for db in session_scope(self.factory):
+                    reap_once(db, settings=self.settings)
+            except Exception:
+                log.exception("reaper pass failed")

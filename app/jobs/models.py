@@ -1,0 +1,118 @@
+"""Jobs, their roles on clusters, metrics and artifacts."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Enum, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, new_id, utcnow
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job stands; the last three are final."""
+
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+FINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
+
+
+class RoleStatus(enum.StrEnum):
+    """Where one role of the current attempt stands."""
+
+    pending = "pending"  # written, not yet handed to the broker
+    dispatched = "dispatched"  # on its cluster's queue
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    stopped = "stopped"
+
+
+class Job(Base):
+    """A validated configuration of Nebula's own training code, split into roles."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_workspace_status", "workspace_id", "status"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id"), index=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    status: Mapped[JobStatus] = mapped_column(
+        Enum(JobStatus, native_enum=False, length=16), default=JobStatus.queued
+    )
+    paused: Mapped[bool] = mapped_column(default=False)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    inputs: Mapped[dict[str, str]] = mapped_column(JSON)
+    placement: Mapped[dict[str, str]] = mapped_column(JSON)
+    # Every restart of the job's roles is a new attempt; older attempts are fenced out.
+    attempt: Mapped[int] = mapped_column(default=1)
+    max_attempts: Mapped[int] = mapped_column(default=3)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    step: Mapped[int] = mapped_column(default=0)
+    total_steps: Mapped[int] = mapped_column(default=0)
+    metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class JobRole(Base):
+    """One role of a job (generator, discriminator, encoder, decoder) on its cluster."""
+
+    __tablename__ = "job_roles"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(32))
+    cluster: Mapped[str] = mapped_column(String(63))
+    attempt: Mapped[int] = mapped_column(default=1)
+    status: Mapped[RoleStatus] = mapped_column(
+        Enum(RoleStatus, native_enum=False, length=16), default=RoleStatus.pending
+    )
+    heartbeat_at: Mapped[datetime | None]
+    dispatched_at: Mapped[datetime | None]
+    checkpoint_step: Mapped[int] = mapped_column(default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class JobMetric(Base):
+    """One point of a job's metric time series."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (Index("ix_job_metrics_job_name_step", "job_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(32))
+    step: Mapped[int]
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column(Float)
+
+
+class JobArtifact(Base):
+    """Something a job wrote: a model (registered as a dataset) or a report."""
+
+    __tablename__ = "job_artifacts"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))
+    dataset_id: Mapped[str | None] = mapped_column(String(36))
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

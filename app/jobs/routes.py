@@ -1,0 +1,143 @@
+"""HTTP routes of jobs: submit, follow (JSON and server-sent events), cancel, artifacts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, status
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import session_scope
+from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.jobs import dispatch, service
+from app.jobs.models import FINAL_STATUSES, Job
+from app.jobs.schemas import (
+    ArtifactList,
+    ArtifactOut,
+    JobAccepted,
+    JobList,
+    JobOut,
+    JobSubmitIn,
+    MetricsOut,
+)
+from app.workspaces import service as workspaces
+
+router = APIRouter(prefix=API_PREFIX, tags=["jobs"])
+
+EVENT_POLL_S = 0.5
+KEEPALIVE_S = 15.0
+
+
+@router.post(
+    "/workspaces/{workspace_id}/jobs",
+    response_model=JobAccepted,
+    status_code=status.HTTP_202_ACCEPTED,
+)
+def submit_job(
+    workspace_id: str, body: JobSubmitIn, request: Request, caller: WriterDep, db: SessionDep
+) -> JobAccepted:
+    """Validate, write and enqueue a job; its roles run on their clusters."""
+    workspace = workspaces.get_owned(
+        db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
+    )
+    job = service.submit(db, actor=caller.actor, user=caller.user, workspace=workspace, body=body)
+    db.commit()
+    dispatch.dispatch_job(db, settings=request.app.state.settings, job_id=job.id)
+    return JobAccepted(id=job.id, status=job.status.value)
+
+
+@router.get("/workspaces/{workspace_id}/jobs", response_model=JobList)
+def list_jobs(workspace_id: str, caller: CallerDep, db: SessionDep, page: PageDep) -> JobList:
+    """Jobs of one of the caller's workspaces."""
+    workspaces.get_owned(db, actor=caller.actor, user=caller.user, workspace_id=workspace_id)
+    items, total = service.list_for_workspace(
+        db, workspace_id=workspace_id, limit=page.limit, offset=page.offset
+    )
+    return JobList(items=[JobOut.model_validate(j) for j in items], total=total)
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut)
+def get_job(job_id: str, caller: CallerDep, db: SessionDep) -> JobOut:
+    """One of the caller's jobs."""
+    return JobOut.model_validate(
+        service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    )
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)
+def cancel_job(job_id: str, caller: WriterDep, db: SessionDep) -> JobOut:
+    """Cancel: both roles stop within seconds."""
+    job = service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    service.cancel(db, actor=caller.actor, job=job)
+    db.commit()
+    return JobOut.model_validate(job)
+
+
+@router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
+def job_metrics(job_id: str, caller: CallerDep, db: SessionDep) -> MetricsOut:
+    """Every metric as a time series: `{"series": {"role.name": [[step, value], ...]}}`."""
+    service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    return MetricsOut(series=service.metric_series(db, job_id=job_id))
+
+
+@router.get("/jobs/{job_id}/artifacts", response_model=ArtifactList)
+def job_artifacts(job_id: str, caller: CallerDep, db: SessionDep) -> ArtifactList:
+    """Models and reports the job wrote (models are datasets in the owner's workspace)."""
+    service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    items = service.artifacts(db, job_id=job_id)
+    return ArtifactList(items=[ArtifactOut.model_validate(a) for a in items], total=len(items))
+
+
+def _snapshot(job: Job) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "status": job.status.value,
+        "progress": job.progress,
+        "step": job.step,
+        "total_steps": job.total_steps,
+        "metrics": job.metrics,
+        "error": job.error,
+        "attempt": job.attempt,
+    }
+
+
+def _read_snapshot(factory: sessionmaker[Session], job_id: str) -> dict[str, Any] | None:
+    for db in session_scope(factory):
+        job = db.get(Job, job_id)
+        return None if job is None else _snapshot(job)
+    return None
+
+
+@router.get("/jobs/{job_id}/events")
+def job_events(
+    job_id: str, request: Request, caller: CallerDep, db: SessionDep
+) -> StreamingResponse:
+    """Server-sent events: a `status` event whenever status, progress or metrics change."""
+    service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    db.rollback()  # release the request's session: the stream reads with short ones of its own
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+
+    async def events() -> AsyncIterator[str]:
+        last: dict[str, Any] | None = None
+        quiet = 0.0
+        while not await request.is_disconnected():
+            snapshot = await asyncio.to_thread(_read_snapshot, factory, job_id)
+            if snapshot is None:
+                return
+            if snapshot != last:
+                yield f"event: status\ndata: {json.dumps(snapshot)}\n\n"
+                last, quiet = snapshot, 0.0
+                if snapshot["status"] in {s.value for s in FINAL_STATUSES}:
+                    return
+            elif quiet >= KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                quiet = 0.0
+            await asyncio.sleep(EVENT_POLL_S)
+            quiet += EVENT_POLL_S
+
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)

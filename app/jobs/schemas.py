@@ -1,0 +1,151 @@
+"""Job submission bodies (one validated config per kind) and answers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Preset = Literal["tiny", "paper"]
+DatasetId = Annotated[str, Field(min_length=1, max_length=64)]
+ClusterName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ElectraJobConfig(Strict):
+    """Scenario-I: generator on one cluster, discriminators on another."""
+
+    preset: Preset = "tiny"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    batch_size: int | None = Field(default=None, ge=2, le=4096)
+    n_discriminators: int | None = Field(default=None, ge=1, le=16)
+    ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
+    # When the discriminator's cluster may read the same text, only masked positions cross.
+    discriminator_reads_text: bool = True
+
+    def overrides(self) -> dict[str, Any]:
+        """The training-config fields this job sets on top of its preset."""
+        keys = ("steps", "batch_size", "n_discriminators", "ckpt_every")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+class AbnetJobConfig(Strict):
+    """Scenario-II: encoder + adapters on one cluster, decoder + adapters on another."""
+
+    preset: Preset = "tiny"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    batch_size: int | None = Field(default=None, ge=2, le=4096)
+    ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
+    forward_codec: str = Field(default="fp16", max_length=200)
+    backward_codec: str = Field(default="int8", max_length=200)
+    compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
+
+    @field_validator("forward_codec", "backward_codec")
+    @classmethod
+    def _valid_codec(cls, spec: str) -> str:
+        from workers.compression import SpecError, parse_spec
+
+        try:
+            parse_spec(spec)
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
+        return spec
+
+    def overrides(self) -> dict[str, Any]:
+        """The training-config fields this job sets on top of its preset."""
+        keys = ("steps", "batch_size", "ckpt_every")
+        values = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        values.update(
+            forward_codec=self.forward_codec,
+            backward_codec=self.backward_codec,
+            compress_from_step=self.compress_from_step,
+        )
+        return values
+
+
+class JobKindSpec(BaseModel):
+    """What a job kind needs: its config model, roles, and inputs (name -> dataset kind)."""
+
+    config: type[Strict]
+    roles: tuple[str, ...]
+    inputs: dict[str, str]
+    optional_inputs: dict[str, str] = {}
+
+
+KINDS: dict[str, JobKindSpec] = {
+    "electra_pretrain": JobKindSpec(
+        config=ElectraJobConfig, roles=("generator", "discriminator"), inputs={"text": "text"}
+    ),
+    "abnet_finetune": JobKindSpec(
+        config=AbnetJobConfig,
+        roles=("encoder", "decoder"),
+        inputs={"parallel": "parallel", "source_model": "model", "target_model": "model"},
+        optional_inputs={"eval": "parallel"},
+    ),
+}
+
+
+class JobSubmitIn(Strict):
+    kind: Literal["electra_pretrain", "abnet_finetune"]
+    config: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, DatasetId]
+    placement: dict[str, ClusterName]
+
+
+class JobOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    workspace_id: str
+    kind: str
+    status: str
+    paused: bool
+    progress: float
+    step: int
+    total_steps: int
+    metrics: dict[str, float]
+    error: str | None
+    config: dict[str, Any]
+    inputs: dict[str, str]
+    placement: dict[str, str]
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobList(BaseModel):
+    items: list[JobOut]
+    total: int
+
+
+class JobAccepted(BaseModel):
+    id: str
+    status: str
+
+
+class MetricsOut(BaseModel):
+    series: dict[str, list[tuple[int, float]]]
+
+
+class ArtifactOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    name: str
+    kind: str
+    dataset_id: str | None
+    size_bytes: int
+    details: dict[str, Any]
+    created_at: datetime
+
+
+class ArtifactList(BaseModel):
+    items: list[ArtifactOut]
+    total: int

@@ -1,0 +1,423 @@
+"""Job rules: submission, the life of roles and attempts, cancellation, metrics."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.accounts.models import User
+from app.audit import service as audit
+from app.audit.service import SYSTEM, Actor
+from app.clusters import service as clusters
+from app.db import utcnow
+from app.errors import Conflict, Invalid, NotFound
+from app.jobs.models import (
+    FINAL_STATUSES,
+    Job,
+    JobArtifact,
+    JobMetric,
+    JobRole,
+    JobStatus,
+    RoleStatus,
+)
+from app.jobs.schemas import KINDS, JobSubmitIn
+from app.pki import service as pki
+from app.workspaces.models import Workspace
+
+ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
+# The role whose steps measure a job's progress.
+PRIMARY_ROLE = {"electra_pretrain": "discriminator", "abnet_finetune": "decoder"}
+
+
+def training_config(kind: str, config: dict[str, Any]) -> Any:
+    """The training code's config object for a job (imports torch: call on workers)."""
+    spec = KINDS[kind]
+    parsed = spec.config.model_validate(config)
+    overrides = parsed.overrides()  # type: ignore[attr-defined]
+    if kind == "electra_pretrain":
+        from workers.training.electra import electra_preset
+
+        return electra_preset(parsed.preset, **overrides)  # type: ignore[attr-defined]
+    from workers.training.abnet import abnet_preset
+
+    return abnet_preset(parsed.preset, **overrides)  # type: ignore[attr-defined]
+
+
+def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    spec = KINDS[kind]
+    try:
+        parsed = spec.config.model_validate(config)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise Invalid(f"config.{where}: {first['msg']}") from None
+    try:
+        total_steps = int(training_config(kind, parsed.model_dump()).steps)
+    except ValueError as exc:
+        raise Invalid(f"config: {exc}") from None
+    return parsed.model_dump(), total_steps
+
+
+def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str]) -> None:
+    from app.grants.service import check_dataset_usable
+
+    spec = KINDS[kind]
+    missing = set(spec.inputs) - set(inputs)
+    unknown = set(inputs) - set(spec.inputs) - set(spec.optional_inputs)
+    if missing or unknown:
+        raise Invalid(
+            f"inputs of {kind} are {sorted(spec.inputs)} (optional {sorted(spec.optional_inputs)});"
+            f" missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
+    wanted = {**spec.inputs, **spec.optional_inputs}
+    for name, dataset_id in inputs.items():
+        dataset = check_dataset_usable(db, user_id=user.id, dataset_id=dataset_id)
+        if dataset.kind != wanted[name]:
+            raise Invalid(f"input {name!r} must be a {wanted[name]} dataset, not {dataset.kind}")
+
+
+def _check_placement(db: Session, *, kind: str, placement: dict[str, str]) -> None:
+    roles = KINDS[kind].roles
+    if set(placement) != set(roles):
+        raise Invalid(f"placement must map exactly the roles {list(roles)} to clusters")
+    for role, name in placement.items():
+        cluster = clusters.by_name(db, name=name)
+        if cluster is None:
+            raise Invalid(f"placement.{role}: no cluster named {name!r}")
+        if not pki.has_valid_certificate(db, cluster_id=cluster.id):
+            raise Conflict(f"cluster {name!r} has no valid certificate; enroll its switch first")
+
+
+def _lock_workspace(db: Session, workspace_id: str) -> Workspace:
+    workspace = db.scalar(select(Workspace).where(Workspace.id == workspace_id).with_for_update())
+    if workspace is None:
+        raise NotFound()
+    return workspace
+
+
+def submit(
+    db: Session, *, actor: Actor, user: User, workspace: Workspace, body: JobSubmitIn
+) -> Job:
+    """Validate and write a job with its roles (pending); dispatch happens after commit."""
+    config, total_steps = _validate_config(body.kind, body.config)
+    _check_inputs(db, user=user, kind=body.kind, inputs=body.inputs)
+    _check_placement(db, kind=body.kind, placement=body.placement)
+    workspace = _lock_workspace(db, workspace.id)
+    active = (
+        db.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.workspace_id == workspace.id, Job.status.in_(ACTIVE_STATUSES))
+        )
+        or 0
+    )
+    if active >= workspace.max_concurrent_jobs:
+        raise Conflict(
+            f"the workspace runs {active} jobs, its quota is {workspace.max_concurrent_jobs}"
+        )
+    job = Job(
+        workspace_id=workspace.id,
+        owner_id=user.id,
+        kind=body.kind,
+        config=config,
+        inputs=dict(body.inputs),
+        placement=dict(body.placement),
+        total_steps=total_steps,
+        metrics={},
+    )
+    db.add(job)
+    db.flush()
+    for role in KINDS[body.kind].roles:
+        db.add(JobRole(job_id=job.id, role=role, cluster=body.placement[role], attempt=1))
+    audit.record(
+        db,
+        actor=actor,
+        action="job.submit",
+        subject_type="job",
+        subject_id=job.id,
+        details={"kind": body.kind, "placement": dict(body.placement), "inputs": dict(body.inputs)},
+    )
+    return job
+
+
+def get_owned(db: Session, *, actor: Actor, user: User, job_id: str) -> Job:
+    """The job if `user` owns it; NotFound (audited) otherwise."""
+    job = db.get(Job, job_id)
+    if job is None or job.owner_id != user.id:
+        audit.deny(db, actor=actor, action="job.access", subject_type="job", subject_id=job_id)
+    return job
+
+
+def list_for_workspace(
+    db: Session, *, workspace_id: str, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    """Jobs of a workspace, newest first."""
+    where = Job.workspace_id == workspace_id
+    total = db.scalar(select(func.count()).select_from(Job).where(where)) or 0
+    items = db.scalars(
+        select(Job).where(where).order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
+    ).all()
+    return list(items), total
+
+
+def _finish(job: Job, status: JobStatus, error: str | None = None) -> None:
+    job.status = status
+    job.error = error
+    job.finished_at = utcnow()
+    if status == JobStatus.succeeded:
+        job.progress = 1.0
+
+
+def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
+    """Stop a job; its roles see it at their next check and stop within seconds."""
+    if job.status in FINAL_STATUSES:
+        raise Conflict(f"the job is already {job.status.value}")
+    _finish(job, JobStatus.cancelled)
+    audit.record(db, actor=actor, action="job.cancel", subject_type="job", subject_id=job.id)
+    return job
+
+
+def fail_jobs_using_grant(
+    db: Session, *, requester_id: str, dataset_id: str, request_id: str
+) -> list[str]:
+    """Fail the requester's live jobs that use a dataset whose grant was just revoked."""
+    jobs = db.scalars(
+        select(Job).where(Job.owner_id == requester_id, Job.status.in_(ACTIVE_STATUSES))
+    ).all()
+    failed = []
+    for job in jobs:
+        if dataset_id in job.inputs.values():
+            _finish(
+                job,
+                JobStatus.failed,
+                f"access grant {request_id} to dataset {dataset_id} was revoked",
+            )
+            audit.record(
+                db,
+                actor=SYSTEM,
+                action="job.fail",
+                subject_type="job",
+                subject_id=job.id,
+                details={"reason": "grant_revoked", "access_request_id": request_id},
+            )
+            failed.append(job.id)
+    return failed
+
+
+def set_paused_for_owner(db: Session, *, owner_id: str, paused: bool) -> int:
+    """Hold (or release) the queued jobs of a user, e.g. while they are suspended."""
+    result = db.execute(
+        update(Job)
+        .where(Job.owner_id == owner_id, Job.status == JobStatus.queued)
+        .values(paused=paused)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the roles' side
+
+
+def _fenced_role(
+    db: Session, *, job_id: str, role: str, attempt: int
+) -> tuple[Job, JobRole] | None:
+    """The job and role if `attempt` is still the job's live attempt, else None."""
+    job = db.get(Job, job_id, with_for_update=db.get_bind().dialect.name == "postgresql")
+    if job is None or job.attempt != attempt or job.status in FINAL_STATUSES:
+        return None
+    row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
+    if row is None or row.attempt != attempt:
+        return None
+    return job, row
+
+
+def start_role(db: Session, *, job_id: str, role: str, attempt: int, worker: str) -> bool:
+    """Mark a role running; False if the attempt is stale, the job final or held."""
+    found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
+    if found is None or found[0].paused:
+        db.rollback()
+        return False
+    job, row = found
+    now = utcnow()
+    row.status, row.heartbeat_at, row.worker, row.error = RoleStatus.running, now, worker, None
+    if job.status == JobStatus.queued:
+        job.status = JobStatus.running
+        job.started_at = job.started_at or now
+    audit.record(
+        db,
+        actor=SYSTEM,
+        action="job.role.start",
+        subject_type="job",
+        subject_id=job_id,
+        details={"role": role, "attempt": attempt, "worker": worker},
+    )
+    db.commit()
+    return True
+
+
+def role_alive(db: Session, *, job_id: str, role: str, attempt: int) -> bool:
+    """Heartbeat: True while the role should keep going (live attempt of a live job)."""
+    result = db.execute(
+        update(JobRole)
+        .where(JobRole.job_id == job_id, JobRole.role == role, JobRole.attempt == attempt)
+        .values(heartbeat_at=utcnow())
+    )
+    db.commit()
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return False
+    job = db.get(Job, job_id)
+    db.commit()
+    return job is not None and job.attempt == attempt and job.status not in FINAL_STATUSES
+
+
+def record_metrics(
+    db: Session,
+    *,
+    job_id: str,
+    role: str,
+    attempt: int,
+    points: list[tuple[int, dict[str, float]]],
+    checkpoint_step: int | None = None,
+) -> bool:
+    """Store a batch of metric points of one role; False if the attempt is fenced out."""
+    found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
+    if found is None:
+        db.rollback()
+        return False
+    job, row = found
+    for step, values in points:
+        for name, value in values.items():
+            db.add(JobMetric(job_id=job_id, role=role, step=step, name=name, value=float(value)))
+    if points:
+        latest = dict(job.metrics)
+        for name, value in points[-1][1].items():
+            latest[f"{role}.{name}"] = float(value)
+        job.metrics = latest
+        if role == PRIMARY_ROLE.get(job.kind):
+            job.step = max(job.step, points[-1][0])
+            job.progress = min(1.0, job.step / job.total_steps) if job.total_steps else 0.0
+    if checkpoint_step is not None:
+        row.checkpoint_step = checkpoint_step
+    row.heartbeat_at = utcnow()
+    db.commit()
+    return True
+
+
+def finish_role(
+    db: Session, *, job_id: str, role: str, attempt: int, ok: bool, error: str | None = None
+) -> None:
+    """A role ended: success may finish the job; failure restarts the attempt or fails the job."""
+    found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
+    if found is None:
+        db.rollback()
+        return
+    job, row = found
+    row.status = RoleStatus.succeeded if ok else RoleStatus.failed
+    row.error = error
+    if ok:
+        roles = db.scalars(select(JobRole).where(JobRole.job_id == job_id)).all()
+        if all(r.status == RoleStatus.succeeded for r in roles):
+            _finish(job, JobStatus.succeeded)
+            audit.record(
+                db, actor=SYSTEM, action="job.succeed", subject_type="job", subject_id=job_id
+            )
+    else:
+        restart_attempt(db, job=job, reason=f"role {role} failed: {error}")
+    db.commit()
+
+
+def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
+    """Fence the current attempt out and start a new one from the last checkpoints, or fail."""
+    if job.attempt >= job.max_attempts:
+        _finish(job, JobStatus.failed, f"gave up after {job.attempt} attempts; last: {reason}")
+        audit.record(
+            db,
+            actor=SYSTEM,
+            action="job.fail",
+            subject_type="job",
+            subject_id=job.id,
+            details={"reason": reason[:500]},
+        )
+        return
+    job.attempt += 1
+    db.execute(
+        update(JobRole)
+        .where(JobRole.job_id == job.id)
+        .values(
+            attempt=job.attempt, status=RoleStatus.pending, dispatched_at=None, heartbeat_at=None
+        )
+    )
+    audit.record(
+        db,
+        actor=SYSTEM,
+        action="job.restart",
+        subject_type="job",
+        subject_id=job.id,
+        details={"attempt": job.attempt, "reason": reason[:500]},
+    )
+
+
+def add_artifact(
+    db: Session,
+    *,
+    job_id: str,
+    name: str,
+    kind: str,
+    dataset_id: str | None,
+    size_bytes: int,
+    details: dict[str, Any],
+) -> JobArtifact:
+    """Record something the job wrote."""
+    artifact = JobArtifact(
+        job_id=job_id,
+        name=name,
+        kind=kind,
+        dataset_id=dataset_id,
+        size_bytes=size_bytes,
+        details=details,
+    )
+    db.add(artifact)
+    db.flush()
+    return artifact
+
+
+def metric_series(db: Session, *, job_id: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of a job as `role.name -> [(step, value), ...]`, by step."""
+    series: defaultdict[str, list[tuple[int, float]]] = defaultdict(list)
+    rows = db.execute(
+        select(JobMetric.role, JobMetric.name, JobMetric.step, JobMetric.value)
+        .where(JobMetric.job_id == job_id)
+        .order_by(JobMetric.id)
+    )
+    for role, name, step, value in rows:
+        series[f"{role}.{name}"].append((step, value))
+    return dict(series)
+
+
+def artifacts(db: Session, *, job_id: str) -> list[JobArtifact]:
+    """What a job wrote."""
+    return list(
+        db.scalars(
+            select(JobArtifact).where(JobArtifact.job_id == job_id).order_by(JobArtifact.created_at)
+        ).all()
+    )
+
+
+def stale_roles(db: Session, *, older_than: timedelta) -> list[tuple[Job, JobRole]]:
+    """Running roles of live attempts whose heartbeat stopped."""
+    cutoff = utcnow() - older_than
+    rows = db.execute(
+        select(Job, JobRole)
+        .join(JobRole, JobRole.job_id == Job.id)
+        .where(
+            Job.status.in_(ACTIVE_STATUSES),
+            JobRole.attempt == Job.attempt,
+            JobRole.status == RoleStatus.running,
+            JobRole.heartbeat_at < cutoff,
+        )
+    ).all()
+    return [(job, role) for job, role in rows]

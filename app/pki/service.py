@@ -1,0 +1,336 @@
+"""The certificate manager: the platform CA's keys, issuing, renewing, revoking, the CRL."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.accounts import tokens
+from app.audit import service as audit
+from app.audit.service import Actor
+from app.clusters.models import Certificate, Cluster, EnrollmentToken, PlatformKey
+from app.db import utcnow
+from app.errors import BadRequest, Conflict, Invalid, NotAuthenticated, NotFound
+from app.pki import ca
+from app.settings import Settings
+
+ROOT_CA = "root_ca"
+JOB_TOKEN_KEY = "job_token"
+ENROLLMENT_PREFIX = "nbe_"
+CRL_VALIDITY = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class PlatformKeys:
+    """The CA's key and certificate, and the job-token signing key, decrypted."""
+
+    ca_key: ec.EllipticCurvePrivateKey
+    ca_cert: x509.Certificate
+    ca_pem: bytes
+    job_key: Ed25519PrivateKey
+    job_public_pem: bytes
+
+
+_cache: dict[tuple[str, str], PlatformKeys] = {}
+_cache_lock = threading.Lock()
+
+
+def _load_or_create(db: Session, name: str, secret: bytes) -> PlatformKey:
+    row = db.get(PlatformKey, name)
+    if row is not None:
+        return row
+    if name == ROOT_CA:
+        key, cert = ca.create_root_ca("Nebula platform root CA")
+        row = PlatformKey(
+            name=name,
+            encrypted_key=ca.encrypt_private_key(key, secret),
+            certificate_pem=ca.certificate_pem(cert).decode(),
+        )
+    else:
+        row = PlatformKey(
+            name=name, encrypted_key=ca.encrypt_private_key(ca.make_job_token_key(), secret)
+        )
+    db.add(row)
+    try:
+        db.commit()
+    except IntegrityError:  # another process created it first: use theirs
+        db.rollback()
+        existing = db.get(PlatformKey, name)
+        assert existing is not None
+        return existing
+    audit.record(
+        db, actor=audit.SYSTEM, action="pki.key.create", subject_type="key", subject_id=name
+    )
+    db.commit()
+    return row
+
+
+def platform_keys(db: Session, settings: Settings) -> PlatformKeys:
+    """The platform's keys, made on first use, decrypted once per process."""
+    secret = settings.secret()
+    cache_key = (settings.resolved_database_url, hashlib.sha256(secret).hexdigest())
+    with _cache_lock:
+        cached = _cache.get(cache_key)
+    if cached is not None:
+        return cached
+    ca_row = _load_or_create(db, ROOT_CA, secret)
+    job_row = _load_or_create(db, JOB_TOKEN_KEY, secret)
+    ca_key = ca.load_encrypted_private_key(ca_row.encrypted_key, secret)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey) and ca_row.certificate_pem
+    job_key = ca.load_job_token_private_key(job_row.encrypted_key, secret)
+    keys = PlatformKeys(
+        ca_key=ca_key,
+        ca_cert=ca.load_certificate(ca_row.certificate_pem.encode()),
+        ca_pem=ca_row.certificate_pem.encode(),
+        job_key=job_key,
+        job_public_pem=ca.job_token_public_key_pem(job_key),
+    )
+    with _cache_lock:
+        _cache[cache_key] = keys
+    return keys
+
+
+def _sign(
+    db: Session, *, keys: PlatformKeys, cluster: Cluster, csr_pem: str, valid_days: float
+) -> Certificate:
+    try:
+        pem = ca.sign_csr(
+            keys.ca_key,
+            keys.ca_cert,
+            csr_pem.encode(),
+            cluster_name=cluster.name,
+            valid_days=valid_days,
+        )
+    except (ca.CertificateError, ValueError) as exc:
+        raise Invalid(f"CSR refused: {exc}") from None
+    info = ca.certificate_info(pem)
+    certificate = Certificate(
+        serial=str(info["serial"]),
+        cluster_id=cluster.id,
+        certificate_pem=pem.decode(),
+        not_before=info["not_before"],
+        not_after=info["not_after"],
+    )
+    db.add(certificate)
+    db.flush()
+    return certificate
+
+
+def issue(
+    db: Session,
+    *,
+    actor: Actor,
+    cluster: Cluster,
+    csr_pem: str,
+    settings: Settings,
+    valid_days: float = ca.DEFAULT_CERT_DAYS,
+) -> Certificate:
+    """Sign a cluster switch's CSR (the private key never comes here)."""
+    keys = platform_keys(db, settings)
+    certificate = _sign(db, keys=keys, cluster=cluster, csr_pem=csr_pem, valid_days=valid_days)
+    audit.record(
+        db,
+        actor=actor,
+        action="pki.certificate.issue",
+        subject_type="certificate",
+        subject_id=certificate.serial[:64],
+        details={"cluster": cluster.name},
+    )
+    return certificate
+
+
+def create_enrollment_token(
+    db: Session, *, actor: Actor, cluster: Cluster, ttl: timedelta
+) -> tuple[EnrollmentToken, str]:
+    """A single-use secret for enrolling the cluster's switch; shown once."""
+    secret = tokens.new_secret(ENROLLMENT_PREFIX)
+    row = EnrollmentToken(
+        cluster_id=cluster.id, token_hash=tokens.token_hash(secret), expires_at=utcnow() + ttl
+    )
+    db.add(row)
+    db.flush()
+    audit.record(
+        db,
+        actor=actor,
+        action="pki.enrollment_token.create",
+        subject_type="cluster",
+        subject_id=cluster.id,
+    )
+    return row, secret
+
+
+def enroll(
+    db: Session, *, token: str, csr_pem: str, ip: str | None, settings: Settings
+) -> tuple[Cluster, Certificate]:
+    """Exchange an enrollment token (once) and a CSR for the switch's first certificate."""
+    row = db.scalar(
+        select(EnrollmentToken).where(EnrollmentToken.token_hash == tokens.token_hash(token))
+    )
+    if row is None or row.used_at is not None or row.expires_at <= utcnow():
+        audit.record(
+            db,
+            actor=Actor(None, ip),
+            action="pki.enroll",
+            subject_type="enrollment_token",
+            subject_id=row.id if row else None,
+            outcome="failure",
+        )
+        db.commit()
+        raise NotAuthenticated("invalid, used or expired enrollment token")
+    cluster = db.get(Cluster, row.cluster_id)
+    if cluster is None:
+        raise NotFound()
+    row.used_at = utcnow()
+    certificate = _sign(
+        db,
+        keys=platform_keys(db, settings),
+        cluster=cluster,
+        csr_pem=csr_pem,
+        valid_days=ca.DEFAULT_CERT_DAYS,
+    )
+    audit.record(
+        db,
+        actor=Actor(None, ip),
+        action="pki.enroll",
+        subject_type="certificate",
+        subject_id=certificate.serial[:64],
+        details={"cluster": cluster.name},
+    )
+    return cluster, certificate
+
+
+def renew(
+    db: Session,
+    *,
+    certificate_pem: str,
+    csr_pem: str,
+    signature_b64: str,
+    ip: str | None,
+    settings: Settings,
+) -> Certificate:
+    """A new certificate for a switch that proves it holds a live certificate's key.
+
+    The proof is an ECDSA-SHA256 signature of the CSR's bytes by the current key.
+    """
+    keys = platform_keys(db, settings)
+    try:
+        current = x509.load_pem_x509_certificate(certificate_pem.encode())
+        current.verify_directly_issued_by(keys.ca_cert)
+        public_key = current.public_key()
+        assert isinstance(public_key, ec.EllipticCurvePublicKey)
+        public_key.verify(
+            base64.b64decode(signature_b64, validate=True),
+            csr_pem.encode(),
+            ec.ECDSA(hashes.SHA256()),
+        )
+    except (ValueError, TypeError, AssertionError, InvalidSignature):
+        raise NotAuthenticated("renewal proof refused") from None
+    stored = db.get(Certificate, str(current.serial_number))
+    if stored is None or stored.revoked_at is not None or stored.not_after <= utcnow():
+        raise NotAuthenticated("renewal proof refused")
+    cluster = db.get(Cluster, stored.cluster_id)
+    if cluster is None:
+        raise NotAuthenticated("renewal proof refused")
+    certificate = _sign(
+        db, keys=keys, cluster=cluster, csr_pem=csr_pem, valid_days=ca.DEFAULT_CERT_DAYS
+    )
+    audit.record(
+        db,
+        actor=Actor(None, ip),
+        action="pki.certificate.renew",
+        subject_type="certificate",
+        subject_id=certificate.serial[:64],
+        details={"cluster": cluster.name, "previous_serial": stored.serial},
+    )
+    return certificate
+
+
+def revoke(db: Session, *, actor: Actor, serial: str, reason: str) -> Certificate:
+    """Put a certificate on the CRL."""
+    certificate = db.get(Certificate, serial)
+    if certificate is None:
+        raise NotFound()
+    if certificate.revoked_at is not None:
+        raise Conflict("the certificate is already revoked")
+    certificate.revoked_at = utcnow()
+    certificate.revocation_reason = reason
+    audit.record(
+        db,
+        actor=actor,
+        action="pki.certificate.revoke",
+        subject_type="certificate",
+        subject_id=serial[:64],
+        details={"reason": reason},
+    )
+    return certificate
+
+
+def crl_pem(db: Session, settings: Settings) -> bytes:
+    """The current CRL, signed by the CA."""
+    keys = platform_keys(db, settings)
+    revoked = db.execute(
+        select(Certificate.serial, Certificate.revoked_at).where(
+            Certificate.revoked_at.is_not(None)
+        )
+    ).all()
+    return ca.build_crl(
+        keys.ca_key,
+        keys.ca_cert,
+        [(int(s), at) for s, at in revoked if at is not None],
+        next_update=utcnow() + CRL_VALIDITY,
+    )
+
+
+def job_token(
+    db: Session,
+    *,
+    settings: Settings,
+    job_id: str,
+    role: str,
+    cluster: str,
+    placement: dict[str, str],
+    ttl: timedelta,
+) -> str:
+    """A token that lets one role of one job use its cluster's switch until it expires."""
+    keys = platform_keys(db, settings)
+    return ca.sign_job_token(
+        keys.job_key,
+        job_id=job_id,
+        role=role,
+        cluster=cluster,
+        expires_at=(utcnow() + ttl).timestamp(),
+        placement=placement,
+    )
+
+
+def has_valid_certificate(db: Session, *, cluster_id: str) -> bool:
+    """Whether the cluster's switch holds a certificate that is neither expired nor revoked."""
+    now = utcnow()
+    count = db.scalar(
+        select(func.count())
+        .select_from(Certificate)
+        .where(
+            Certificate.cluster_id == cluster_id,
+            Certificate.revoked_at.is_(None),
+            Certificate.not_after > now,
+        )
+    )
+    return bool(count)
+
+
+def check_csr_text(csr_pem: str) -> None:
+    """Refuse text that is not a PEM CSR before doing any work."""
+    if "BEGIN CERTIFICATE REQUEST" not in csr_pem:
+        raise BadRequest("csr_pem must be a PEM certificate signing request")

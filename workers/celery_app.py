@@ -1,0 +1,72 @@
+"""The Celery application: one queue per cluster, the broker from Nebula's settings.
+
+By default the broker is kombu's filesystem transport under the var folder, so a
+single machine needs no server (polling tuned as measured in DESIGN.md); set
+NEBULA_BROKER_URL=redis://... for a real deployment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from app.settings import Settings, get_settings
+
+RUN_ROLE_TASK = "nebula.run_role"
+
+
+def queue_for(cluster: str) -> str:
+    """The queue a cluster's workers consume."""
+    return f"cluster.{cluster}"
+
+
+def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
+    """Broker URL and transport options for `settings`."""
+    if settings.broker_url:
+        return settings.broker_url, {}
+    folder = (settings.var_dir / "broker").resolve()
+    for sub in ("queue", "control", "processed"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    return "filesystem://", {
+        "data_folder_in": str(folder / "queue"),
+        "data_folder_out": str(folder / "queue"),
+        "control_folder": str(folder / "control"),
+        "processed_folder": str(folder / "processed"),
+        "store_processed": False,
+        "polling_interval": 0.1,
+    }
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A Celery app bound to the configured broker; no result backend (state is in the DB)."""
+    url, options = broker_options(settings)
+    app = Celery("nebula", broker=url, set_as_current=False)
+    app.conf.update(
+        broker_transport_options=options,
+        broker_connection_retry_on_startup=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=False,  # Nebula's reaper restarts roles, not the broker
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_default_queue="cluster.default",
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    app.conf.include = ["workers.tasks"]
+    return app
+
+
+@lru_cache
+def celery_for(var_dir: Path, broker_url: str) -> Celery:
+    """One Celery app per broker, cached for the process."""
+    return make_celery(Settings(var_dir=var_dir, broker_url=broker_url))
+
+
+def current_celery(settings: Settings | None = None) -> Celery:
+    """The Celery app of `settings` (default: the environment's)."""
+    settings = settings or get_settings()
+    return celery_for(settings.var_dir, settings.broker_url)

@@ -1,0 +1,171 @@
+"""`nebula switch`: enroll with the control plane, then run the cluster's switch.
+
+On first start the switch makes its own key, sends only a CSR with a single-use
+enrollment token, and stores key and certificate with mode 0600. Afterwards it
+fetches the CRL from the control plane (refusing revoked peers within
+`crl_refresh_s`) and renews its certificate when a third of its life is left,
+proving possession of the current key.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from workers.switch.server import Address, Switch, SwitchConfig
+from workers.switch.shaper import ShaperConfig
+from workers.switch.tls import make_switch_key_and_csr, write_private_file
+
+log = logging.getLogger("nebula.switch")
+API = "/api/v1"
+
+
+@dataclass(frozen=True)
+class SwitchFiles:
+    """Where a switch keeps its identity: one folder, files of mode 0600."""
+
+    folder: Path
+
+    @property
+    def key(self) -> Path:
+        return self.folder / "switch.key"
+
+    @property
+    def cert(self) -> Path:
+        return self.folder / "switch.crt"
+
+    @property
+    def ca(self) -> Path:
+        return self.folder / "ca.pem"
+
+    @property
+    def job_key(self) -> Path:
+        return self.folder / "job-token-key.pem"
+
+    @property
+    def state(self) -> Path:
+        return self.folder / "switch.json"
+
+    def enrolled(self) -> bool:
+        return self.key.exists() and self.cert.exists() and self.ca.exists()
+
+
+def enroll(files: SwitchFiles, *, cluster: str, control_plane: str, token: str) -> None:
+    """Make a key here, send the CSR with the enrollment token, store what comes back."""
+    key_pem, csr_pem = make_switch_key_and_csr(cluster)
+    answer = httpx.post(
+        f"{control_plane}{API}/pki/enroll",
+        json={"token": token, "csr_pem": csr_pem.decode()},
+        timeout=30,
+    )
+    if answer.status_code != 201:
+        raise SystemExit(
+            f"enrollment refused ({answer.status_code}): {answer.json().get('detail')}"
+        )
+    issued = answer.json()
+    files.folder.mkdir(parents=True, exist_ok=True)
+    write_private_file(files.key, key_pem)
+    write_private_file(files.cert, issued["certificate_pem"].encode())
+    write_private_file(files.ca, issued["ca_pem"].encode())
+    log.info("switch %s enrolled: certificate serial %s", cluster, issued["serial"])
+
+
+def fetch(control_plane: str, path: str) -> bytes:
+    """GET a public PKI document from the control plane."""
+    answer = httpx.get(f"{control_plane}{API}{path}", timeout=30)
+    answer.raise_for_status()
+    return answer.content
+
+
+def renewer(files: SwitchFiles, control_plane: str) -> object:
+    """renew(csr_pem) -> cert_pem, proving possession of the current key."""
+
+    def renew(csr_pem: bytes) -> bytes:
+        key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        signature = key.sign(csr_pem, ec.ECDSA(hashes.SHA256()))
+        answer = httpx.post(
+            f"{control_plane}{API}/pki/renew",
+            json={
+                "certificate_pem": files.cert.read_text(),
+                "csr_pem": csr_pem.decode(),
+                "signature": base64.b64encode(signature).decode(),
+            },
+            timeout=30,
+        )
+        answer.raise_for_status()
+        return str(answer.json()["certificate_pem"]).encode()
+
+    return renew
+
+
+def run(
+    *,
+    cluster: str,
+    folder: Path,
+    control_plane: str,
+    enroll_token: str | None,
+    worker_address: Address,
+    peer_address: Address,
+    peers: dict[str, Address],
+    shaper: ShaperConfig | None,
+    metrics_address: Address | None,
+    crl_refresh_s: float = 30.0,
+    stop: threading.Event | None = None,
+) -> None:
+    """Enroll if needed, start the switch, write its state file, serve until stopped."""
+    files = SwitchFiles(folder)
+    if not files.enrolled():
+        if not enroll_token:
+            raise SystemExit(f"switch {cluster} is not enrolled: pass --enroll-token")
+        enroll(files, cluster=cluster, control_plane=control_plane, token=enroll_token)
+    write_private_file(files.job_key, fetch(control_plane, "/pki/job-token-key.pem"))
+    renew = renewer(files, control_plane)
+    config = SwitchConfig(
+        cluster=cluster,
+        key_path=files.key,
+        cert_path=files.cert,
+        ca_path=files.ca,
+        crl_source=lambda: fetch(control_plane, "/pki/crl.pem"),
+        job_token_public_key=files.job_key.read_bytes(),
+        worker_address=worker_address,
+        peer_address=peer_address,
+        peers=dict(peers),
+        crl_refresh_s=crl_refresh_s,
+        shaper=shaper,
+        metrics_address=metrics_address,
+        renew=renew,  # type: ignore[arg-type]
+    )
+    switch = Switch(config).start()
+    state = {
+        "cluster": cluster,
+        "worker_address": list(switch.worker_address),
+        "peer_address": list(switch.peer_address),
+        "ca_path": str(files.ca.resolve()),
+    }
+    files.state.write_text(json.dumps(state, indent=2))
+    log.info(
+        "switch %s serving workers on %s, peers on %s",
+        cluster,
+        switch.worker_address,
+        switch.peer_address,
+    )
+    stop = stop or threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, lambda *_: stop.set())
+        except ValueError:  # not the main thread (tests run switches in threads)
+            break
+    try:
+        stop.wait()
+    finally:
+        switch.stop()

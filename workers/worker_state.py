@@ -1,0 +1,30 @@
+"""What a worker process knows about its cluster, set once by `nebula worker`.
+
+Celery's prefork pool forks after `set_side`, so the pool processes inherit it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workers.runner import ClusterSide
+
+_side: ClusterSide | None = None
+
+
+def switch_state_path(var_dir: Path, cluster: str) -> Path:
+    """Where `nebula switch` writes the worker-facing address of a cluster's switch."""
+    return var_dir / "clusters" / cluster / "switch.json"
+
+
+def set_side(side: ClusterSide) -> None:
+    """Tell this process which cluster it serves."""
+    global _side
+    _side = side
+
+
+def current_side() -> ClusterSide:
+    """The cluster side this worker serves."""
+    if _side is None:
+        raise RuntimeError("this process is not a Nebula worker (start it with `nebula worker`)")
+    return _side
