@@ -205,3 +205,143 @@ def test_another_tenants_workspace_is_404_and_the_attempt_is_audited(
         f"/api/v1/audit?actor_id={mallory.id}&outcome=denied", headers=admin.headers
     ).json()
     assert ws["id"] in {e["subject_id"] for e in denied["items"]}
+
+
+# Datasets and access requests. {ws} is the member's workspace, {ds} a discoverable dataset
+# in it, {grant} the grantee's approved request for {ds}, {pending} another user's pending
+# request for {ds}. The admin is no owner: another tenant's data is 404 to admins too.
+DATA_CALLERS = ("anonymous", "member", "auditor", "admin", "other_member", "grantee")
+DATA_MATRIX: list[tuple[str, str, dict | None, dict[str, int]]] = [
+    (
+        "UPLOAD",
+        "/api/v1/workspaces/{ws}/datasets",
+        None,
+        dict(anonymous=401, member=201, auditor=403, admin=404, other_member=404, grantee=404),
+    ),
+    (
+        "GET",
+        "/api/v1/workspaces/{ws}/datasets",
+        None,
+        dict(anonymous=401, member=200, auditor=404, admin=404, other_member=404, grantee=404),
+    ),
+    (
+        "GET",
+        "/api/v1/datasets/{ds}",
+        None,
+        dict(anonymous=401, member=200, auditor=404, admin=404, other_member=404, grantee=200),
+    ),
+    (
+        "GET",
+        "/api/v1/datasets/{ds}/content",
+        None,
+        dict(anonymous=401, member=200, auditor=404, admin=404, other_member=404, grantee=403),
+    ),
+    (
+        "PATCH",
+        "/api/v1/datasets/{ds}",
+        {"discoverable": False},
+        dict(anonymous=401, member=200, auditor=403, admin=404, other_member=404, grantee=403),
+    ),
+    (
+        "DELETE",
+        "/api/v1/datasets/{ds}",
+        None,
+        dict(anonymous=401, member=204, auditor=403, admin=404, other_member=404, grantee=403),
+    ),
+    (
+        "GET",
+        "/api/v1/catalog",
+        None,
+        dict(anonymous=401, member=200, auditor=200, admin=200, other_member=200, grantee=200),
+    ),
+    (
+        "POST",
+        "/api/v1/access-requests",
+        {"dataset_id": "{ds}", "purpose": "research"},
+        dict(anonymous=401, member=409, auditor=403, admin=201, other_member=201, grantee=409),
+    ),
+    (
+        "GET",
+        "/api/v1/access-requests",
+        None,
+        dict(anonymous=401, member=200, auditor=200, admin=200, other_member=200, grantee=200),
+    ),
+    (
+        "GET",
+        "/api/v1/access-requests/{grant}",
+        None,
+        dict(anonymous=401, member=200, auditor=404, admin=404, other_member=404, grantee=200),
+    ),
+    (
+        "POST",
+        "/api/v1/access-requests/{pending}/approve",
+        None,
+        dict(anonymous=401, member=200, auditor=403, admin=404, other_member=404, grantee=404),
+    ),
+    (
+        "POST",
+        "/api/v1/access-requests/{pending}/deny",
+        None,
+        dict(anonymous=401, member=200, auditor=403, admin=404, other_member=404, grantee=404),
+    ),
+    (
+        "POST",
+        "/api/v1/access-requests/{grant}/revoke",
+        None,
+        dict(anonymous=401, member=200, auditor=403, admin=404, other_member=404, grantee=403),
+    ),
+    (
+        "POST",
+        "/api/v1/access-requests/{grant}/withdraw",
+        None,
+        dict(anonymous=401, member=403, auditor=403, admin=404, other_member=404, grantee=200),
+    ),
+]
+
+
+def _upload(client: TestClient, owner: Account, ws: str, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return client.post(
+        f"/api/v1/workspaces/{ws}/datasets",
+        files={"file": ("c.txt", b"one sentence\nanother one\n")},
+        data={"name": "corpus", "kind": "text", "discoverable": "true"},
+        headers=owner.headers if headers is None else headers,
+    )
+
+
+@pytest.mark.parametrize("caller", DATA_CALLERS)
+def test_dataset_and_access_request_matrix(
+    client: TestClient, platform: Platform, caller: str
+) -> None:
+    accounts = {**_targets(platform), "grantee": platform.user(Role.member)}
+    failures = []
+    for number, (method, template, body, expected) in enumerate(DATA_MATRIX):
+        # fresh resources for every row, so that destructive rows do not interact
+        member, grantee = accounts["member"], accounts["grantee"]
+        ws = client.post(
+            "/api/v1/workspaces", json={"name": f"data-{number}"}, headers=member.headers
+        ).json()["id"]
+        ds = _upload(client, member, ws).json()["id"]
+        grant = client.post(
+            "/api/v1/access-requests",
+            json={"dataset_id": ds, "purpose": "jobs"},
+            headers=grantee.headers,
+        ).json()["id"]
+        client.post(f"/api/v1/access-requests/{grant}/approve", headers=member.headers)
+        pending = client.post(
+            "/api/v1/access-requests",
+            json={"dataset_id": ds, "purpose": "jobs"},
+            headers=platform.user(Role.member).headers,
+        ).json()["id"]
+        values = dict(ws=ws, ds=ds, grant=grant, pending=pending)
+        path = template.format(**values)
+        if body is not None:
+            body = {k: v.format(**values) if isinstance(v, str) else v for k, v in body.items()}
+        headers = {} if caller == "anonymous" else accounts[caller].headers
+        if method == "UPLOAD":
+            answer = _upload(client, member, ws, headers=headers)
+        else:
+            answer = client.request(method, path, json=body, headers=headers)
+        want = expected[caller]
+        if answer.status_code != want:
+            failures.append(f"{method} {template} as {caller}: {answer.status_code} != {want}")
+    assert not failures, "\n".join(failures)
