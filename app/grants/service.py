@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import event, func, or_, select
+from sqlalchemy import Connection, Engine, event, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.accounts.models import User
@@ -32,11 +32,12 @@ log = logging.getLogger("nebula.grants")
 
 EXPIRED = "expired"
 
-# Called with the access request's id after the commit that ended an approved grant
-# (revoked by the owner, withdrawn, the dataset deleted, a party deleted). The job layer
-# appends a function here that stops the requester's running jobs that use the dataset.
-# A hook that raises is logged; the revocation stands.
-on_grant_revoked: list[Callable[[str], None]] = []
+# Called with the database bind and the access request's id after the commit that ended an
+# approved grant (revoked by the owner, withdrawn, the dataset deleted, a party deleted).
+# The job layer appends a function here that stops the requester's running jobs that use
+# the dataset, in a session of its own on that bind. A hook that raises is logged; the
+# revocation stands.
+on_grant_revoked: list[Callable[[Engine | Connection, str], None]] = []
 
 _ENDED_KEY = "nebula.grants.ended"
 
@@ -52,7 +53,7 @@ def _run_revocation_hooks(session: Session) -> None:
     for request_id in session.info.pop(_ENDED_KEY, []):
         for hook in list(on_grant_revoked):
             try:
-                hook(request_id)
+                hook(session.get_bind(), request_id)
             except Exception:
                 log.exception("grant revocation hook failed for %s", request_id)
 

@@ -74,9 +74,13 @@ def audit_of(platform: Platform, subject_id: str) -> list[tuple[str, str]]:
 def revoked_hook() -> Iterator[list[str]]:
     """The ids the revocation hook was called with."""
     seen: list[str] = []
-    grants.on_grant_revoked.append(seen.append)
+
+    def hook(_bind: object, request_id: str) -> None:
+        seen.append(request_id)
+
+    grants.on_grant_revoked.append(hook)
     yield seen
-    grants.on_grant_revoked.remove(seen.append)
+    grants.on_grant_revoked.remove(hook)
 
 
 def test_a_grants_whole_life_request_approve_use_expire_refuse(
