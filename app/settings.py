@@ -37,6 +37,8 @@ class Settings(BaseSettings):
 
     cookie_secure: bool = False  # set true behind HTTPS
     run_reaper: bool = True  # restart stalled job attempts and dispatch pending roles
+    reaper_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 20.0  # a role silent this long is presumed dead
     log_level: str = "INFO"
 
     @property

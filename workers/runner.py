@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -261,7 +262,7 @@ def run_role(
     """Run one role of one attempt to its end; returns what happened, for the worker's log."""
     engine = make_engine(settings.resolved_database_url)
     factory = make_sessionmaker(engine)
-    worker = f"{socket.gethostname()}:{side.cluster}"
+    worker = f"{socket.gethostname()}:{side.cluster}:{os.getpid()}"
     try:
         with factory() as db:
             if not jobs.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
@@ -291,6 +292,8 @@ def run_role(
         except Exception as exc:
             hooks.close()
             if hooks.stopped:
+                with factory() as db:
+                    jobs.mark_role_stopped(db, job_id=job_id, role=role, attempt=attempt)
                 return "stopped"
             log.exception("role %s of job %s failed", role, job_id)
             with factory() as db:
@@ -308,6 +311,8 @@ def run_role(
                 link.close()
         hooks.close()
         if result.stopped or hooks.stopped:
+            with factory() as db:
+                jobs.mark_role_stopped(db, job_id=job_id, role=role, attempt=attempt)
             return "stopped"
         with factory() as db:
             _store_outputs(db, job=job, role=role, result=result, settings=settings)

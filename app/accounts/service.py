@@ -322,15 +322,19 @@ def _set_status(db: Session, *, actor: Actor, user: User, status: UserStatus, ac
         raise Conflict("you cannot change your own status")
     if user.status == UserStatus.deleted:
         raise Conflict("the user is deleted")
+    from app.jobs.service import set_paused_for_owner
+
     user.status = status
     revoked = _revoke_all(db, user_id=user.id) if status != UserStatus.active else 0
+    # queued jobs wait while their owner is suspended (the reaper sends them on reactivation)
+    held = set_paused_for_owner(db, owner_id=user.id, paused=status != UserStatus.active)
     audit.record(
         db,
         actor=actor,
         action=action,
         subject_type="user",
         subject_id=user.id,
-        details={"tokens_revoked": revoked},
+        details={"tokens_revoked": revoked, "jobs_held": held},
     )
 
 

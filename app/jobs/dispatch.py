@@ -24,7 +24,6 @@ from app.settings import Settings
 log = logging.getLogger("nebula.jobs")
 
 JOB_TOKEN_TTL = timedelta(hours=24)
-HEARTBEAT_TIMEOUT = timedelta(seconds=20)
 
 
 def _send(
@@ -78,11 +77,10 @@ def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
     return sent
 
 
-def reap_once(
-    db: Session, *, settings: Settings, heartbeat_timeout: timedelta = HEARTBEAT_TIMEOUT
-) -> None:
+def reap_once(db: Session, *, settings: Settings) -> None:
     """Restart attempts whose roles stopped beating, and dispatch whatever is pending."""
-    for job, role in service.stale_roles(db, older_than=heartbeat_timeout):
+    timeout = timedelta(seconds=settings.heartbeat_timeout_s)
+    for job, role in service.stale_roles(db, older_than=timeout):
         log.warning("role %s of job %s stopped beating; restarting the attempt", role.role, job.id)
         service.restart_attempt(db, job=job, reason=f"role {role.role} stopped (no heartbeat)")
     db.commit()
@@ -96,12 +94,10 @@ def reap_once(
 class Reaper:
     """A background thread that runs `reap_once` every few seconds."""
 
-    def __init__(
-        self, factory: sessionmaker[Session], settings: Settings, interval_s: float = 2.0
-    ) -> None:
+    def __init__(self, factory: sessionmaker[Session], settings: Settings) -> None:
         self.factory = factory
         self.settings = settings
-        self.interval_s = interval_s
+        self.interval_s = settings.reaper_interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nebula-reaper", daemon=True)
 

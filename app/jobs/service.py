@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import func, select, update
+from sqlalchemy import Connection, Engine, func, select, update
 from sqlalchemy.orm import Session
 
 from app.accounts.models import User
@@ -16,6 +16,7 @@ from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
 from app.db import utcnow
 from app.errors import Conflict, Invalid, NotFound
+from app.grants import service as grants
 from app.jobs.models import (
     FINAL_STATUSES,
     Job,
@@ -209,6 +210,22 @@ def fail_jobs_using_grant(
     return failed
 
 
+def stop_jobs_on_revoked_grant(bind: Engine | Connection, request_id: str) -> None:
+    """Grant-revocation hook: the requester's live jobs using that dataset fail at once."""
+    from app.grants.models import AccessRequest
+
+    with Session(bind=bind) as db:
+        request = db.get(AccessRequest, request_id)
+        if request is not None:
+            fail_jobs_using_grant(
+                db,
+                requester_id=request.requester_id,
+                dataset_id=request.dataset_id,
+                request_id=request_id,
+            )
+            db.commit()
+
+
 def set_paused_for_owner(db: Session, *, owner_id: str, paused: bool) -> int:
     """Hold (or release) the queued jobs of a user, e.g. while they are suspended."""
     result = db.execute(
@@ -238,10 +255,14 @@ def _fenced_role(
 def start_role(db: Session, *, job_id: str, role: str, attempt: int, worker: str) -> bool:
     """Mark a role running; False if the attempt is stale, the job final or held."""
     found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
-    if found is None or found[0].paused:
+    if found is None:
         db.rollback()
         return False
     job, row = found
+    if job.paused:  # held while its owner is suspended: back to pending, sent again later
+        row.status, row.dispatched_at = RoleStatus.pending, None
+        db.commit()
+        return False
     now = utcnow()
     row.status, row.heartbeat_at, row.worker, row.error = RoleStatus.running, now, worker, None
     if job.status == JobStatus.queued:
@@ -361,6 +382,16 @@ def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
     )
 
 
+def mark_role_stopped(db: Session, *, job_id: str, role: str, attempt: int) -> None:
+    """A role of `attempt` left its loop because it was told to stop."""
+    db.execute(
+        update(JobRole)
+        .where(JobRole.job_id == job_id, JobRole.role == role, JobRole.attempt == attempt)
+        .values(status=RoleStatus.stopped)
+    )
+    db.commit()
+
+
 def add_artifact(
     db: Session,
     *,
@@ -421,3 +452,6 @@ def stale_roles(db: Session, *, older_than: timedelta) -> list[tuple[Job, JobRol
         )
     ).all()
     return [(job, role) for job, role in rows]
+
+
+grants.on_grant_revoked.append(stop_jobs_on_revoked_grant)

@@ -18,11 +18,7 @@ def test_no_operation_answers_5xx(client: TestClient, platform: Platform) -> Non
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 20
 
-    for operation in operations:
-        strategy = operation.as_strategy()
-        # a fresh session per operation: logout or a password change may end the last one
-        headers = {"Authorization": f"Bearer {platform.login(admin.email, admin.password)}"}
-
+    def fuzzer(strategy: object, headers: dict[str, str]) -> object:
         @given(case=strategy)
         @settings(
             max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None
@@ -33,6 +29,11 @@ def test_no_operation_answers_5xx(client: TestClient, platform: Platform) -> Non
             if response.status_code >= 500:
                 server_errors.append(f"{case.method} {case.formatted_path}: {response.status_code}")
 
-        fuzz()
+        return fuzz
+
+    for operation in operations:
+        # a fresh session per operation: logout or a password change may end the last one
+        headers = {"Authorization": f"Bearer {platform.login(admin.email, admin.password)}"}
+        fuzzer(operation.as_strategy(), headers)()  # type: ignore[operator]
     assert not server_errors, "\n".join(sorted(set(server_errors)))
     assert {200, 422} <= statuses  # the fuzzer reached both the handlers and the validation

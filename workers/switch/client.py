@@ -141,7 +141,13 @@ class SwitchLink:
         try:
             while not self._closed.is_set():
                 event = self._in.read_event()
-                if event is CLOSED or isinstance(event, Error):
+                if isinstance(event, Error):
+                    log.warning(
+                        "link %s/%s: the switch ended it: %s", self.job_id, self.role, event.reason
+                    )
+                    return
+                if event is CLOSED:
+                    log.info("link %s/%s: the switch closed the connection", self.job_id, self.role)
                     return
                 if not isinstance(event, Data):
                     raise ProtocolError("the switch sent a frame other than data")

@@ -1,0 +1,230 @@
+"""Jobs end to end on real parts: PostgreSQL, Redis, TLS switches and Celery worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from app.jobs.models import JobRole
+from workers.training.data import write_demo_corpus
+
+from .conftest import RunningPlatform, User, wait_until
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+ELECTRA_FAST = {"preset": "tiny", "steps": 6, "batch_size": 8, "ckpt_every": 2}
+
+
+def _upload(
+    user: User, path: Path, kind: str, discoverable: bool = False, lines: int | None = None
+) -> str:
+    data = path.read_bytes()
+    if lines is not None:
+        data = b"".join(data.splitlines(keepends=True)[:lines])
+    dataset = user.call(
+        "POST",
+        f"/workspaces/{user.workspace}/datasets",
+        201,
+        data={"name": path.name, "kind": kind, "discoverable": str(discoverable).lower()},
+        files={"file": (path.name, data)},
+    )
+    return str(dataset["id"])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _job(user: User, job_id: str) -> dict[str, Any]:
+    return dict(user.call("GET", f"/jobs/{job_id}", 200))
+
+
+def _finished(user: User, job_id: str) -> dict[str, Any] | None:
+    job = _job(user, job_id)
+    return job if job["status"] in ("succeeded", "failed", "cancelled") else None
+
+
+def _roles(running: RunningPlatform, job_id: str) -> dict[str, JobRole]:
+    with running.factory() as db:
+        return {r.role: r for r in db.scalars(select(JobRole).where(JobRole.job_id == job_id))}
+
+
+def test_electra_then_abnet_on_its_model_through_the_switches(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    owner, scientist = running.user("alice"), running.user("bob")
+    text = _upload(owner, corpus["text"], "text", discoverable=True, lines=600)
+    pairs = _upload(owner, corpus["parallel.train"], "parallel", discoverable=True, lines=300)
+    for dataset in (text, pairs):
+        request = scientist.call(
+            "POST", "/access-requests", 201, json={"dataset_id": dataset, "purpose": "test"}
+        )
+        owner.call("POST", f"/access-requests/{request['id']}/approve", 200, json={})
+
+    electra = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": ELECTRA_FAST,
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    done = wait_until(lambda: _finished(scientist, electra), "the ELECTRA job")
+    assert done["status"] == "succeeded", done["error"]
+    assert done["progress"] == 1.0 and done["step"] == 6
+    series = scientist.call("GET", f"/jobs/{electra}/metrics", 200)["series"]
+    assert len(series["discriminator.rtd_loss"]) == 6 and len(series["generator.mlm_loss"]) == 6
+    artifacts = scientist.call("GET", f"/jobs/{electra}/artifacts", 200)["items"]
+    model = next(a for a in artifacts if a["kind"] == "model")
+    assert scientist.call("GET", f"/datasets/{model['dataset_id']}", 200)["kind"] == "model"
+
+    abnet = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "abnet_finetune",
+            "config": {"preset": "tiny", "steps": 3, "batch_size": 8},
+            "inputs": {
+                "parallel": pairs,
+                "source_model": model["dataset_id"],
+                "target_model": model["dataset_id"],
+            },
+            "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+        },
+    )["id"]
+    finished = wait_until(lambda: _finished(scientist, abnet), "the ABNet job")
+    assert finished["status"] == "succeeded", finished["error"]
+    assert (
+        "decoder.loss" in finished["metrics"] and "encoder.bytes_to_decoder" in finished["metrics"]
+    )
+
+    # every dataset use by a job is in the audit log, with the job and the grant behind it
+    with running.factory() as db:
+        from app.audit.models import AuditEvent
+
+        uses = db.scalars(select(AuditEvent).where(AuditEvent.action == "dataset.use")).all()
+    by_job = {(e.details["job_id"], e.subject_id) for e in uses if e.outcome == "success"}
+    assert (
+        (electra, text) in by_job
+        and (abnet, pairs) in by_job
+        and (abnet, model["dataset_id"]) in by_job
+    )
+    assert any(
+        e.details.get("via") == "granted" and e.details["grant_ids"]
+        for e in uses
+        if e.subject_id == text
+    )
+
+
+def _long_electra(running: RunningPlatform, corpus: dict[str, Path]) -> tuple[User, User, str, str]:
+    owner, scientist = running.user("carol"), running.user("dave")
+    text = _upload(owner, corpus["text"], "text", discoverable=True, lines=400)
+    request = scientist.call(
+        "POST", "/access-requests", 201, json={"dataset_id": text, "purpose": "long run"}
+    )
+    owner.call("POST", f"/access-requests/{request['id']}/approve", 200, json={})
+    job = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": {**ELECTRA_FAST, "steps": 100_000},
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    wait_until(lambda: _job(scientist, job)["step"] >= 2, "the long job to make progress")
+    return owner, scientist, job, request["id"]
+
+
+def _describe(running: RunningPlatform, user: User, job: str) -> str:
+    roles = {
+        name: (r.status.value, r.attempt, r.checkpoint_step, r.error)
+        for name, r in _roles(running, job).items()
+    }
+    state = _job(user, job)
+    return f"job {state['status']} step {state['step']} attempt {state['attempt']}; roles {roles}"
+
+
+def _both_roles_stopped(running: RunningPlatform, job: str) -> bool:
+    return all(r.status.value == "stopped" for r in _roles(running, job).values())
+
+
+def test_cancel_stops_both_roles_within_seconds(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    _owner, scientist, job, _request = _long_electra(running, corpus)
+    assert scientist.call("POST", f"/jobs/{job}/cancel", 202)["status"] == "cancelled"
+    wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
+    assert _job(scientist, job)["status"] == "cancelled"
+    assert scientist.client.post(f"/api/v1/jobs/{job}/cancel").status_code == 409
+
+
+def test_revoking_the_grant_fails_the_running_job(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    owner, scientist, job, request = _long_electra(running, corpus)
+    owner.call("POST", f"/access-requests/{request}/revoke", 200)
+    failed = wait_until(lambda: _finished(scientist, job), "the job to fail", timeout=30)
+    assert failed["status"] == "failed" and request in failed["error"]
+    wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
+
+
+def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    scientist = running.user("frank")
+    text = _upload(scientist, corpus["text"], "text", lines=400)
+    job = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": {**ELECTRA_FAST, "steps": 60, "ckpt_every": 4},
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    wait_until(
+        lambda: all(r.checkpoint_step >= 4 for r in _roles(running, job).values()),
+        lambda: f"both roles to checkpoint step 4: {_describe(running, scientist, job)}",
+    )
+    generator = _roles(running, job)["generator"]
+    assert generator.worker is not None
+    os.kill(int(generator.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    done = wait_until(
+        lambda: _finished(scientist, job), "the job to finish after the kill", timeout=240
+    )
+    assert done["status"] == "succeeded", done["error"]
+    with running.factory() as db:
+        from app.audit.models import AuditEvent
+
+        restarts = [
+            e.details["reason"]
+            for e in db.scalars(
+                select(AuditEvent).where(
+                    AuditEvent.action == "job.restart", AuditEvent.subject_id == job
+                )
+            )
+        ]
+    # the kill costs at least one new attempt (the surviving peer may lose one more to it)
+    assert done["attempt"] >= 2 and any("no heartbeat" in r for r in restarts), restarts
+    reports = [
+        a
+        for a in scientist.call("GET", f"/jobs/{job}/artifacts", 200)["items"]
+        if a["kind"] == "report"
+    ]
+    assert reports and all(r["details"]["start_step"] >= 4 for r in reports)
+    assert all(r["details"]["last_step"] == 60 for r in reports)
