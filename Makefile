@@ -4,7 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck pytest bench clean
+FRONTEND_DEPS := frontend/node_modules/.installed
+FRONTEND_DIST := frontend/dist/index.html
+FRONTEND_SOURCES := $(shell find frontend/src -type f 2>/dev/null) frontend/index.html \
+	frontend/vite.config.ts frontend/tsconfig.json frontend/package.json
+
+.PHONY: up test lint typecheck pytest frontend frontend-test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +19,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-up: $(STAMP)
+$(FRONTEND_DEPS): frontend/package-lock.json
+	cd frontend && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# the web UI is rebuilt whenever a source is newer than the build
+$(FRONTEND_DIST): $(FRONTEND_DEPS) $(FRONTEND_SOURCES)
+	cd frontend && npm run build --silent
+
+frontend: $(FRONTEND_DIST)
+
+frontend-test: $(FRONTEND_DEPS)
+	cd frontend && npm test --silent
+
+up: $(STAMP) frontend
 	$(BIN)/nebula up
 
 lint: $(STAMP)
@@ -27,7 +45,7 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck frontend-test frontend pytest
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done

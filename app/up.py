@@ -30,6 +30,7 @@ from app.db import make_engine, make_sessionmaker
 from app.migrate import upgrade
 from app.pki import service as pki
 from app.settings import Settings
+from workers.celery_app import broker_options
 
 DEMO_ADMIN_EMAIL = "admin@nebula.demo"
 DEMO_CLUSTERS = ("cluster-a", "cluster-b")
@@ -175,6 +176,7 @@ def up(settings: Settings, *, host: str, port: int) -> int:
     settings.var_dir.mkdir(parents=True, exist_ok=True)
     settings.secret()
     upgrade(settings.resolved_database_url)
+    broker_options(settings)  # makes the embedded broker's folders before anyone polls them
     admin = ensure_demo_admin(settings)
     plans = plan_clusters(settings)
     url = f"http://{host}:{port}"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -98,3 +101,70 @@ class LiveServer:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.app.state.engine.dispose()
+
+
+class NebulaUp:
+    """`nebula up` in a folder of its own, as a user runs it: SQLite, the embedded broker."""
+
+    def __init__(self, folder: Path) -> None:
+        import socket
+
+        self.folder = folder
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            key: value for key, value in os.environ.items() if not key.startswith("NEBULA_")
+        }
+        self.env.update(NEBULA_ARGON2_TIME_COST="1", NEBULA_ARGON2_MEMORY_KIB="1024")
+
+    def command(self, *args: str) -> list[str]:
+        """argv of a `nebula` subcommand with this interpreter."""
+        return [sys.executable, "-m", "app.cli", *args]
+
+    def __enter__(self) -> NebulaUp:
+        import subprocess
+        import threading
+        import time
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.log = (self.folder / "up.log").open("wb")
+        self.process = subprocess.Popen(
+            self.command("up", "--port", str(self.port)),
+            cwd=self.folder,
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        ready = self.folder / "var" / "logs"
+        deadline = time.monotonic() + 120
+        tick = threading.Event()
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nebula up exited: {(self.folder / 'up.log').read_text()}")
+            if b"Nebula is up" in (self.folder / "up.log").read_bytes() and ready.exists():
+                return self
+            tick.wait(0.2)
+        raise RuntimeError("nebula up did not come up in 120 s")
+
+    @property
+    def admin(self) -> dict[str, str]:
+        """The demo admin's login that `nebula up` wrote."""
+        import json
+
+        login: dict[str, str] = json.loads((self.folder / "var" / "demo-admin.json").read_text())
+        return login
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+        import subprocess
+
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.log.close()
