@@ -117,7 +117,8 @@ export const clusters = {
   create: (body: { name: string; switch_host: string; switch_port: number }) => api.post<Cluster>("/clusters", body),
   remove: (id: string) => api.del(`/clusters/${enc(id)}`),
   certificates: (id: string) => page<Certificate>(`/clusters/${enc(id)}/certificates`, { limit: 500 }),
-  enrollmentToken: (id: string) => api.post<EnrollmentToken>(`/clusters/${enc(id)}/enrollment-tokens`),
+  enrollmentToken: (id: string, expires_in_minutes = 60) =>
+    api.post<EnrollmentToken>(`/clusters/${enc(id)}/enrollment-tokens`, { expires_in_minutes }),
   signCsr: (id: string, csr_pem: string) => api.post<SignedCertificate>(`/clusters/${enc(id)}/csr`, { csr_pem }),
   revokeCertificate: (serial: string, reason: string) =>
     api.post<Certificate>(`/certificates/${enc(serial)}/revoke`, { reason }),

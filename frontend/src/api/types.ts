@@ -119,12 +119,15 @@ export interface Job {
   progress: number;
   step: number;
   total_steps: number;
-  metrics: Record<string, unknown> | null;
+  /** Latest value of each `role.metric`. */
+  metrics: Record<string, number> | null;
   error: string | null;
   created_at: string;
   started_at: string | null;
   finished_at: string | null;
   workspace_id?: string;
+  paused?: boolean;
+  attempt?: number;
   config?: Record<string, unknown>;
   inputs?: Record<string, string>;
   placement?: Record<string, string>;
@@ -139,28 +142,34 @@ export interface JobSubmission {
 
 export type SeriesPoint = [number, number];
 
+/** `{series: {"role.metric": [[step, value], ...]}}`. */
 export interface JobMetrics {
-  series: Record<string, SeriesPoint[] | Record<string, SeriesPoint[]>>;
+  series: Record<string, SeriesPoint[]>;
 }
 
+/** The data of an SSE `event: status` on GET /jobs/{id}/events: a snapshot of the job. */
 export interface JobEvent {
+  id?: string;
   status?: JobStatus;
   progress?: number;
   step?: number;
   total_steps?: number;
-  metrics?: Record<string, unknown>;
+  metrics?: Record<string, number>;
   error?: string | null;
+  attempt?: number;
 }
 
+export type ArtifactKind = "model" | "adapters" | "report";
+
+/** A file a job wrote; a model or adapters artifact is stored as a dataset in the owner's workspace. */
 export interface Artifact {
-  id?: string;
+  id: string;
   name: string;
-  kind?: string;
-  size_bytes?: number;
-  sha256?: string;
-  created_at?: string;
-  url?: string;
-  dataset_id?: string;
+  kind: ArtifactKind | string;
+  dataset_id: string | null;
+  size_bytes: number;
+  details: Record<string, unknown>;
+  created_at: string;
 }
 
 export interface AuditEvent {

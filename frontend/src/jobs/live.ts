@@ -8,55 +8,26 @@ export type SeriesMap = Record<string, SeriesPoint[]>;
 export type LiveMode = "connecting" | "stream" | "polling" | "done";
 
 export const POLL_INTERVAL_MS = 2000;
-/** Named SSE event types the server may use besides the default "message". */
-const EVENT_NAMES = ["status", "progress", "metrics", "update", "job"];
+/** The server sends `event: status`; unnamed "message" events are read the same way. */
+const EVENT_NAMES = ["status"];
+/**
+ * New metric values in an event trigger one fetch of the series, at most this often. Points come
+ * from GET /jobs/{id}/metrics, never from the event: roles report at their own pace, so an
+ * event's `step` (the job's) is not the step its metric values belong to.
+ */
+export const SERIES_REFRESH_MS = 1000;
 
 function isPointList(value: unknown): value is SeriesPoint[] {
   return Array.isArray(value) && value.every((p) => Array.isArray(p) && p.length >= 2);
 }
 
-/** Flattens `{series: {loss: [[s, v]], bytes_sent: {a_to_b: [[s, v]]}}}` to `{loss, "bytes_sent.a_to_b"}`. */
+/** The API's series by name (`role.metric`), as numbers; anything that is not a point list is dropped. */
 export function flattenSeries(metrics: JobMetrics | undefined | null): SeriesMap {
   const out: SeriesMap = {};
-  const series = metrics?.series ?? {};
-  for (const [name, value] of Object.entries(series)) {
-    if (isPointList(value)) {
-      out[name] = value.map(([s, v]) => [Number(s), Number(v)] as SeriesPoint);
-    } else if (value && typeof value === "object") {
-      for (const [sub, points] of Object.entries(value)) {
-        if (isPointList(points)) out[`${name}.${sub}`] = points.map(([s, v]) => [Number(s), Number(v)] as SeriesPoint);
-      }
-    }
+  for (const [name, value] of Object.entries(metrics?.series ?? {})) {
+    if (isPointList(value)) out[name] = value.map(([s, v]) => [Number(s), Number(v)] as SeriesPoint);
   }
   return out;
-}
-
-/** Flattens an event's latest metric values to numbers by name (nested objects become "a.b"). */
-export function flattenValues(metrics: Record<string, unknown> | null | undefined, prefix = ""): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const [key, value] of Object.entries(metrics ?? {})) {
-    const name = prefix ? `${prefix}.${key}` : key;
-    if (typeof value === "number" && Number.isFinite(value)) out[name] = value;
-    else if (value && typeof value === "object" && !Array.isArray(value)) Object.assign(out, flattenValues(value as Record<string, unknown>, name));
-  }
-  return out;
-}
-
-/** Adds one event's metric values at its step; a repeated step replaces, an older step is ignored. */
-export function appendPoints(series: SeriesMap, step: number | undefined, metrics: Record<string, unknown> | null | undefined): SeriesMap {
-  if (step === undefined || step === null || !metrics) return series;
-  const values = flattenValues(metrics);
-  if (Object.keys(values).length === 0) return series;
-  const next: SeriesMap = { ...series };
-  for (const [name, value] of Object.entries(values)) {
-    const points = next[name] ? [...next[name]] : [];
-    const last = points[points.length - 1];
-    if (last && last[0] === step) points[points.length - 1] = [step, value];
-    else if (!last || last[0] < step) points.push([step, value]);
-    else continue;
-    next[name] = points;
-  }
-  return next;
 }
 
 export function applyEvent(job: Job | undefined, event: JobEvent): Job | undefined {
@@ -95,6 +66,7 @@ export function useLiveJob(id: string): LiveJob {
   const [mode, setMode] = useState<LiveMode>("connecting");
   const source = useRef<EventSource | null>(null);
   const timer = useRef<ReturnType<typeof setInterval> | null>(null);
+  const seriesTimer = useRef<ReturnType<typeof setTimeout> | null>(null);
   const alive = useRef(true);
 
   const stop = useCallback(() => {
@@ -102,7 +74,22 @@ export function useLiveJob(id: string): LiveJob {
     source.current = null;
     if (timer.current) clearInterval(timer.current);
     timer.current = null;
+    if (seriesTimer.current) clearTimeout(seriesTimer.current);
+    seriesTimer.current = null;
   }, []);
+
+  const refreshSeries = useCallback(() => {
+    if (seriesTimer.current) return;
+    seriesTimer.current = setTimeout(() => {
+      seriesTimer.current = null;
+      jobs
+        .metrics(id)
+        .then((m) => {
+          if (alive.current) setSeries(flattenSeries(m));
+        })
+        .catch(() => undefined);
+    }, SERIES_REFRESH_MS);
+  }, [id]);
 
   const fetchAll = useCallback(async () => {
     const [j, m] = await Promise.all([jobs.get(id), jobs.metrics(id).catch(() => undefined)]);
@@ -159,12 +146,13 @@ export function useLiveJob(id: string): LiveJob {
         if (!event || !alive.current) return;
         setMode("stream");
         setJob((prev) => applyEvent(prev, event));
-        setSeries((prev) => appendPoints(prev, event.step, event.metrics));
         if (event.status && TERMINAL_STATUSES.has(event.status)) {
           stop();
           setMode("done");
           // The final numbers and the complete series come from the API itself.
           void fetchAll().catch(() => undefined);
+        } else if (event.metrics && Object.keys(event.metrics).length) {
+          refreshSeries();
         }
       };
       es.onopen = () => alive.current && setMode("stream");
@@ -183,7 +171,7 @@ export function useLiveJob(id: string): LiveJob {
       alive.current = false;
       stop();
     };
-  }, [id, fetchAll, startPolling, stop]);
+  }, [id, fetchAll, startPolling, stop, refreshSeries]);
 
   const reload = useCallback(async () => {
     try {

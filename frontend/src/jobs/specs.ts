@@ -5,6 +5,9 @@ export interface InputSpec {
   name: string;
   label: string;
   kind: DatasetKind;
+  /** May be left out of the submission. */
+  optional?: boolean;
+  hint?: string;
 }
 
 export interface RoleSpec {
@@ -40,6 +43,7 @@ export const JOB_SPECS: Record<JobKind, JobSpec> = {
       { name: "parallel", label: "Parallel corpus", kind: "parallel" },
       { name: "source_model", label: "Source model", kind: "model" },
       { name: "target_model", label: "Target model", kind: "model" },
+      { name: "eval", label: "Evaluation split", kind: "parallel", optional: true, hint: "Optional parallel test split: the job reports BLEU on it." },
     ],
     roles: [
       { name: "encoder", label: "Encoder", hint: "Source side: sends activations, receives gradients." },
@@ -55,30 +59,72 @@ export const PRESETS = [
 
 export type Preset = (typeof PRESETS)[number]["value"];
 
-export const COMPRESSION_CHOICES = [
-  { value: "", label: "Preset default" },
-  { value: "none", label: "None" },
-  { value: "fp16", label: "FP16" },
-  { value: "int8", label: "INT8" },
-  { value: "svd", label: "SVD low-rank" },
-  { value: "fp16_svd", label: "FP16 of SVD" },
+/** Codec specs the server understands (workers/compression/spec.py); any other valid spec may be typed in. */
+export const CODEC_SUGGESTIONS = [
+  "none",
+  "fp16",
+  "bf16",
+  "int8",
+  "fp16(lowrank(0.2))",
+  "fp16(lowrank(0.2,method=power))",
+  "int8(lowrank(0.5))",
+  "ef(int8)",
 ];
 
+/** The ABNet codecs when the user leaves them blank (AbnetJobConfig's defaults). */
+export const DEFAULT_CODECS = { forward: "fp16", backward: "int8" } as const;
+
+/** Overrides as typed in the form; blank means "the preset's value". */
 export interface AdvancedOptions {
   steps: string;
-  compression: string;
-  svdKeepRatio: string;
-  compressionStartStep: string;
+  batchSize: string;
+  ckptEvery: string;
+  seed: string;
+  /** ELECTRA only. */
+  nDiscriminators: string;
+  /** ELECTRA only: when off, the discriminators' cluster does not read the text and whole sequences cross. */
+  discriminatorReadsText: boolean;
+  /** ABNet only: codec spec for activations, encoder to decoder. */
+  forwardCodec: string;
+  /** ABNet only: codec spec for gradients, decoder to encoder. */
+  backwardCodec: string;
+  /** ABNet only: steps before this one send float32. */
+  compressFromStep: string;
 }
 
-/** The job config: the preset plus only the overrides the user filled in. */
-export function buildConfig(preset: Preset, advanced: AdvancedOptions): Record<string, unknown> {
+export const NO_ADVANCED: AdvancedOptions = {
+  steps: "",
+  batchSize: "",
+  ckptEvery: "",
+  seed: "",
+  nDiscriminators: "",
+  discriminatorReadsText: true,
+  forwardCodec: "",
+  backwardCodec: "",
+  compressFromStep: "",
+};
+
+function setNumber(config: Record<string, unknown>, key: string, value: string): void {
+  if (value.trim()) config[key] = Number(value);
+}
+
+/**
+ * The job config for a kind: the preset plus only the overrides the user filled in, with the
+ * keys of app/jobs/schemas.py (ElectraJobConfig, AbnetJobConfig; extra keys are refused).
+ */
+export function buildConfig(kind: JobKind, preset: Preset, advanced: AdvancedOptions): Record<string, unknown> {
   const config: Record<string, unknown> = { preset };
-  if (advanced.steps.trim()) config.steps = Number(advanced.steps);
-  if (advanced.compression) {
-    config.compression = advanced.compression;
-    if (advanced.compression.includes("svd") && advanced.svdKeepRatio.trim()) config.svd_keep_ratio = Number(advanced.svdKeepRatio);
-    if (advanced.compressionStartStep.trim()) config.compression_start_step = Number(advanced.compressionStartStep);
+  setNumber(config, "seed", advanced.seed);
+  setNumber(config, "steps", advanced.steps);
+  setNumber(config, "batch_size", advanced.batchSize);
+  setNumber(config, "ckpt_every", advanced.ckptEvery);
+  if (kind === "electra_pretrain") {
+    setNumber(config, "n_discriminators", advanced.nDiscriminators);
+    if (!advanced.discriminatorReadsText) config.discriminator_reads_text = false;
+  } else {
+    if (advanced.forwardCodec.trim()) config.forward_codec = advanced.forwardCodec.trim();
+    if (advanced.backwardCodec.trim()) config.backward_codec = advanced.backwardCodec.trim();
+    setNumber(config, "compress_from_step", advanced.compressFromStep);
   }
   return config;
 }

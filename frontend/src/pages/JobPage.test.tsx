@@ -12,7 +12,7 @@ const runningJob = {
   progress: 0.1,
   step: 10,
   total_steps: 100,
-  metrics: { loss: 3.2 },
+  metrics: { "generator.mlm_loss": 3.2 },
   error: null,
   created_at: "2030-01-01T00:00:00Z",
   started_at: "2030-01-01T00:00:05Z",
@@ -20,17 +20,32 @@ const runningJob = {
   placement: { generator: "alpha", discriminator: "beta" },
 };
 
+const storedSeries = {
+  series: {
+    "generator.mlm_loss": [
+      [5, 4.0],
+      [10, 3.2],
+    ],
+    "generator.bytes_to_discriminator": [[10, 2048]],
+    "generator.bytes_to_discriminator_total": [[10, 9000]],
+  },
+};
+let metrics: unknown = storedSeries;
+let artifacts: unknown[] = [];
+
 function routes(job: Record<string, unknown> = runningJob) {
   return {
     "GET /me": member,
     "GET /jobs/*": () => job,
-    "GET /jobs/job-1234567890/metrics": { series: { loss: [[5, 4.0], [10, 3.2]], bytes_sent: { generator_to_discriminator: [[10, 2048]] } } },
-    "GET /jobs/job-1234567890/artifacts": page([]),
+    "GET /jobs/job-1234567890/metrics": () => metrics,
+    "GET /jobs/job-1234567890/artifacts": page(artifacts),
     "POST /jobs/job-1234567890/cancel": { id: "job-1234567890", status: "cancelled" },
   };
 }
 
 beforeEach(() => {
+  metrics = storedSeries;
+  artifacts = [];
   FakeEventSource.instances = [];
   vi.stubGlobal("EventSource", FakeEventSource);
 });
@@ -44,8 +59,8 @@ function progressValue() {
 }
 
 describe("JobPage", () => {
-  it("opens the event stream with credentials and renders progress from an event", async () => {
-    mockApi(routes());
+  it("opens the event stream with credentials, renders progress from an event and refetches the series", async () => {
+    const fake = mockApi(routes());
     renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
     await screen.findByRole("progressbar", { name: "Job progress" });
     expect(progressValue()).toBe("10");
@@ -53,21 +68,49 @@ describe("JobPage", () => {
     const es = FakeEventSource.latest();
     expect(es.url).toBe("/api/v1/jobs/job-1234567890/events");
     expect(es.withCredentials).toBe(true);
+    expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("generator.mlm_loss 3.2 at step 10");
+    const fetches = fake.find("GET", "/jobs/job-1234567890/metrics").length;
 
-    act(() => es.emit({ status: "running", progress: 0.42, step: 42, metrics: { loss: 2.5, throughput: 1200, bytes_sent: { generator_to_discriminator: 4096 } } }));
+    // The metric values of a snapshot belong to the roles' own steps: the points come from /metrics.
+    metrics = {
+      series: {
+        ...storedSeries.series,
+        "generator.mlm_loss": [...storedSeries.series["generator.mlm_loss"], [43, 2.5]],
+        "generator.tokens_per_s": [[43, 1200]],
+        "generator.bytes_to_discriminator": [[43, 4096]],
+      },
+    };
+    act(() =>
+      es.emit(
+        {
+          id: "job-1234567890",
+          status: "running",
+          progress: 0.42,
+          step: 42,
+          total_steps: 100,
+          metrics: { "generator.mlm_loss": 2.5, "generator.tokens_per_s": 1200, "generator.bytes_to_discriminator": 4096 },
+          error: null,
+          attempt: 1,
+        },
+        "status",
+      ),
+    );
     expect(progressValue()).toBe("42");
     expect(screen.getByText(/step 42 of 100/)).toBeInTheDocument();
-    expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("loss 2.5 at step 42");
-    expect(screen.getByRole("figure", { name: "Throughput" })).toHaveTextContent("throughput 1,200 at step 42");
-    expect(screen.getByRole("figure", { name: "Bytes sent per direction" })).toHaveTextContent("bytes_sent.generator_to_discriminator 4.00 KiB at step 42");
+    expect(screen.getByRole("table", { name: "Latest metric values" })).toHaveTextContent("generator.bytes_to_discriminator4.00 KiB");
+    await waitFor(() => expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("generator.mlm_loss 2.5 at step 43"), { timeout: 3000 });
+    expect(fake.find("GET", "/jobs/job-1234567890/metrics").length).toBe(fetches + 1);
+    expect(screen.getByRole("figure", { name: "Throughput" })).toHaveTextContent("generator.tokens_per_s 1,200 at step 43");
+    expect(screen.getByRole("figure", { name: "Bytes sent per direction" })).toHaveTextContent("generator.bytes_to_discriminator 4.00 KiB at step 43");
+    expect(screen.getByRole("figure", { name: "Bytes sent per direction" })).not.toHaveTextContent("_total");
     expect(screen.getByText("Live")).toBeInTheDocument();
   });
 
-  it("accepts named SSE events too", async () => {
+  it("accepts unnamed SSE messages too", async () => {
     mockApi(routes());
     renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
     await waitFor(() => expect(FakeEventSource.instances).toHaveLength(1));
-    act(() => FakeEventSource.latest().emit({ progress: 0.75, step: 75 }, "progress"));
+    act(() => FakeEventSource.latest().emit({ progress: 0.75, step: 75 }));
     expect(progressValue()).toBe("75");
   });
 
@@ -108,9 +151,39 @@ describe("JobPage", () => {
     renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
     expect(await screen.findByText("worker lost")).toBeInTheDocument();
     expect(FakeEventSource.instances).toHaveLength(0);
-    expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("loss 3.2 at step 10");
+    expect(screen.getByRole("figure", { name: "Loss" })).toHaveTextContent("generator.mlm_loss 3.2 at step 10");
     expect(screen.getByRole("figure", { name: "Bytes sent per direction" })).toHaveTextContent("2.00 KiB");
     expect(await screen.findByText("This job wrote no artifacts.")).toBeInTheDocument();
+  });
+
+  it("links a model artifact to its dataset page and shows a report's details", async () => {
+    artifacts = [
+      {
+        id: "a1",
+        name: "electra_pretrain-job-1234-discriminator.safetensors",
+        kind: "model",
+        dataset_id: "ds-model",
+        size_bytes: 2721508,
+        details: { role: "discriminator" },
+        created_at: "2030-01-01T01:00:00Z",
+      },
+      {
+        id: "a2",
+        name: "report-generator.json",
+        kind: "report",
+        dataset_id: null,
+        size_bytes: 277,
+        details: { role: "generator", last_step: 6, final_metrics: { mlm_loss: 6.1 } },
+        created_at: "2030-01-01T01:00:00Z",
+      },
+    ];
+    mockApi(routes({ ...runningJob, status: "succeeded", progress: 1, step: 100, finished_at: "2030-01-01T01:00:00Z" }));
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    const model = await screen.findByRole("link", { name: "electra_pretrain-job-1234-discriminator.safetensors" });
+    expect(model).toHaveAttribute("href", "/datasets/ds-model");
+    expect(screen.queryByRole("link", { name: "report-generator.json" })).toBeNull();
+    expect(screen.getByText("Show report")).toBeInTheDocument();
+    expect(screen.getByText(/"mlm_loss": 6.1/)).toBeInTheDocument();
   });
 
   it("cancels after confirmation", async () => {

@@ -2,7 +2,7 @@
 import { useMemo } from "react";
 import { Link, useParams } from "react-router-dom";
 import { jobs } from "../api/endpoints";
-import type { Artifact } from "../api/types";
+import type { Artifact, Job } from "../api/types";
 import { LineChart, type ChartSeries } from "../components/LineChart";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, ProgressBar } from "../components/ui";
 import { formatBytes, formatDate, formatNumber, JOB_KIND_LABELS, progressPercent, shortId, TERMINAL_STATUSES } from "../format";
@@ -16,21 +16,60 @@ export interface ChartGroups {
   other: ChartSeries[];
 }
 
-const LOSS = /loss/i;
-const THROUGHPUT = /throughput|per_s(ec)?$|_per_second|samples_s|tokens_s|rate/i;
-const BYTES = /bytes/i;
+// Series are named `role.metric` (discriminator.rtd_loss, generator.tokens_per_s,
+// encoder.bytes_to_decoder, decoder.bleu ...); running totals end in `_total`.
+const LOSS = /loss$/i;
+const THROUGHPUT = /(per_s|per_sec|per_second|throughput)$/i;
+const BYTES_PER_DIRECTION = /bytes_to_[a-z0-9_]+$/i;
+const TOTAL = /_total$/i;
 
-/** Sorts series into the three charts (and the rest) by name. */
+/** Sorts series into the three charts (and the rest) by name; running totals are shown as numbers only. */
 export function groupSeries(series: SeriesMap): ChartGroups {
   const groups: ChartGroups = { loss: [], throughput: [], bytes: [], other: [] };
   for (const name of Object.keys(series).sort()) {
+    if (TOTAL.test(name)) continue;
     const entry = { label: name, points: series[name] };
     if (LOSS.test(name)) groups.loss.push(entry);
-    else if (BYTES.test(name)) groups.bytes.push(entry);
+    else if (BYTES_PER_DIRECTION.test(name)) groups.bytes.push(entry);
     else if (THROUGHPUT.test(name)) groups.throughput.push(entry);
     else groups.other.push(entry);
   }
   return groups;
+}
+
+/** A metric's latest value, in bytes for the per-direction byte counts. */
+export function formatMetric(name: string, value: number): string {
+  const base = name.replace(TOTAL, "");
+  return BYTES_PER_DIRECTION.test(base) ? formatBytes(value) : formatNumber(value);
+}
+
+/** The latest value of each metric, by role. */
+function MetricValues({ metrics }: { metrics: Job["metrics"] }) {
+  const entries = Object.entries(metrics ?? {})
+    .filter((entry): entry is [string, number] => typeof entry[1] === "number" && Number.isFinite(entry[1]))
+    .sort(([a], [b]) => a.localeCompare(b));
+  if (!entries.length) return null;
+  return (
+    <div className="table-wrap">
+      <table className="metric-table">
+        <caption className="sr-only">Latest metric values</caption>
+        <thead>
+          <tr>
+            <th scope="col">Metric</th>
+            <th scope="col">Latest</th>
+          </tr>
+        </thead>
+        <tbody>
+          {entries.map(([name, value]) => (
+            <tr key={name}>
+              <td className="mono">{name}</td>
+              <td>{formatMetric(name, value)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
 }
 
 const MODE_TEXT: Record<LiveMode, string> = {
@@ -40,11 +79,11 @@ const MODE_TEXT: Record<LiveMode, string> = {
   done: "Finished",
 };
 
+const ARTIFACT_KIND_LABELS: Record<string, string> = { model: "model", adapters: "adapters", report: "report" };
+
 function Artifacts({ jobId, finished }: { jobId: string; finished: boolean }) {
   const list = useLoad(() => jobs.artifacts(jobId), [jobId, finished]);
   const items = list.data?.items ?? [];
-  const href = (a: Artifact) =>
-    a.url ?? (a.dataset_id ? `/api/v1/datasets/${encodeURIComponent(a.dataset_id)}/content` : a.id ? `/api/v1/jobs/${encodeURIComponent(jobId)}/artifacts/${encodeURIComponent(a.id)}` : undefined);
   return (
     <section className="card" aria-labelledby="artifacts-heading">
       <h2 id="artifacts-heading">Artifacts</h2>
@@ -56,29 +95,35 @@ function Artifacts({ jobId, finished }: { jobId: string; finished: boolean }) {
           {finished ? null : "Checkpoints and reports appear here as the job writes them."}
         </EmptyState>
       ) : (
-        <ul className="artifact-list">
-          {items.map((a, i) => {
-            const link = href(a);
-            return (
-              <li key={a.id ?? `${a.name}-${i}`}>
-                {link ? (
-                  <a href={link} download>
-                    {a.name}
-                  </a>
-                ) : (
-                  <span>{a.name}</span>
-                )}{" "}
-                {a.kind ? <Badge status="neutral">{a.kind}</Badge> : null}{" "}
-                <span className="muted small">
-                  {a.size_bytes !== undefined ? formatBytes(a.size_bytes) : ""}
-                  {a.created_at ? ` · ${formatDate(a.created_at)}` : ""}
-                </span>
-              </li>
-            );
-          })}
+        <ul className="artifact-list" aria-label="Artifacts">
+          {items.map((a) => (
+            <ArtifactItem key={a.id} artifact={a} />
+          ))}
         </ul>
       )}
     </section>
+  );
+}
+
+/** A model or adapters artifact is a dataset in the owner's workspace: it links to that dataset's page. */
+function ArtifactItem({ artifact: a }: { artifact: Artifact }) {
+  const details = a.details && Object.keys(a.details).length ? a.details : null;
+  return (
+    <li>
+      {a.dataset_id ? <Link to={`/datasets/${encodeURIComponent(a.dataset_id)}`}>{a.name}</Link> : <span>{a.name}</span>}{" "}
+      <Badge status="neutral">{ARTIFACT_KIND_LABELS[a.kind] ?? a.kind}</Badge>{" "}
+      <span className="muted small">
+        {formatBytes(a.size_bytes)}
+        {a.created_at ? ` · ${formatDate(a.created_at)}` : ""}
+        {a.dataset_id ? " · a dataset in your workspace" : ""}
+      </span>
+      {details ? (
+        <details>
+          <summary>{a.kind === "report" ? "Show report" : "Details"}</summary>
+          <pre className="json">{JSON.stringify(details, null, 2)}</pre>
+        </details>
+      ) : null}
+    </li>
   );
 }
 
@@ -161,22 +206,13 @@ export function JobPage() {
                     </div>
                   ))
                 : null}
-              {job.metrics
-                ? Object.entries(job.metrics)
-                    .filter(([, v]) => typeof v === "number")
-                    .map(([name, v]) => (
-                      <div key={name} className="details-pair">
-                        <dt>{name}</dt>
-                        <dd>{/bytes/i.test(name) ? formatBytes(v as number) : formatNumber(v as number)}</dd>
-                      </div>
-                    ))
-                : null}
             </dl>
+            <MetricValues metrics={job.metrics} />
           </section>
           <section className="charts" aria-label="Charts">
             <LineChart title="Loss" series={groups.loss} yLabel="loss" />
             <LineChart title="Throughput" series={groups.throughput} yLabel="per second" />
-            <LineChart title="Bytes sent per direction" series={groups.bytes} yLabel="bytes" formatValue={(v) => formatBytes(v)} />
+            <LineChart title="Bytes sent per direction" series={groups.bytes} yLabel="bytes per step" formatValue={(v) => formatBytes(v)} />
             {groups.other.length ? <LineChart title="Other metrics" series={groups.other} /> : null}
           </section>
           <Artifacts jobId={job.id} finished={finished} />

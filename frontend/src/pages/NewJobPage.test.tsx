@@ -37,11 +37,14 @@ describe("NewJobPage", () => {
     await user.selectOptions(input, "d-text");
     expect(screen.getByLabelText("Generator runs on")).toHaveValue("alpha");
     expect(screen.getByLabelText("Discriminator runs on")).toHaveValue("beta");
+    await user.click(screen.getByText("Advanced options"));
+    await user.type(screen.getByLabelText("Training steps"), "6");
+    expect(screen.queryByLabelText(/Activations codec/)).toBeNull();
     await user.click(screen.getByRole("button", { name: "Submit job" }));
     await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
     expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toEqual({
       kind: "electra_pretrain",
-      config: { preset: "tiny" },
+      config: { preset: "tiny", steps: 6 },
       inputs: { text: "d-text" },
       placement: { generator: "alpha", discriminator: "beta" },
     });
@@ -65,13 +68,35 @@ describe("NewJobPage", () => {
     await user.selectOptions(screen.getByLabelText("Decoder runs on"), "alpha");
     expect(screen.getByText(/Both roles are on one cluster/)).toBeInTheDocument();
     await user.selectOptions(screen.getByLabelText("Decoder runs on"), "beta");
+    expect(screen.getByLabelText(/Evaluation split/)).not.toBeRequired();
+    await user.click(screen.getByText("Advanced options"));
+    expect(screen.queryByLabelText("Discriminators")).toBeNull();
+    await user.type(screen.getByLabelText(/Activations codec/), "fp16(lowrank(0.2,method=power))");
+    await user.type(screen.getByLabelText(/Gradients codec/), "none");
+    await user.type(screen.getByLabelText("Compress from step"), "10");
     await user.click(screen.getByRole("button", { name: "Submit job" }));
     await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
     expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toEqual({
       kind: "abnet_finetune",
-      config: { preset: "paper" },
+      config: { preset: "paper", forward_codec: "fp16(lowrank(0.2,method=power))", backward_codec: "none", compress_from_step: 10 },
       inputs: { parallel: "d-par", source_model: "d-src", target_model: "d-granted" },
       placement: { encoder: "alpha", decoder: "beta" },
+    });
+  });
+
+  it("sends the optional evaluation split when one is chosen", async () => {
+    const fake = mockApi(routes());
+    renderPage(<NewJobPage />, { path: "/jobs/new?ws=w1", route: "/jobs/new" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("radio", { name: /ABNet fine-tuning/ }));
+    await user.selectOptions(screen.getByLabelText(/Parallel corpus/), "d-par");
+    await user.selectOptions(screen.getByLabelText(/Source model/), "d-src");
+    await user.selectOptions(screen.getByLabelText(/Target model/), "d-granted");
+    await user.selectOptions(screen.getByLabelText(/Evaluation split/), "d-par");
+    await user.click(screen.getByRole("button", { name: "Submit job" }));
+    await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
+    expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toMatchObject({
+      inputs: { parallel: "d-par", source_model: "d-src", target_model: "d-granted", eval: "d-par" },
     });
   });
 

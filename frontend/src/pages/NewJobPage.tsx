@@ -6,7 +6,7 @@ import type { Dataset, JobKind } from "../api/types";
 import { EmptyState, ErrorMessage, Loading, PageHeader } from "../components/ui";
 import { formatBytes, isPast } from "../format";
 import { useAction, useLoad } from "../hooks";
-import { buildConfig, COMPRESSION_CHOICES, JOB_SPECS, PRESETS, type AdvancedOptions, type Preset } from "../jobs/specs";
+import { buildConfig, CODEC_SUGGESTIONS, DEFAULT_CODECS, JOB_SPECS, NO_ADVANCED, PRESETS, type AdvancedOptions, type Preset } from "../jobs/specs";
 
 export interface UsableDatasets {
   own: Dataset[];
@@ -37,8 +37,6 @@ export async function loadUsableDatasets(): Promise<UsableDatasets> {
   ).filter((d): d is Dataset => d !== null);
   return { own, granted };
 }
-
-const NO_ADVANCED: AdvancedOptions = { steps: "", compression: "", svdKeepRatio: "", compressionStartStep: "" };
 
 export function NewJobPage() {
   const [params] = useSearchParams();
@@ -72,7 +70,7 @@ export function NewJobPage() {
   }, [spec, clusterNames]);
 
   const missing = [
-    ...spec.inputs.filter((i) => !inputs[i.name]).map((i) => i.label),
+    ...spec.inputs.filter((i) => !i.optional && !inputs[i.name]).map((i) => i.label),
     ...spec.roles.filter((r) => !placement[r.name]).map((r) => `${r.label} cluster`),
   ];
   const sameCluster = spec.roles.length === 2 && placement[spec.roles[0].name] && placement[spec.roles[0].name] === placement[spec.roles[1].name];
@@ -83,8 +81,8 @@ export function NewJobPage() {
     const answer = await action.run(() =>
       jobs.submit(ws, {
         kind,
-        config: buildConfig(preset, advanced),
-        inputs: Object.fromEntries(spec.inputs.map((i) => [i.name, inputs[i.name]])),
+        config: buildConfig(kind, preset, advanced),
+        inputs: Object.fromEntries(spec.inputs.filter((i) => inputs[i.name]).map((i) => [i.name, inputs[i.name]])),
         placement: Object.fromEntries(spec.roles.map((r) => [r.name, placement[r.name]])),
       }),
     );
@@ -168,10 +166,10 @@ export function NewJobPage() {
               return (
                 <div className="field" key={input.name}>
                   <label htmlFor={id}>
-                    {input.label} <span className="muted small">({input.kind})</span>
+                    {input.label} <span className="muted small">({input.kind}{input.optional ? ", optional" : ""})</span>
                   </label>
-                  <select id={id} required value={inputs[input.name] ?? ""} onChange={(e) => setInputs((prev) => ({ ...prev, [input.name]: e.target.value }))}>
-                    <option value="">Choose a {input.kind} dataset…</option>
+                  <select id={id} required={!input.optional} aria-describedby={input.hint ? `${id}-hint` : undefined} value={inputs[input.name] ?? ""} onChange={(e) => setInputs((prev) => ({ ...prev, [input.name]: e.target.value }))}>
+                    <option value="">{input.optional ? "None" : `Choose a ${input.kind} dataset…`}</option>
                     {ownOfKind.length ? (
                       <optgroup label="Your datasets">
                         {ownOfKind.map((d) => (
@@ -191,7 +189,12 @@ export function NewJobPage() {
                       </optgroup>
                     ) : null}
                   </select>
-                  {!ownOfKind.length && !grantedOfKind.length ? (
+                  {input.hint ? (
+                    <p className="hint" id={`${id}-hint`}>
+                      {input.hint}
+                    </p>
+                  ) : null}
+                  {!input.optional && !ownOfKind.length && !grantedOfKind.length ? (
                     <p className="hint">
                       No {input.kind} dataset yet: upload one in a <Link to="/workspaces">workspace</Link> or request one in the{" "}
                       <Link to="/catalog">catalog</Link>.
@@ -239,47 +242,69 @@ export function NewJobPage() {
             <summary>Advanced options</summary>
             <p className="muted small">Leave blank to use the preset’s values.</p>
             <div className="form-grid">
-              <div className="field">
-                <label htmlFor="job-steps">Training steps</label>
-                <input id="job-steps" type="number" min={1} value={advanced.steps} onChange={(e) => setAdvanced({ ...advanced, steps: e.target.value })} />
-              </div>
-              <div className="field">
-                <label htmlFor="job-compression">Link compression</label>
-                <select id="job-compression" value={advanced.compression} onChange={(e) => setAdvanced({ ...advanced, compression: e.target.value })}>
-                  {COMPRESSION_CHOICES.map((c) => (
-                    <option key={c.value} value={c.value}>
-                      {c.label}
-                    </option>
-                  ))}
-                </select>
-              </div>
-              {advanced.compression.includes("svd") ? (
-                <div className="field">
-                  <label htmlFor="job-keep">SVD keep ratio (0–1)</label>
-                  <input
-                    id="job-keep"
-                    type="number"
-                    min={0.01}
-                    max={1}
-                    step={0.01}
-                    value={advanced.svdKeepRatio}
-                    onChange={(e) => setAdvanced({ ...advanced, svdKeepRatio: e.target.value })}
+              <NumberField id="job-steps" label="Training steps" min={1} value={advanced.steps} onChange={(v) => setAdvanced({ ...advanced, steps: v })} />
+              <NumberField id="job-batch" label="Batch size" min={2} value={advanced.batchSize} onChange={(v) => setAdvanced({ ...advanced, batchSize: v })} />
+              <NumberField
+                id="job-ckpt"
+                label="Checkpoint every (steps)"
+                min={1}
+                value={advanced.ckptEvery}
+                onChange={(v) => setAdvanced({ ...advanced, ckptEvery: v })}
+              />
+              <NumberField id="job-seed" label="Seed" min={0} value={advanced.seed} onChange={(v) => setAdvanced({ ...advanced, seed: v })} />
+              {kind === "electra_pretrain" ? (
+                <>
+                  <NumberField
+                    id="job-ndisc"
+                    label="Discriminators"
+                    min={1}
+                    max={16}
+                    value={advanced.nDiscriminators}
+                    onChange={(v) => setAdvanced({ ...advanced, nDiscriminators: v })}
                   />
-                </div>
-              ) : null}
-              {advanced.compression && advanced.compression !== "none" ? (
-                <div className="field">
-                  <label htmlFor="job-cstart">Compress from step</label>
-                  <input
-                    id="job-cstart"
-                    type="number"
+                  <div className="field field-check">
+                    <input
+                      id="job-reads-text"
+                      type="checkbox"
+                      checked={advanced.discriminatorReadsText}
+                      onChange={(e) => setAdvanced({ ...advanced, discriminatorReadsText: e.target.checked })}
+                    />
+                    <label htmlFor="job-reads-text">The discriminators’ cluster may read the text too (only masked positions cross the link)</label>
+                  </div>
+                </>
+              ) : (
+                <>
+                  <CodecField
+                    id="job-forward-codec"
+                    label="Activations codec (encoder → decoder)"
+                    placeholder={DEFAULT_CODECS.forward}
+                    value={advanced.forwardCodec}
+                    onChange={(v) => setAdvanced({ ...advanced, forwardCodec: v })}
+                  />
+                  <CodecField
+                    id="job-backward-codec"
+                    label="Gradients codec (decoder → encoder)"
+                    placeholder={DEFAULT_CODECS.backward}
+                    value={advanced.backwardCodec}
+                    onChange={(v) => setAdvanced({ ...advanced, backwardCodec: v })}
+                  />
+                  <NumberField
+                    id="job-compress-from"
+                    label="Compress from step"
                     min={0}
-                    value={advanced.compressionStartStep}
-                    onChange={(e) => setAdvanced({ ...advanced, compressionStartStep: e.target.value })}
+                    value={advanced.compressFromStep}
+                    onChange={(v) => setAdvanced({ ...advanced, compressFromStep: v })}
                   />
-                </div>
-              ) : null}
+                </>
+              )}
             </div>
+            {kind === "abnet_finetune" ? (
+              <datalist id="codec-suggestions">
+                {CODEC_SUGGESTIONS.map((c) => (
+                  <option key={c} value={c} />
+                ))}
+              </datalist>
+            ) : null}
           </details>
 
           <ErrorMessage error={action.error} />
@@ -290,5 +315,51 @@ export function NewJobPage() {
         </form>
       )}
     </>
+  );
+}
+
+function NumberField({
+  id,
+  label,
+  value,
+  onChange,
+  min,
+  max,
+}: {
+  id: string;
+  label: string;
+  value: string;
+  onChange: (value: string) => void;
+  min?: number;
+  max?: number;
+}) {
+  return (
+    <div className="field">
+      <label htmlFor={id}>{label}</label>
+      <input id={id} type="number" inputMode="numeric" step={1} min={min} max={max} value={value} onChange={(e) => onChange(e.target.value)} />
+    </div>
+  );
+}
+
+/** A codec spec such as `int8` or `fp16(lowrank(0.2,method=power))`; the server checks the grammar. */
+function CodecField({ id, label, value, placeholder, onChange }: { id: string; label: string; value: string; placeholder: string; onChange: (value: string) => void }) {
+  return (
+    <div className="field">
+      <label htmlFor={id}>{label}</label>
+      <input
+        id={id}
+        list="codec-suggestions"
+        maxLength={200}
+        spellCheck={false}
+        autoComplete="off"
+        placeholder={placeholder}
+        aria-describedby={`${id}-hint`}
+        value={value}
+        onChange={(e) => onChange(e.target.value)}
+      />
+      <p className="hint" id={`${id}-hint`}>
+        none, fp16, bf16, int8, or a low-rank inside one: fp16(lowrank(0.2)). Default {placeholder}.
+      </p>
+    </div>
   );
 }
