@@ -84,7 +84,8 @@ export interface Cluster {
   switch_host: string;
   switch_port: number;
   created_at?: string;
-  status?: string;
+  /** The switch holds an unexpired, unrevoked certificate from the platform CA. */
+  has_valid_certificate?: boolean;
 }
 
 export interface Certificate {

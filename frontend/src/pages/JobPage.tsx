@@ -50,25 +50,28 @@ function MetricValues({ metrics }: { metrics: Job["metrics"] }) {
     .sort(([a], [b]) => a.localeCompare(b));
   if (!entries.length) return null;
   return (
-    <div className="table-wrap">
-      <table className="metric-table">
-        <caption className="sr-only">Latest metric values</caption>
-        <thead>
-          <tr>
-            <th scope="col">Metric</th>
-            <th scope="col">Latest</th>
-          </tr>
-        </thead>
-        <tbody>
-          {entries.map(([name, value]) => (
-            <tr key={name}>
-              <td className="mono">{name}</td>
-              <td>{formatMetric(name, value)}</td>
+    <section className="card" aria-labelledby="metrics-heading">
+      <h2 id="metrics-heading">Latest values</h2>
+      <div className="table-wrap">
+        <table className="metric-table">
+          <caption className="sr-only">Latest metric values</caption>
+          <thead>
+            <tr>
+              <th scope="col">Metric</th>
+              <th scope="col">Latest</th>
             </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
+          </thead>
+          <tbody>
+            {entries.map(([name, value]) => (
+              <tr key={name}>
+                <td className="mono">{name}</td>
+                <td>{formatMetric(name, value)}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </section>
   );
 }
 
@@ -207,7 +210,6 @@ export function JobPage() {
                   ))
                 : null}
             </dl>
-            <MetricValues metrics={job.metrics} />
           </section>
           <section className="charts" aria-label="Charts">
             <LineChart title="Loss" series={groups.loss} yLabel="loss" />
@@ -215,6 +217,7 @@ export function JobPage() {
             <LineChart title="Bytes sent per direction" series={groups.bytes} yLabel="bytes per step" formatValue={(v) => formatBytes(v)} />
             {groups.other.length ? <LineChart title="Other metrics" series={groups.other} /> : null}
           </section>
+          <MetricValues metrics={job.metrics} />
           <Artifacts jobId={job.id} finished={finished} />
         </>
       ) : null}

@@ -8,14 +8,21 @@ import { useAction, useLoad } from "../../hooks";
 
 const EXPIRY_WARNING_DAYS = 30;
 
-/** A certificate's state for display: revoked, expired, expiring soon, or valid. */
+/**
+ * A certificate's state for display: revoked, expired, due for renewal, or valid. Switches renew
+ * on their own once less than a third of the lifetime is left (workers/switch/tls.py), so only a
+ * certificate past that point is flagged; without `not_before`, the last 30 days are.
+ */
 export function certificateState(cert: Certificate, now: Date = new Date()): { status: string; text: string } {
   if (cert.revoked_at || cert.status === "revoked") return { status: "revoked", text: "revoked" };
   const days = daysUntil(cert.not_after, now);
   if (days === null) return { status: "neutral", text: cert.status ?? "unknown" };
   if (days < 0) return { status: "expired", text: "expired" };
-  if (days < EXPIRY_WARNING_DAYS) return { status: "pending", text: `expires in ${days} day${days === 1 ? "" : "s"}` };
-  return { status: "valid", text: `valid, ${days} days left` };
+  const start = cert.not_before ? new Date(cert.not_before).getTime() : NaN;
+  const end = new Date(cert.not_after).getTime();
+  const dueSoon = Number.isFinite(start) && end > start ? end - now.getTime() < (end - start) / 3 : days < EXPIRY_WARNING_DAYS;
+  if (dueSoon) return { status: "pending", text: `expires in ${days} day${days === 1 ? "" : "s"}` };
+  return { status: "valid", text: `valid, ${days} day${days === 1 ? "" : "s"} left` };
 }
 
 function RevokeCertificate({ cert, onRevoked }: { cert: Certificate; onRevoked: (cert: Certificate) => void }) {
@@ -160,7 +167,11 @@ function ClusterCard({ cluster, onDeleted }: { cluster: Cluster; onDeleted: () =
     <li className="card" aria-label={`Cluster ${cluster.name}`}>
       <div className="section-head">
         <h2 className="card-title">{cluster.name}</h2>
-        {cluster.status ? <Badge status={cluster.status} /> : null}
+        {cluster.has_valid_certificate === undefined ? null : cluster.has_valid_certificate ? (
+          <Badge status="valid">certificate valid</Badge>
+        ) : (
+          <Badge status="pending">no valid certificate</Badge>
+        )}
       </div>
       <p className="muted small">
         Switch <span className="mono">{cluster.switch_host}:{cluster.switch_port}</span>

@@ -84,6 +84,10 @@ describe("ClustersPage", () => {
     expect(certificateState({ serial: "1", not_after: "2029-12-31T00:00:00Z" }, now).status).toBe("expired");
     expect(certificateState({ serial: "1", not_after: "2030-01-10T00:00:00Z" }, now).text).toBe("expires in 9 days");
     expect(certificateState({ serial: "1", not_after: "2031-01-10T00:00:00Z", revoked_at: "x" }, now).status).toBe("revoked");
+    // A 30-day certificate is flagged only in its last third, when the switch renews it.
+    const issued = { serial: "2", not_before: "2029-12-31T00:00:00Z", not_after: "2030-01-30T00:00:00Z" };
+    expect(certificateState(issued, now)).toEqual({ status: "valid", text: "valid, 29 days left" });
+    expect(certificateState(issued, new Date("2030-01-22T00:00:00Z")).text).toBe("expires in 8 days");
   });
 });
 

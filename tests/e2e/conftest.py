@@ -1,0 +1,150 @@
+"""Browser tests: Debian's Chromium driven by Playwright against one `nebula up` per module."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from support import PASSWORD, NebulaUp
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, BrowserContext, Page
+
+REPO = Path(__file__).resolve().parents[2]
+DIST = REPO / "frontend" / "dist"
+SCREENSHOTS = REPO / "docs" / "screenshots"
+CHROMIUM = os.environ.get("NEBULA_TEST_CHROMIUM", "/usr/bin/chromium")
+REQUIRE_SERVICES = os.environ.get("NEBULA_TEST_REQUIRE_SERVICES") == "1"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+def unavailable(message: str) -> None:
+    """Skip with a clear reason, or fail when CI requires every part (as tests/conftest.py does)."""
+    if REQUIRE_SERVICES:
+        pytest.fail(message + " and NEBULA_TEST_REQUIRE_SERVICES=1", pytrace=False)
+    pytest.skip(message + "; set NEBULA_TEST_REQUIRE_SERVICES=1 to make this an error")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless; no browser download."""
+    if not (DIST / "index.html").is_file():
+        unavailable(
+            f"the web UI is not built ({DIST / 'index.html'} is missing): run `make frontend`"
+        )
+    if not (Path(CHROMIUM).is_file() and os.access(CHROMIUM, os.X_OK)) and not shutil.which(
+        CHROMIUM
+    ):
+        unavailable(f"Chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:
+        unavailable(f"the playwright package is not installed ({exc})")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield chromium
+        chromium.close()
+
+
+@dataclass
+class User:
+    id: str
+    email: str
+    role: str
+    password: str = PASSWORD
+
+
+class Site:
+    """A running `nebula up`, its admin's API client, and browser pages signed in as anyone."""
+
+    DESKTOP = DESKTOP
+    PHONE = PHONE
+
+    def __init__(self, up: NebulaUp, browser: Browser) -> None:
+        self.up = up
+        self.url = up.url
+        self.browser = browser
+        self.api = httpx.Client(base_url=f"{up.url}/api/v1", timeout=30)
+        login = self.api.post("/auth/login", json=up.admin)
+        assert login.status_code == 200, login.text
+        self.admin_headers = {"Authorization": f"Bearer {login.json()['token']}"}
+        self.admin = User(
+            id=login.json()["user"]["id"],
+            email=up.admin["email"],
+            role="admin",
+            password=up.admin["password"],
+        )
+        self.contexts: list[BrowserContext] = []
+
+    def make_user(self, name: str, role: str = "member") -> User:
+        """A user made through the REST API by the admin, as an operator would."""
+        email = f"{name}@example.org"
+        answer = self.api.post(
+            "/users",
+            headers=self.admin_headers,
+            json={"email": email, "display_name": name.title(), "role": role, "password": PASSWORD},
+        )
+        assert answer.status_code == 201, answer.text
+        return User(id=answer.json()["id"], email=email, role=role)
+
+    def bearer(self, user: User) -> dict[str, str]:
+        answer = self.api.post("/auth/login", json={"email": user.email, "password": user.password})
+        assert answer.status_code == 200, answer.text
+        return {"Authorization": f"Bearer {answer.json()['token']}"}
+
+    def page(self, viewport: dict[str, int] | None = None) -> Page:
+        """A fresh browser context (its own cookies) at a fixed viewport."""
+        context = self.browser.new_context(
+            viewport=viewport or DESKTOP,
+            base_url=self.url,
+            locale="en-GB",
+            timezone_id="UTC",
+            color_scheme="light",
+        )
+        context.set_default_timeout(15_000)
+        self.contexts.append(context)
+        return context.new_page()
+
+    def sign_in(self, user: User, viewport: dict[str, int] | None = None) -> Page:
+        """A page signed in through the sign-in form."""
+        page = self.page(viewport)
+        page.goto("/")
+        page.get_by_label("Email").fill(user.email)
+        page.get_by_label("Password").fill(user.password)
+        page.get_by_role("button", name="Sign in").click()
+        page.locator("nav").get_by_text(user.email).wait_for(state="attached")
+        return page
+
+    def screenshot(self, page: Page, name: str, **options: Any) -> Path:
+        """Writes docs/screenshots/<name>.png once fonts have loaded."""
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOTS / f"{name}.png"
+        page.evaluate("document.fonts.ready")
+        page.screenshot(path=str(path), animations="disabled", caret="hide", **options)
+        return path
+
+    def close(self) -> None:
+        for context in self.contexts:
+            context.close()
+        self.api.close()
+
+
+@pytest.fixture(scope="module")
+def site(browser: Browser, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    with NebulaUp(tmp_path_factory.mktemp("e2e") / "site") as up:
+        running = Site(up, browser)
+        try:
+            yield running
+        finally:
+            running.close()
