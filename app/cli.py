@@ -267,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # third-party chatter that says nothing a user needs at INFO
+    for noisy in ("alembic", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     run: Callable[[argparse.Namespace, Settings], int] = args.run
     return run(args, settings)
 

@@ -15,6 +15,7 @@ from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError
 from app.jobs.dispatch import Reaper
 from app.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
+from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
 
 log = logging.getLogger("nebula")
@@ -27,6 +28,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ensure_platform_keys(app.state.sessionmaker, settings)
         reaper = Reaper(app.state.sessionmaker, settings).start() if settings.run_reaper else None
         try:
             yield

@@ -171,8 +171,19 @@ def _wait_for(check: object, what: str, timeout: float = 60.0) -> None:
     raise SystemExit(f"{what} did not come up within {timeout:.0f} s (see the logs under var/logs)")
 
 
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            raise SystemExit(
+                f"port {port} on {host} is taken; choose another with --port"
+            ) from None
+
+
 def up(settings: Settings, *, host: str, port: int) -> int:
     """Run everything until interrupted."""
+    _check_port_free(host, port)
     settings.var_dir.mkdir(parents=True, exist_ok=True)
     settings.secret()
     upgrade(settings.resolved_database_url)

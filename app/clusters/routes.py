@@ -108,9 +108,10 @@ def list_certificates(
     status_code=status.HTTP_201_CREATED,
 )
 def create_enrollment_token(
-    cluster_id: str, body: EnrollmentTokenIn, caller: AdminDep, db: SessionDep
+    cluster_id: str, caller: AdminDep, db: SessionDep, body: EnrollmentTokenIn | None = None
 ) -> EnrollmentTokenOut:
     """A single-use, expiring token for `nebula switch --enroll-token`; shown once."""
+    body = body or EnrollmentTokenIn()
     cluster = service.get(db, cluster_id=cluster_id)
     row, secret = pki.create_enrollment_token(
         db, actor=caller.actor, cluster=cluster, ttl=timedelta(minutes=body.expires_in_minutes)

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.accounts import tokens
 from app.audit import service as audit
@@ -47,46 +47,54 @@ _cache: dict[tuple[str, str], PlatformKeys] = {}
 _cache_lock = threading.Lock()
 
 
-def _load_or_create(db: Session, name: str, secret: bytes) -> PlatformKey:
-    row = db.get(PlatformKey, name)
-    if row is not None:
-        return row
+def _new_key_row(name: str, secret: bytes) -> PlatformKey:
     if name == ROOT_CA:
         key, cert = ca.create_root_ca("Nebula platform root CA")
-        row = PlatformKey(
+        return PlatformKey(
             name=name,
             encrypted_key=ca.encrypt_private_key(key, secret),
             certificate_pem=ca.certificate_pem(cert).decode(),
         )
-    else:
-        row = PlatformKey(
-            name=name, encrypted_key=ca.encrypt_private_key(ca.make_job_token_key(), secret)
-        )
-    db.add(row)
-    try:
-        db.commit()
-    except IntegrityError:  # another process created it first: use theirs
-        db.rollback()
-        existing = db.get(PlatformKey, name)
-        assert existing is not None
-        return existing
-    audit.record(
-        db, actor=audit.SYSTEM, action="pki.key.create", subject_type="key", subject_id=name
+    return PlatformKey(
+        name=name, encrypted_key=ca.encrypt_private_key(ca.make_job_token_key(), secret)
     )
-    db.commit()
-    return row
+
+
+def ensure_platform_keys(factory: sessionmaker[Session], settings: Settings) -> None:
+    """Make the CA and job-token keys if they do not exist yet (at start-up, in a session of
+    its own: a key must be durable before anything is signed with it)."""
+    secret = settings.secret()
+    for name in (ROOT_CA, JOB_TOKEN_KEY):
+        with factory() as db:
+            if db.get(PlatformKey, name) is not None:
+                continue
+            db.add(_new_key_row(name, secret))
+            try:
+                db.flush()
+            except IntegrityError:  # another process made it first: keep theirs
+                db.rollback()
+                continue
+            audit.record(
+                db,
+                actor=audit.SYSTEM,
+                action="pki.key.create",
+                subject_type="key",
+                subject_id=name,
+            )
+            db.commit()
 
 
 def platform_keys(db: Session, settings: Settings) -> PlatformKeys:
-    """The platform's keys, made on first use, decrypted once per process."""
+    """The platform's keys, decrypted once per process (made at start-up)."""
     secret = settings.secret()
     cache_key = (settings.resolved_database_url, hashlib.sha256(secret).hexdigest())
     with _cache_lock:
         cached = _cache.get(cache_key)
     if cached is not None:
         return cached
-    ca_row = _load_or_create(db, ROOT_CA, secret)
-    job_row = _load_or_create(db, JOB_TOKEN_KEY, secret)
+    ca_row, job_row = db.get(PlatformKey, ROOT_CA), db.get(PlatformKey, JOB_TOKEN_KEY)
+    if ca_row is None or job_row is None:
+        raise RuntimeError("the platform keys are missing; the app makes them at start-up")
     ca_key = ca.load_encrypted_private_key(ca_row.encrypted_key, secret)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey) and ca_row.certificate_pem
     job_key = ca.load_job_token_private_key(job_row.encrypted_key, secret)

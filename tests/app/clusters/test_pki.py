@@ -86,9 +86,11 @@ def test_the_ca_signs_a_csr_and_never_sees_the_key(client: TestClient, platform:
 def test_enrollment_token_is_single_use_and_expires(client: TestClient, platform: Platform) -> None:
     admin = platform.user(Role.admin)
     cluster = _cluster(client, admin)
-    token = client.post(
-        f"/api/v1/clusters/{cluster['id']}/enrollment-tokens", json={}, headers=admin.headers
-    ).json()["token"]
+    minted = client.post(
+        f"/api/v1/clusters/{cluster['id']}/enrollment-tokens", headers=admin.headers
+    )
+    assert minted.status_code == 201  # no body: the default lifetime
+    token = minted.json()["token"]
     _key, csr = make_switch_key_and_csr("cluster-a")
     first = client.post("/api/v1/pki/enroll", json={"token": token, "csr_pem": csr.decode()})
     assert first.status_code == 201
