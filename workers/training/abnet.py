@@ -8,9 +8,10 @@ with Adapters") keeps two pre-trained models frozen and trains only adapters:
 - cluster T (decoder): the target-language PLM with the same adapters plus,
   in every layer, a cross-attention adapter (multi-head attention over the
   encoder output, feed-forward, layer norms, residuals), a length predictor and
-  an output head over the PLM's frozen embeddings. Training is conditional MLM
-  (Mask-Predict: mask 1..L target tokens, predict them); inference is
-  mask-predict iterative decoding over the top length candidates.
+  a new output layer (the PLM, a discriminator, has no language-model head).
+  Training is conditional MLM (Mask-Predict: mask 1..L target tokens, predict
+  them); inference is mask-predict iterative decoding over the top length
+  candidates.
 
 The last encoder layer's activations go S -> T through the forward codec,
 their gradients T -> S through the backward codec (spec strings of
@@ -26,6 +27,7 @@ equals it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -75,11 +77,11 @@ class AbnetConfig:
 
     adapter_dim: int = 256  # bottleneck; wider than the tiny PLM: adapters carry the new task
     cross_heads: int = 4
-    src_len: int = 32  # the demo sentences are under 30 WordPiece tokens
-    tgt_len: int = 32
+    src_len: int = 24  # at most the PLM's positions; demo sentences have at most 17 tokens
+    tgt_len: int = 24
     batch_size: int = 32  # sentence pairs per micro-batch
     micro_batches: int = 2  # per optimizer step; S computes k+1 while T works on k
-    steps: int = 400
+    steps: int = 250
     lr: float = 2e-3  # adapters start as identities; a high rate is safe on the demo
     warmup_steps: int = 40
     weight_decay: float = 0.01
@@ -223,9 +225,9 @@ class AdaptedEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         x = self.plm.embed(ids)  # (B, S, C)
         for block, a1, a2 in zip(self.plm.layers(), self.after_attn, self.after_ffn, strict=True):
-            x = block.ln1(x + a1(block.attention(x, valid)))
-            x = block.ln2(x + a2(block.feed_forward(x)))
-        return x  # (B, S, C): what crosses to cluster T
+            x = x + a1(block.attention(block.ln1(x), valid))
+            x = x + a2(block.feed_forward(block.ln2(x)))
+        return self.plm.ln_f(x)  # (B, S, C): what crosses to cluster T
 
 
 class AdaptedDecoder(nn.Module):
@@ -241,9 +243,10 @@ class AdaptedDecoder(nn.Module):
         )
         self.after_ffn = nn.ModuleList(Adapter(d, a, cfg.dropout) for _ in range(n))
         self.length = nn.Linear(d_src, cfg.tgt_len + 1)  # number of target tokens, 0..tgt_len
+        # a new output layer: the PLM is a discriminator and has no language-model head
         self.head_dense = nn.Linear(d, d)
         self.head_ln = nn.LayerNorm(d)
-        self.head_bias = nn.Parameter(torch.zeros(plm.cfg.vocab_size))
+        self.head_out = nn.Linear(d, plm.cfg.vocab_size)
 
     def train(self, mode: bool = True) -> AdaptedDecoder:
         super().train(mode)
@@ -260,11 +263,11 @@ class AdaptedDecoder(nn.Module):
         x = self.plm.embed(ids)  # (B, T, C)
         layers = zip(self.plm.layers(), self.after_attn, self.cross, self.after_ffn, strict=True)
         for block, a1, cross, a2 in layers:
-            x = block.ln1(x + a1(block.attention(x, valid)))
+            x = x + a1(block.attention(block.ln1(x), valid))
             x = cross(x, memory, memory_valid)  # memory (B, S, C_src)
-            x = block.ln2(x + a2(block.feed_forward(x)))
-        h = self.head_ln(F.gelu(self.head_dense(x)))
-        return h @ self.plm.embed.tok.weight.T + self.head_bias  # (B, T, V), frozen embeddings
+            x = x + a2(block.feed_forward(block.ln2(x)))
+        h = self.head_ln(F.gelu(self.head_dense(self.plm.ln_f(x))))
+        return self.head_out(h)  # (B, T, V)
 
     def predict_length(self, memory: torch.Tensor, memory_valid: torch.Tensor) -> torch.Tensor:
         """Logits over target lengths from the mean-pooled encoder output: (B, tgt_len + 1)."""
@@ -294,6 +297,13 @@ def _check_lines(lines: Sequence[str], what: str) -> list[str]:
     return out
 
 
+def _check_length(length: int, plm: PretrainedModel) -> None:
+    if length > plm.config.max_len:
+        raise ValueError(
+            f"sequence length {length} exceeds the PLM's {plm.config.max_len} positions"
+        )
+
+
 class EncoderSide:
     """S's adapted encoder, optimizer and dropout stream."""
 
@@ -307,6 +317,7 @@ class EncoderSide:
     ) -> None:
         self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
         self.tokenizer = plm.tokenizer
+        _check_length(cfg.src_len, plm)
         self.data = encode_lines(plm.tokenizer, lines, cfg.src_len)  # (N, S)
         self.model = AdaptedEncoder(plm.discriminator.body, cfg)
         _init_adapters(self.model, torch.Generator().manual_seed(seed + 10))
@@ -369,6 +380,7 @@ class DecoderSide:
     ) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         self.tokenizer = plm.tokenizer
+        _check_length(cfg.tgt_len, plm)
         self.data = encode_lines(plm.tokenizer, lines, cfg.tgt_len)  # (N, T)
         self.model = AdaptedDecoder(plm.discriminator.body, d_src, cfg)
         _init_adapters(self.model, torch.Generator().manual_seed(seed + 20))
@@ -408,7 +420,11 @@ class DecoderSide:
             acc = (logits[masked].argmax(-1) == ids[masked]).float().mean()
         assert memory.grad is not None
         stats = DecoderStats(
-            float(loss.detach()), float(token_loss.detach()), float(length_loss.detach()), float(acc), int(masked.sum())
+            float(loss.detach()),
+            float(token_loss.detach()),
+            float(length_loss.detach()),
+            float(acc),
+            int(masked.sum()),
         )
         return memory.grad, stats
 
@@ -472,6 +488,9 @@ class DecoderSide:
         return out
 
 
+_JOINED_PUNCTUATION = re.compile(r" ?([-'\u2019]) ?")
+
+
 def _prefix_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
     """(B, width) bool, True at the first lengths[b] positions."""
     return torch.arange(width, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
@@ -479,7 +498,9 @@ def _prefix_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
 
 def decode_text(tok: Tokenizer, ids: Sequence[int]) -> str:
     """Detokenized text of token ids, special tokens dropped."""
-    return str(tok.decode(list(ids), skip_special_tokens=True))
+    text = str(tok.decode(list(ids), skip_special_tokens=True))
+    # the pre-tokenizer split "forty-three" and "Ana's" at the punctuation; join them back
+    return _JOINED_PUNCTUATION.sub(r"\1", text)
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:

@@ -1,8 +1,12 @@
 """A BERT-style bidirectional transformer: the body of both ELECTRA models and of ABNet's PLMs.
 
-Post-layer-norm blocks as in BERT and ELECTRA. Each block exposes its two
-sub-layers (`attention`, `feed_forward`) so ABNet can insert adapters after
-them without copying the block.
+Pre-layer-norm blocks (x + f(LN(x)), one final norm), not BERT's post-LN:
+trained from scratch at a high rate for a few hundred steps, post-LN bodies
+learnt the replaced-token rate by making every position's output alike, which
+left ABNet nothing to adapt; the pre-LN residual stream keeps each token's
+identity. Each block exposes its two sub-layers (`attention`,
+`feed_forward`) so ABNet can insert adapters after them without copying the
+block.
 
 Randomness never comes from torch's global generator: dropout draws from a
 `torch.Generator` that the owner installs with `set_dropout_generator`, and
@@ -46,7 +50,7 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        keep = torch.empty_like(x).bernoulli_(1.0 - self.p, generator=self.generator)
+        keep = torch.rand(x.shape, generator=self.generator, device=x.device) >= self.p
         return x * keep / (1.0 - self.p)
 
 
@@ -98,7 +102,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """One post-LN transformer block: x = LN(x + attn(x)); x = LN(x + ffn(x))."""
+    """One pre-LN transformer block: x = x + attn(LN(x)); x = x + ffn(LN(x))."""
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
@@ -111,16 +115,16 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
     def attention(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """The self-attention sub-layer's output, before residual and norm."""
+        """The self-attention sub-layer's output on normed input, before the residual."""
         return self.attn_drop(self.attn(x, x, valid))
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The feed-forward sub-layer's output, before residual and norm."""
+        """The feed-forward sub-layer's output on normed input, before the residual."""
         return self.ff_drop(self.ff_out(F.gelu(self.ff_in(x))))
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        x = self.ln1(x + self.attention(x, valid))  # (B, T, C)
-        return self.ln2(x + self.feed_forward(x))
+        x = x + self.attention(self.ln1(x), valid)  # (B, T, C)
+        return x + self.feed_forward(self.ln2(x))
 
 
 class Embeddings(nn.Module):
@@ -140,13 +144,14 @@ class Embeddings(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Embeddings and a stack of blocks: ids (B, T) -> hidden states (B, T, C)."""
+    """Embeddings, a stack of blocks, a final norm: ids (B, T) -> hidden states (B, T, C)."""
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.embed = Embeddings(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
 
     def layers(self) -> list[Block]:
         """The blocks, typed (ABNet wraps each one's sub-layers)."""
@@ -156,7 +161,7 @@ class Encoder(nn.Module):
         x = self.embed(ids)  # (B, T, C)
         for block in self.blocks:
             x = block(x, valid)
-        return x
+        return self.ln_f(x)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -115,7 +115,7 @@ def _demo_pair(rng: random.Random) -> tuple[str, str]:
     if template == 8:
         return (
             f"{art} {es_sg} {col_es} está en la {place_es}.",
-            f"the {en_sg} {col_en} is in the {place_en}.",
+            f"the {col_en} {en_sg} is in the {place_en}.",
         )
     return (
         f"el {day_es} {name} vio {_es(n)} {es_pl} en {city}.",

@@ -93,7 +93,7 @@ class ElectraConfig:
 
     # data
     vocab_size: int = 2048  # WordPiece vocabulary trained on the job's own text
-    seq_len: int = 32  # the demo sentences are under 30 WordPiece tokens
+    seq_len: int = 24  # the demo sentences are at most 17 WordPiece tokens
     batch_size: int = 32  # sequences per micro-batch, i.e. per discriminator replica
     n_discriminators: int = 1  # data-parallel replicas on the discriminator's cluster
     mask_prob: float = 0.15  # BERT's and ELECTRA's
@@ -109,10 +109,10 @@ class ElectraConfig:
     disc_d_ff: int = 512
     dropout: float = 0.1  # ELECTRA's
     # optimisation (AdamW, linear warm-up then decay)
-    steps: int = 300
+    steps: int = 600
     lr_generator: float = 1e-3  # small models on small data tolerate a high rate
     lr_discriminator: float = 1e-3
-    warmup_steps: int = 30
+    warmup_steps: int = 50
     weight_decay: float = 0.01  # ELECTRA's
     # runtime
     ckpt_every: int = 100
