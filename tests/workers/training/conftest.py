@@ -1,0 +1,257 @@
+"""Fixtures for the training tests: the demo corpus, link pairs (in-process or real switches), roles in threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from app.pki import ca
+from workers.switch.client import SwitchLink
+from workers.switch.link import Link, LocalLink, Payload
+from workers.switch.server import Switch, SwitchConfig, crl_from_file
+from workers.switch.shaper import ShaperConfig
+from workers.training.data import write_demo_corpus
+from workers.training.electra import (
+    ElectraConfig,
+    run_electra_discriminator,
+    run_electra_generator,
+)
+from workers.training.runtime import RoleResult
+
+LinkPairs = Callable[[str, str], tuple[Link, Link]]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_per_role() -> Iterator[None]:
+    """Two roles run side by side on a shared 2-core machine: one intra-op thread each."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo corpus, written once per test session."""
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="session")
+def text_lines(corpus: dict[str, Path]) -> list[str]:
+    """All lines of the demo's mixed es/en text."""
+    return corpus["text"].read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="session")
+def pairs(corpus: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
+    """Source and target sides of each parallel split."""
+    out = {}
+    for split in ("train", "valid", "test"):
+        rows = corpus[f"parallel.{split}"].read_text(encoding="utf-8").splitlines()
+        out[split] = ([r.split("\t")[0] for r in rows], [r.split("\t")[1] for r in rows])
+    return out
+
+
+# ---------------------------------------------------------------- links
+
+
+class _Switches:
+    """Two switches on loopback with mutual TLS, certificates from a throwaway CA."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.ca_key, ca_cert = ca.create_root_ca("Training test CA")
+        self.ca_cert = ca_cert
+        self.ca_path = root / "ca.pem"
+        self.ca_path.write_bytes(ca.certificate_pem(ca_cert))
+        crl = ca.build_crl(
+            self.ca_key, ca_cert, [], next_update=datetime.now(UTC) + timedelta(days=1)
+        )  # type: ignore[arg-type]
+        (root / "crl.pem").write_bytes(crl)
+        self.token_key = ca.make_job_token_key()
+        self.switches = [self._start(root, name) for name in ("cluster-a", "cluster-b")]
+        a, b = self.switches
+        b.add_peer("cluster-a", a.peer_address)
+        a.add_peer("cluster-b", b.peer_address)
+
+    def _start(self, root: Path, cluster: str) -> Switch:
+        key_pem, csr = ca.make_switch_key_and_csr(cluster)
+        serial = ca.new_serial()
+        cert = ca.sign_csr(self.ca_key, self.ca_cert, csr, cluster_name=cluster, serial=serial)  # type: ignore[arg-type]
+        key_path, cert_path = root / f"{cluster}.key", root / f"{cluster}.crt"
+        key_path.write_bytes(key_pem)
+        cert_path.write_bytes(cert)
+        cfg = SwitchConfig(
+            cluster=cluster,
+            key_path=key_path,
+            cert_path=cert_path,
+            ca_path=self.ca_path,
+            crl_source=crl_from_file(root / "crl.pem"),
+            job_token_public_key=ca.job_token_public_key_pem(self.token_key),
+            crl_refresh_s=3600,
+            backoff_initial_s=0.01,
+            backoff_max_s=0.2,
+            shaper=ShaperConfig(rate_mbit=None),
+        )
+        return Switch(cfg).start()
+
+    def link(self, side: int, job: str, role: str, peer: str) -> SwitchLink:
+        switch = self.switches[side]
+        token = ca.sign_job_token(
+            self.token_key,
+            job_id=job,
+            role=role,
+            cluster=switch.cluster,
+            expires_at=time.time() + 600,
+        )  # type: ignore[arg-type]
+        return SwitchLink(
+            switch.worker_address,
+            ca_path=self.ca_path,
+            token=token,
+            job_id=job,
+            role=role,
+            peer_role=peer,
+        )
+
+    def stop(self) -> None:
+        for s in self.switches:
+            s.stop()
+
+
+@pytest.fixture(params=["local", "switch"])
+def link_pairs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LinkPairs]:
+    """`connect(role_a, role_b)`: two connected Links, in-process or through two real switches."""
+    opened: list[Link] = []
+    switches = _Switches(tmp_path / "pki") if request.param == "switch" else None
+    counter = iter(range(1_000_000))
+
+    def connect(role_a: str, role_b: str) -> tuple[Link, Link]:
+        if switches is None:
+            a, b = LocalLink.pair()
+            opened.extend((a, b))
+            return a, b
+        job = f"job-{next(counter)}"
+        # the two ends connect concurrently: each waits for its peer role
+        ends: dict[int, Link] = {}
+
+        def open_end(side: int, role: str, peer: str) -> None:
+            ends[side] = switches.link(side, job, role, peer)
+
+        threads = [
+            threading.Thread(target=open_end, args=(0, role_a, role_b)),
+            threading.Thread(target=open_end, args=(1, role_b, role_a)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        opened.extend((ends[0], ends[1]))
+        return ends[0], ends[1]
+
+    yield connect
+    for link in opened:
+        link.close()
+    if switches is not None:
+        switches.stop()
+
+
+@pytest.fixture
+def local_links() -> LinkPairs:
+    """`connect(role_a, role_b)`: an in-process pair."""
+    return lambda _a, _b: LocalLink.pair()
+
+
+class RecordingLink:
+    """A Link that keeps a copy of everything it carried, for assertions on what crossed."""
+
+    def __init__(self, inner: Link) -> None:
+        self.inner = inner
+        self.sent: list[tuple[str, Payload]] = []
+        self.received: list[tuple[str, Payload]] = []
+
+    def send(self, channel: str, payload: Payload) -> None:
+        self.sent.append((channel, payload))
+        self.inner.send(channel, payload)
+
+    def recv(self, channel: str, timeout: float | None = None) -> Payload:
+        payload = self.inner.recv(channel, timeout)
+        self.received.append((channel, payload))
+        return payload
+
+    def bytes_sent(self) -> dict[str, int]:
+        return self.inner.bytes_sent()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# ---------------------------------------------------------------- roles in threads
+
+
+@dataclass
+class Outcome:
+    """Results (or errors) of two roles run side by side."""
+
+    a: Any
+    b: Any
+
+
+def run_pair(role_a: Callable[[], Any], role_b: Callable[[], Any], timeout: float = 900) -> Outcome:
+    """Run two role functions in two threads, as two clusters would; re-raise their errors."""
+    results: dict[str, Any] = {}
+    errors: dict[str, BaseException] = {}
+
+    def wrap(name: str, fn: Callable[[], Any]) -> None:
+        try:
+            results[name] = fn()
+        except BaseException as exc:
+            errors[name] = exc
+
+    threads = [
+        threading.Thread(target=wrap, args=("a", role_a), daemon=True),
+        threading.Thread(target=wrap, args=("b", role_b), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a role did not finish"
+    for name, exc in errors.items():
+        raise AssertionError(f"role {name} failed: {exc!r}") from exc
+    return Outcome(results["a"], results["b"])
+
+
+@pytest.fixture
+def run_roles() -> Callable[..., Outcome]:
+    """`run_roles(fn_a, fn_b)`: run two role functions side by side; re-raise their errors."""
+    return run_pair
+
+
+@pytest.fixture
+def recording() -> type[RecordingLink]:
+    """The RecordingLink class (a Link wrapper that keeps what it carried)."""
+    return RecordingLink
+
+
+@pytest.fixture(scope="session")
+def tiny_electra(
+    tmp_path_factory: pytest.TempPathFactory, text_lines: list[str]
+) -> tuple[RoleResult, RoleResult]:
+    """The `tiny` preset trained on the demo text by the two roles (shared by the slow tests)."""
+    torch.set_num_threads(1)
+    cfg = ElectraConfig.tiny()
+    root = tmp_path_factory.mktemp("tiny-electra")
+    g_link, d_link = LocalLink.pair()
+    out = run_pair(
+        lambda: run_electra_generator(cfg, g_link, text_lines, root / "g", seed=1),
+        lambda: run_electra_discriminator(cfg, d_link, text_lines, root / "d", seed=1),
+    )
+    return out.a, out.b
