@@ -1,0 +1,278 @@
+"""Scenario-II: split ABNet against the single-process reference, frozen PLMs, what crosses, BLEU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from workers.switch.link import Link
+from workers.training.abnet import (
+    ACT,
+    GRAD,
+    HELLO,
+    META,
+    SYNC,
+    AbnetConfig,
+    abnet_preset,
+    bleu,
+    run_abnet_decoder,
+    run_abnet_encoder,
+    train_abnet_local,
+)
+from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
+from workers.training.runtime import Hooks, RawFloat32Codec, RoleResult, unpack_message
+
+SEED = 5
+LinkPairs = Callable[[str, str], tuple[Link, Link]]
+RunRoles = Callable[..., Any]
+Pairs = dict[str, tuple[list[str], list[str]]]
+
+
+@pytest.fixture(scope="module")
+def plm(text_lines: list[str]) -> bytes:
+    """A briefly trained multilingual discriminator: enough to exercise the split runtime."""
+    cfg = ElectraConfig.tiny(steps=3, batch_size=8, warmup_steps=1)
+    run = train_electra_local(cfg, text_lines[:400], seed=1)
+    return export_pretrained(run.discriminator.model, run.tokenizer)
+
+
+def small(**overrides: object) -> AbnetConfig:
+    base: dict[str, object] = dict(
+        steps=20,
+        batch_size=8,
+        micro_batches=2,
+        adapter_dim=32,
+        warmup_steps=5,
+        ckpt_every=10,
+        forward_codec="none",
+        backward_codec="none",
+        eval_batch_size=8,
+    )
+    base.update(overrides)
+    return AbnetConfig.tiny(**base)
+
+
+def split_run(
+    run_roles: RunRoles,
+    cfg: AbnetConfig,
+    links: tuple[Any, Any],
+    plm: bytes,
+    pairs: Pairs,
+    root: Path,
+    *,
+    n_train: int = 200,
+    n_eval: int = 0,
+    s_hooks: Hooks | None = None,
+    t_hooks: Hooks | None = None,
+    target_plm: bytes | None = None,
+) -> tuple[RoleResult, RoleResult]:
+    src, tgt = pairs["train"][0][:n_train], pairs["train"][1][:n_train]
+    eval_src = pairs["test"][0][:n_eval] if n_eval else None
+    eval_tgt = pairs["test"][1][:n_eval] if n_eval else None
+    s_link, t_link = links
+    out = run_roles(
+        lambda: run_abnet_encoder(
+            cfg, s_link, src, plm, root / "s", s_hooks, eval_source_lines=eval_src, seed=SEED
+        ),
+        lambda: run_abnet_decoder(
+            cfg,
+            t_link,
+            tgt,
+            target_plm or plm,
+            root / "t",
+            t_hooks,
+            eval_target_lines=eval_tgt,
+            seed=SEED,
+        ),
+    )
+    return out.a, out.b
+
+
+def test_split_run_equals_single_process_reference(
+    link_pairs: LinkPairs, run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    cfg = small()
+    links = link_pairs("encoder", "decoder")
+    s, t = split_run(run_roles, cfg, links, plm, pairs, tmp_path, n_eval=16)
+    assert (s.last_step, t.last_step) == (20, 20)
+
+    ref = train_abnet_local(
+        cfg,
+        plm,
+        plm,
+        pairs["train"][0][:200],
+        pairs["train"][1][:200],
+        eval_source_lines=pairs["test"][0][:16],
+        eval_target_lines=pairs["test"][1][:16],
+        seed=SEED,
+    )
+    for step, (r, h) in enumerate(zip(ref.history, t.history, strict=True), 1):
+        for key in ("loss", "token_loss", "length_loss", "token_accuracy"):
+            assert abs(r[key] - h[key]) <= 1e-6, (step, key)
+    assert ref.bleu == t.extra["bleu"] == pytest.approx(s.extra["bleu"], abs=1e-4)
+
+    for result, side in ((s, ref.encoder.model), (t, ref.decoder.model)):
+        assert result.artifact is not None
+        saved = load_file(str(result.artifact))
+        trained = {n: p for n, p in side.named_parameters() if p.requires_grad}
+        assert saved.keys() == trained.keys()
+        for name, p in trained.items():
+            torch.testing.assert_close(saved[name], p.detach(), rtol=0, atol=1e-6, msg=name)
+
+
+def test_only_adapters_change(plm: bytes, pairs: Pairs) -> None:
+    from workers.training.electra import load_pretrained
+
+    cfg = small(steps=5)
+    ref = train_abnet_local(cfg, plm, plm, pairs["train"][0][:100], pairs["train"][1][:100])
+    pristine = load_pretrained(plm).discriminator.body.state_dict()
+    for side in (ref.encoder.model, ref.decoder.model):
+        frozen = side.plm.state_dict()
+        assert frozen.keys() == pristine.keys()
+        for key, value in frozen.items():
+            assert torch.equal(value, pristine[key]), key  # bit-identical
+        assert all(not p.requires_grad for p in side.plm.parameters())
+    # the decoder's adapters did move (the up-projections start at zero)
+    up = ref.decoder.model.after_ffn[0].up.weight
+    assert float(up.detach().abs().max()) > 0
+
+
+def test_neither_cluster_receives_the_other_sides_tokens(
+    link_pairs: LinkPairs,
+    run_roles: RunRoles,
+    recording: type,
+    plm: bytes,
+    pairs: Pairs,
+    tmp_path: Path,
+) -> None:
+    cfg = small(steps=4, forward_codec="fp16", backward_codec="int8")
+    s_inner, t_inner = link_pairs("encoder", "decoder")
+    s_link, t_link = recording(s_inner), recording(t_inner)
+    n = 64
+    _, t = split_run(run_roles, cfg, (s_link, t_link), plm, pairs, tmp_path, n_train=n, n_eval=8)
+    assert t.last_step == 4
+
+    src_text = pairs["train"][0][:n] + pairs["test"][0][:8]
+    tgt_text = pairs["train"][1][:n] + pairs["test"][1][:8]
+    # words only one side has (names and cities are shared by both languages); five
+    # letters or more, so that float bytes cannot spell one by chance
+    src_vocab = {w.strip(".") for line in src_text for w in line.split()}
+    tgt_vocab = {w.strip(".") for line in tgt_text for w in line.split()}
+    src_words = {w for w in src_vocab - tgt_vocab if len(w.encode()) >= 5}
+    tgt_words = {w for w in tgt_vocab - src_vocab if len(w.encode()) >= 5}
+    assert len(src_words) > 20 and len(tgt_words) > 20
+
+    # what S received: the hello, gradients of its own activations, sync tensors
+    assert {ch for ch, _ in s_link.received} == {HELLO, GRAD, SYNC}
+    for ch, payload in s_link.received:
+        if ch == GRAD:
+            assert isinstance(payload, bytes)
+            from workers.compression import parse_spec
+
+            g = parse_spec("int8").decode(payload)
+            assert g.dtype == torch.float32 and g.shape[0] == cfg.batch_size
+        elif ch == SYNC:
+            assert isinstance(payload, torch.Tensor) and payload.numel() == 4
+        else:
+            assert isinstance(payload, bytes)
+            header, arrays = unpack_message(payload)
+            assert arrays == {}
+            assert set(header) == {"role", "config", "seed", "n_train", "n_eval", "checkpoints"}
+        assert not any(_contains(payload, w) for w in tgt_words)
+
+    # what T received: the hello, pair indices and source lengths, encoded activations
+    assert {ch for ch, _ in t_link.received} == {HELLO, META, ACT}
+    for ch, payload in t_link.received:
+        assert isinstance(payload, bytes)
+        if ch == META:
+            header, arrays = unpack_message(payload)
+            assert set(arrays) <= {"index", "src_len"}
+            assert all(a.dtype.kind == "u" for a in arrays.values())
+            if "src_len" in arrays:
+                assert int(arrays["src_len"].max()) <= cfg.src_len
+        assert not any(_contains(payload, w) for w in src_words)
+
+
+def _contains(payload: Any, word: str) -> bool:
+    raw = payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else payload
+    return word.encode("utf-8") in raw
+
+
+def test_resume_reproduces_the_uninterrupted_run(
+    run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    from workers.switch.link import LocalLink
+
+    cfg = small(steps=6, ckpt_every=3)
+    _, t_full = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, tmp_path / "full")
+
+    seen = {"step": 0}
+
+    def on_metrics(step: int, _values: dict[str, float]) -> None:
+        seen["step"] = step
+
+    stop = Hooks(on_metrics=on_metrics, should_stop=lambda: seen["step"] >= 3)
+    root = tmp_path / "cut"
+    s1, t1 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root, t_hooks=stop)
+    assert s1.stopped and t1.stopped and t1.last_step < 6
+    s2, t2 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root)
+    assert (s2.start_step, t2.start_step) == (3, 3)
+    assert [h["loss"] for h in t2.history] == [h["loss"] for h in t_full.history[3:]]
+    assert t2.artifact is not None
+    a, b = (
+        load_file(str(t2.artifact)),
+        load_file(str(tmp_path / "full" / "t" / "adapters.safetensors")),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_mismatched_sides_are_refused(
+    run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    from workers.switch.link import LocalLink
+
+    s_link, t_link = LocalLink.pair()
+    cfg = small(steps=2)
+    with pytest.raises(AssertionError, match="differ in length"):
+        run_roles(
+            lambda: run_abnet_encoder(cfg, s_link, pairs["train"][0][:50], plm, tmp_path / "s"),
+            lambda: run_abnet_decoder(cfg, t_link, pairs["train"][1][:40], plm, tmp_path / "t"),
+        )
+
+
+def test_codec_schedule_and_presets() -> None:
+    cfg = abnet_preset("tiny", compress_from_step=10)
+    assert cfg.codecs(9) == ("none", "none")
+    assert cfg.codecs(10) == ("fp16", "int8")
+    assert abnet_preset("paper").adapter_dim > cfg.adapter_dim
+    x = torch.randn(2, 3, 4)
+    assert torch.equal(RawFloat32Codec().decode(RawFloat32Codec().encode(x)), x)
+    assert bleu(["the cat is red."], ["the cat is red."]) == pytest.approx(100.0)
+    assert np.isclose(bleu(["a b c d"], ["w x y z"]), 0.0)
+
+
+@pytest.mark.slow
+def test_tiny_preset_translates_the_demo_test_split(
+    tiny_electra: tuple[RoleResult, RoleResult], run_roles: RunRoles, pairs: Pairs, tmp_path: Path
+) -> None:
+    """The demo's story: the ELECTRA job's discriminator, loaded on both sides, fine-tuned."""
+    from workers.switch.link import LocalLink
+
+    _, d = tiny_electra
+    assert d.artifact is not None
+    model = d.artifact.read_bytes()  # multilingual: source and target PLM are the same file
+    cfg = AbnetConfig.tiny()  # fp16 activations, int8 gradients
+    s, t = split_run(
+        run_roles, cfg, LocalLink.pair(), model, pairs, tmp_path, n_train=3000, n_eval=200
+    )
+    assert t.last_step == cfg.steps
+    losses = [h["loss"] for h in t.history]
+    assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:5]) / 5
+    assert t.extra["bleu"] > 5.0
+    assert s.extra["bleu"] == pytest.approx(t.extra["bleu"], abs=1e-3)
