@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import DateTime, MetaData, String, create_engine, event
+from sqlalchemy import ColumnElement, DateTime, MetaData, String, create_engine, event, func, select
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -93,3 +93,24 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     finally:
         db.rollback()
         db.close()
+
+
+ModelT = TypeVar("ModelT", bound=Base)
+
+
+def newest_first(
+    db: Session,
+    model: type[ModelT],
+    where: ColumnElement[bool] | None = None,
+    *,
+    limit: int,
+    offset: int,
+) -> tuple[list[ModelT], int]:
+    """One page of `model` rows matching `where`, newest first, and how many match in all."""
+    table = model.__table__
+    stmt, count = select(model), select(func.count()).select_from(table)
+    if where is not None:
+        stmt, count = stmt.where(where), count.where(where)
+    order = [table.c.created_at.desc(), *model.__mapper__.primary_key]
+    items = db.scalars(stmt.order_by(*order).limit(limit).offset(offset)).all()
+    return list(items), db.scalar(count) or 0

@@ -13,7 +13,7 @@ from app.accounts import passwords, tokens
 from app.accounts.models import AuthToken, LoginFailure, Role, TokenKind, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import utcnow
+from app.db import newest_first, utcnow
 from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
@@ -255,15 +255,7 @@ def list_api_tokens(
 ) -> tuple[list[AuthToken], int]:
     """The user's API tokens (never their secrets), newest first."""
     where = (AuthToken.user_id == user.id) & (AuthToken.kind == TokenKind.api)
-    total = db.scalar(select(func.count()).select_from(AuthToken).where(where)) or 0
-    items = db.scalars(
-        select(AuthToken)
-        .where(where)
-        .order_by(AuthToken.created_at.desc())
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, AuthToken, where, limit=limit, offset=offset)
 
 
 def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -> AuthToken:
@@ -278,11 +270,7 @@ def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -
 
 def list_users(db: Session, *, limit: int, offset: int) -> tuple[list[User], int]:
     """Every user, newest first."""
-    total = db.scalar(select(func.count()).select_from(User)) or 0
-    items = db.scalars(
-        select(User).order_by(User.created_at.desc(), User.id).limit(limit).offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, User, limit=limit, offset=offset)
 
 
 def get_user(db: Session, *, user_id: str) -> User:

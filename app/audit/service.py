@@ -82,7 +82,8 @@ def record(
         actor_id=actor.user_id,
         action=action,
         subject_type=subject_type,
-        subject_id=subject_id,
+        # ids come from URLs too: a forged, over-long one is still recorded, cut to the column
+        subject_id=subject_id[:64] if subject_id is not None else None,
         outcome=outcome,
         ip=actor.ip,
         details=details or {},

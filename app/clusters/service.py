@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.clusters.models import Certificate, Cluster, EnrollmentToken
+from app.db import newest_first
 from app.errors import Conflict, NotFound
 
 
@@ -45,11 +46,7 @@ def by_name(db: Session, *, name: str) -> Cluster | None:
 
 def list_all(db: Session, *, limit: int, offset: int) -> tuple[list[Cluster], int]:
     """Every cluster, newest first."""
-    total = db.scalar(select(func.count()).select_from(Cluster)) or 0
-    items = db.scalars(
-        select(Cluster).order_by(Cluster.created_at.desc(), Cluster.id).limit(limit).offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, Cluster, limit=limit, offset=offset)
 
 
 def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
@@ -75,12 +72,4 @@ def certificates(
 ) -> tuple[list[Certificate], int]:
     """Certificates of one cluster, newest first."""
     where = Certificate.cluster_id == cluster_id
-    total = db.scalar(select(func.count()).select_from(Certificate).where(where)) or 0
-    items = db.scalars(
-        select(Certificate)
-        .where(where)
-        .order_by(Certificate.created_at.desc())
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, Certificate, where, limit=limit, offset=offset)

@@ -14,7 +14,7 @@ from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
-from app.db import utcnow
+from app.db import newest_first, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import (
@@ -158,12 +158,7 @@ def list_for_workspace(
     db: Session, *, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Job], int]:
     """Jobs of a workspace, newest first."""
-    where = Job.workspace_id == workspace_id
-    total = db.scalar(select(func.count()).select_from(Job).where(where)) or 0
-    items = db.scalars(
-        select(Job).where(where).order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, Job, Job.workspace_id == workspace_id, limit=limit, offset=offset)
 
 
 def _finish(job: Job, status: JobStatus, error: str | None = None) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import new_id, utcnow
+from app.db import new_id, newest_first, utcnow
 from app.errors import Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
 from app.settings import Settings
@@ -296,15 +296,7 @@ def list_in_workspace(
     """The live datasets of one of the user's workspaces, newest first."""
     workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
     where = (Dataset.workspace_id == workspace.id) & Dataset.deleted_at.is_(None)
-    total = db.scalar(select(func.count()).select_from(Dataset).where(where)) or 0
-    items = db.scalars(
-        select(Dataset)
-        .where(where)
-        .order_by(Dataset.created_at.desc(), Dataset.id)
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, Dataset, where, limit=limit, offset=offset)
 
 
 def update(

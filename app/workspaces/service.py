@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import new_id
+from app.db import new_id, newest_first
 from app.errors import Conflict, Forbidden, NotFound
 from app.settings import Settings
 from app.workspaces import storage
@@ -77,16 +77,7 @@ def list_owned(
     db: Session, *, owner_id: str, limit: int, offset: int
 ) -> tuple[list[Workspace], int]:
     """Workspaces of one owner, newest first."""
-    where = Workspace.owner_id == owner_id
-    total = db.scalar(select(func.count()).select_from(Workspace).where(where)) or 0
-    items = db.scalars(
-        select(Workspace)
-        .where(where)
-        .order_by(Workspace.created_at.desc(), Workspace.id)
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    return list(items), total
+    return newest_first(db, Workspace, Workspace.owner_id == owner_id, limit=limit, offset=offset)
 
 
 def delete(db: Session, *, actor: Actor, workspace: Workspace) -> None:
