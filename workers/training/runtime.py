@@ -84,7 +84,7 @@ def pack_message(
     specs = []
     blobs = []
     for name, arr in (arrays or {}).items():
-        a = np.ascontiguousarray(arr)
+        a = np.asarray(arr, order="C")  # not ascontiguousarray: it turns 0-d into 1-d
         specs.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape)})
         blobs.append(a.tobytes())
     head = json.dumps({"h": dict(header), "a": specs}, separators=(",", ":")).encode()
@@ -105,7 +105,9 @@ def unpack_message(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         size = count * dtype.itemsize
         if offset + size > len(blob):
             raise ValueError("truncated training message")
-        arrays[spec["name"]] = np.frombuffer(blob, dtype, count, offset).reshape(spec["shape"])
+        arrays[spec["name"]] = np.frombuffer(blob, dtype, count, offset).reshape(
+            tuple(spec["shape"])
+        )
         offset += size
     if offset != len(blob):
         raise ValueError("trailing bytes in training message")
