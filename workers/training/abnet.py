@@ -98,6 +98,14 @@ class AbnetConfig:
     eval_batch_size: int = 100
     recv_timeout_s: float = 900.0
 
+    def __post_init__(self) -> None:
+        if min(self.batch_size, self.micro_batches, self.steps, self.ckpt_every) < 1:
+            raise ValueError("batch_size, micro_batches, steps and ckpt_every must be at least 1")
+        if min(self.src_len, self.tgt_len) < 3 or self.adapter_dim < 1:
+            raise ValueError("src_len and tgt_len must be at least 3, adapter_dim at least 1")
+        if self.decode_iterations < 1 or self.length_candidates < 1:
+            raise ValueError("decode_iterations and length_candidates must be at least 1")
+
     @classmethod
     def tiny(cls, **overrides: Any) -> AbnetConfig:
         """Reaches a clear BLEU on the demo corpus in a few CPU minutes (the defaults)."""

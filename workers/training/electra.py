@@ -28,11 +28,9 @@ methods in the same order.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -119,6 +117,17 @@ class ElectraConfig:
     keep_checkpoints: int = 3
     max_lag: int = 2  # steps G may run ahead of D's last sync: overlap, bounded memory
     recv_timeout_s: float = 900.0  # a peer silent this long is considered gone
+
+    def __post_init__(self) -> None:
+        if self.n_discriminators < 1 or self.batch_size < 1 or self.steps < 1:
+            raise ValueError("n_discriminators, batch_size and steps must be at least 1")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ValueError("mask_prob must lie strictly between 0 and 1")
+        if self.seq_len < 3 or self.ckpt_every < 1 or self.max_lag < 1:
+            raise ValueError("seq_len must be at least 3, ckpt_every and max_lag at least 1")
+        for d, h in ((self.gen_d_model, self.gen_heads), (self.disc_d_model, self.disc_heads)):
+            if h < 1 or d % h:
+                raise ValueError(f"width {d} is not a multiple of {h} heads")
 
     def generator_body(self, vocab_size: int) -> BertConfig:
         """Transformer size of the generator for a tokenizer of `vocab_size` ids."""
@@ -653,7 +662,9 @@ def run_electra_discriminator(
     start = resume_step(store.steps(), peer["checkpoints"])
     n = cfg.n_discriminators
 
-    with _replicas(cfg, n, seed, device, ckpt_dir, V, start) as group:
+    from workers.training.replicas import discriminator_replicas  # it imports this module
+
+    with discriminator_replicas(cfg, seed, device, ckpt_dir, V, start) as group:
         side = DiscriminatorSide(cfg, V, seed, group.device)
         if start:
             tensors, meta = store.load(start)
@@ -710,198 +721,6 @@ def run_electra_discriminator(
             tmp.replace(artifact)
             result.artifact = artifact
     return result
-
-
-# ---------------------------------------------------------------- data-parallel replicas
-
-
-class _ReplicaGroup:
-    """The root's view of the n discriminator replicas (n = 1: no process group at all)."""
-
-    def __init__(self, n: int, device: str) -> None:
-        self.n = n
-        self.device = "cuda:0" if device.startswith("cuda") and n > 1 else device
-
-    def train_step(
-        self, side: DiscriminatorSide, step: int, batches: list[CorruptedBatch]
-    ) -> tuple[float, float, int]:
-        """Train every replica on its micro-batch and average the gradients."""
-        if self.n == 1:
-            return side.train_micro(batches[0])
-        import torch.distributed as dist
-
-        control = torch.tensor([1, step], dtype=torch.long, device=self.device)
-        dist.broadcast(control, 0)
-        ids = torch.empty_like(batches[0].ids, device=self.device)
-        replaced = torch.empty(ids.shape, dtype=torch.uint8, device=self.device)
-        dist.scatter(ids, [b.ids.to(self.device) for b in batches], src=0)
-        dist.scatter(replaced, [b.replaced.to(self.device, torch.uint8) for b in batches], src=0)
-        return _replica_train(side, CorruptedBatch(ids, replaced.bool()), self.n)
-
-    def gather_rng(self, side: DiscriminatorSide) -> dict[str, torch.Tensor]:
-        """Every replica's dropout stream, for the root's checkpoint."""
-        if self.n == 1:
-            return {}
-        import torch.distributed as dist
-
-        control = torch.tensor([2, 0], dtype=torch.long, device=self.device)
-        dist.broadcast(control, 0)
-        states = _all_gather_rng(side, self.n)
-        return {f"rng.dropout.rank{r}": s for r, s in enumerate(states)}
-
-    def restore_rng(self, tensors: dict[str, torch.Tensor], side: DiscriminatorSide) -> None:
-        """Rank 0's own dropout stream (replicas read theirs from the same file)."""
-        if self.n > 1:
-            side.rng_dropout.set_state(tensors["rng.dropout.rank0"])
-
-    def replica_max_abs_diff(self, side: DiscriminatorSide) -> float:
-        """Largest difference between any replica's weights and the root's (0.0 when n = 1)."""
-        if self.n == 1:
-            return 0.0
-        import torch.distributed as dist
-
-        control = torch.tensor([3, 0], dtype=torch.long, device=self.device)
-        dist.broadcast(control, 0)
-        flat = _flat_params(side.model)
-        gathered = [torch.empty_like(flat) for _ in range(self.n)]
-        dist.all_gather(gathered, flat)
-        return max(float((g - flat).abs().max()) for g in gathered)
-
-
-def _flat_params(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def _all_gather_rng(side: DiscriminatorSide, n: int) -> list[torch.Tensor]:
-    import torch.distributed as dist
-
-    state = side.rng_dropout.get_state().to(side.device)
-    states = [torch.empty_like(state) for _ in range(n)]
-    dist.all_gather(states, state)
-    return [s.cpu() for s in states]
-
-
-def _replica_train(
-    side: DiscriminatorSide, batch: CorruptedBatch, n: int
-) -> tuple[float, float, int]:
-    """One replica's share of a step: local gradient, then the average over replicas."""
-    import torch.distributed as dist
-
-    loss, acc, tokens = side.train_micro(batch)
-    grads = [p.grad for p in side.model.parameters() if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)  # ring all-reduce: every replica ends with the same bits
-    flat /= n
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-    stats = torch.tensor([loss, acc, float(tokens)], dtype=torch.float64, device=side.device)
-    dist.all_reduce(stats)
-    return float(stats[0]) / n, float(stats[1]) / n, int(stats[2])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _replicas(
-    cfg: ElectraConfig,
-    n: int,
-    seed: int,
-    device: str,
-    ckpt_dir: Path,
-    vocab_size: int,
-    start: int,
-) -> Iterator[_ReplicaGroup]:
-    """Start replicas 1..n-1 as local processes and join them in a process group with the root."""
-    group = _ReplicaGroup(n, device)
-    if n == 1:
-        yield group
-        return
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(
-            target=_replica_main,
-            args=(rank, n, backend, init, asdict(cfg), seed, device, str(ckpt_dir), vocab_size),
-            kwargs={"start": start, "threads": torch.get_num_threads()},
-            daemon=True,
-        )
-        for rank in range(1, n)
-    ]
-    for p in procs:
-        p.start()
-    dist.init_process_group(backend, init_method=init, rank=0, world_size=n)
-    try:
-        yield group
-        dist.broadcast(torch.tensor([0, 0], dtype=torch.long, device=group.device), 0)
-    finally:
-        dist.destroy_process_group()
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
-    if bad:
-        raise RuntimeError(f"discriminator replicas exited with {bad}")
-
-
-def _replica_main(
-    rank: int,
-    n: int,
-    backend: str,
-    init: str,
-    cfg_dict: dict[str, Any],
-    seed: int,
-    device: str,
-    ckpt_dir: str,
-    vocab_size: int,
-    *,
-    start: int,
-    threads: int,
-) -> None:
-    """Replica `rank` of the discriminator: trains on what the root scatters, until told to stop."""
-    import torch.distributed as dist
-
-    torch.set_num_threads(threads)
-    cfg = ElectraConfig.from_dict(cfg_dict)
-    dev = f"cuda:{rank}" if device.startswith("cuda") else device
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=n)
-    try:
-        side = DiscriminatorSide(cfg, vocab_size, seed, dev, rank=rank)
-        if start:
-            tensors, meta = CheckpointStore(Path(ckpt_dir)).load(start)
-            restore_training_state(tensors, meta, side.model, side.opt, {})
-            side.rng_dropout.set_state(tensors[f"rng.dropout.rank{rank}"])
-        while True:
-            control = torch.zeros(2, dtype=torch.long, device=dev)
-            dist.broadcast(control, 0)
-            what, step = int(control[0]), int(control[1])
-            if what == 0:
-                break
-            if what == 1:
-                B, T = cfg.batch_size, cfg.seq_len
-                ids = torch.empty(B, T, dtype=torch.long, device=dev)
-                replaced = torch.empty(B, T, dtype=torch.uint8, device=dev)
-                dist.scatter(ids, None, src=0)
-                dist.scatter(replaced, None, src=0)
-                _replica_train(side, CorruptedBatch(ids, replaced.bool()), n)
-                side.step(step)
-            elif what == 2:
-                _all_gather_rng(side, n)
-            elif what == 3:
-                flat = _flat_params(side.model)
-                dist.all_gather([torch.empty_like(flat) for _ in range(n)], flat)
-    finally:
-        dist.destroy_process_group()
 
 
 def parameter_counts(cfg: ElectraConfig, vocab_size: int | None = None) -> dict[str, int]:
