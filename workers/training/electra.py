@@ -18,7 +18,8 @@ sync tensor D sends after each optimizer step, and its sends go out on a
 background thread while it computes the next micro-batch. With
 `n_discriminators = n`, G produces n micro-batches per step; the root D
 scatters them to n data-parallel replicas (torch.distributed, gloo on CPU,
-nccl on GPU) which average their gradients, then the root syncs with G.
+nccl on GPU; `replicas.py`) which average their gradients, then the root syncs
+with G.
 
 Because ELECTRA's discriminator loss never reaches the generator (sampling is
 discrete), a split run computes exactly what `train_electra_local` computes in
