@@ -192,7 +192,7 @@ def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
         202,
         json={
             "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, "steps": 60, "ckpt_every": 4},
+            "config": {**ELECTRA_FAST, "steps": 200, "ckpt_every": 4},
             "inputs": {"text": text},
             "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
         },
@@ -227,4 +227,4 @@ def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
         if a["kind"] == "report"
     ]
     assert reports and all(r["details"]["start_step"] >= 4 for r in reports)
-    assert all(r["details"]["last_step"] == 60 for r in reports)
+    assert all(r["details"]["last_step"] == 200 for r in reports)
