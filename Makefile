@@ -9,7 +9,7 @@ FRONTEND_DIST := frontend/dist/index.html
 FRONTEND_SOURCES := $(shell find frontend/src -type f 2>/dev/null) frontend/index.html \
 	frontend/vite.config.ts frontend/tsconfig.json frontend/package.json
 
-.PHONY: up test lint typecheck pytest frontend frontend-test bench clean
+.PHONY: up test lint typecheck pytest frontend frontend-test screenshots bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ pytest: $(STAMP)
 	$(BIN)/pytest -q
 
 test: lint typecheck frontend-test frontend pytest
+
+screenshots: $(STAMP) frontend
+	NEBULA_SCREENSHOTS_DIR=docs/screenshots $(BIN)/pytest -q tests/e2e
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done

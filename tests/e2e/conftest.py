@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,10 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = REPO / "frontend" / "dist"
-SCREENSHOTS = REPO / "docs" / "screenshots"
+# `make screenshots` refreshes docs/screenshots; ordinary test runs leave the tree untouched
+SCREENSHOTS = Path(
+    os.environ.get("NEBULA_SCREENSHOTS_DIR", Path(tempfile.gettempdir()) / "nebula-screenshots")
+)
 CHROMIUM = os.environ.get("NEBULA_TEST_CHROMIUM", "/usr/bin/chromium")
 REQUIRE_SERVICES = os.environ.get("NEBULA_TEST_REQUIRE_SERVICES") == "1"
 DESKTOP = {"width": 1280, "height": 800}
@@ -127,7 +131,7 @@ class Site:
         return page
 
     def screenshot(self, page: Page, name: str, **options: Any) -> Path:
-        """Writes docs/screenshots/<name>.png once fonts have loaded."""
+        """Writes <name>.png (to docs/screenshots with `make screenshots`) once fonts load."""
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         path = SCREENSHOTS / f"{name}.png"
         page.evaluate("document.fonts.ready")
