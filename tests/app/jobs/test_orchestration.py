@@ -228,3 +228,30 @@ def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
     ]
     assert reports and all(r["details"]["start_step"] >= 4 for r in reports)
     assert all(r["details"]["last_step"] == 200 for r in reports)
+
+
+def test_a_role_that_keeps_failing_ends_the_job_with_a_clear_error(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    scientist = running.user("grace")
+    too_short = _upload(scientist, corpus["text"], "text", lines=5)  # fewer lines than a batch
+    job = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": ELECTRA_FAST,
+            "inputs": {"text": too_short},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    failed = wait_until(lambda: _finished(scientist, job), "the job to give up", timeout=120)
+    assert failed["status"] == "failed"
+    assert failed["attempt"] == 3 and "gave up after 3 attempts" in failed["error"]
+    assert "need at least 8 lines" in failed["error"]
+    wait_until(
+        lambda: all(r.status.value in ("failed", "stopped") for r in _roles(running, job).values()),
+        "no role left running",
+        timeout=30,
+    )
