@@ -1,0 +1,228 @@
+"""Job submission rules through the API, without workers: validation, access, quotas, holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.accounts.models import Role
+from app.audit.service import SYSTEM
+from app.clusters import service as clusters
+from app.jobs.models import Job, JobRole
+from app.pki import service as pki
+from app.settings import Settings
+from support import Account, Platform
+from workers.switch.tls import make_switch_key_and_csr
+
+API = "/api/v1"
+TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()
+PLACEMENT = {"generator": "cluster-a", "discriminator": "cluster-b"}
+
+
+@pytest.fixture
+def clusters_ready(platform: Platform, settings: Settings, client: TestClient) -> None:
+    """Two clusters whose switches hold valid certificates."""
+    with platform.factory() as db:
+        for name in ("cluster-a", "cluster-b"):
+            cluster = clusters.create(
+                db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1
+            )
+            _key, csr = make_switch_key_and_csr(name)
+            pki.issue(db, actor=SYSTEM, cluster=cluster, csr_pem=csr.decode(), settings=settings)
+        db.commit()
+
+
+def _workspace(client: TestClient, user: Account) -> str:
+    return str(client.get(f"{API}/workspaces", headers=user.headers).json()["items"][0]["id"])
+
+
+def _upload(
+    client: TestClient, user: Account, discoverable: bool = False, kind: str = "text"
+) -> str:
+    answer = client.post(
+        f"{API}/workspaces/{_workspace(client, user)}/datasets",
+        data={"name": "t.txt", "kind": kind, "discoverable": json.dumps(discoverable)},
+        files={"file": ("t.txt", TEXT)},
+        headers=user.headers,
+    )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def _submit(
+    client: TestClient, user: Account, body: dict, workspace: str | None = None
+) -> tuple[int, dict]:
+    answer = client.post(
+        f"{API}/workspaces/{workspace or _workspace(client, user)}/jobs",
+        json=body,
+        headers=user.headers,
+    )
+    return answer.status_code, answer.json()
+
+
+def _electra(text: str, **config: object) -> dict:
+    return {
+        "kind": "electra_pretrain",
+        "config": {"preset": "tiny", "steps": 5, **config},
+        "inputs": {"text": text},
+        "placement": dict(PLACEMENT),
+    }
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_a_valid_job_is_written_with_its_roles_and_audited(
+    client: TestClient, platform: Platform
+) -> None:
+    alice = platform.user()
+    status, body = _submit(client, alice, _electra(_upload(client, alice)))
+    assert status == 202 and body["status"] == "queued"
+    job = client.get(f"{API}/jobs/{body['id']}", headers=alice.headers).json()
+    assert job["total_steps"] == 5 and job["placement"] == PLACEMENT and job["attempt"] == 1
+    with platform.factory() as db:
+        roles = {
+            r.role: r.cluster
+            for r in db.scalars(select(JobRole).where(JobRole.job_id == body["id"]))
+        }
+    assert roles == PLACEMENT
+    events = client.get(f"{API}/me/audit", headers=alice.headers).json()["items"]
+    assert any(e["action"] == "job.submit" and e["subject_id"] == body["id"] for e in events)
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Platform) -> None:
+    alice = platform.user()
+    text = _upload(client, alice)
+    cases = [
+        (_electra(text, learning_rate=1.0), 422),  # unknown config key
+        (_electra(text, steps=0), 422),
+        ({**_electra(text), "inputs": {}}, 422),
+        ({**_electra(text), "inputs": {"text": text, "extra": text}}, 422),
+        ({**_electra(text), "placement": {"generator": "cluster-a"}}, 422),
+        ({**_electra(text), "placement": {**PLACEMENT, "discriminator": "nowhere"}}, 422),
+        ({**_electra(text), "kind": "shell_script"}, 422),
+        (
+            {
+                "kind": "abnet_finetune",
+                "config": {"forward_codec": "fp16(lowrank(2.0))"},
+                "inputs": {"parallel": text, "source_model": text, "target_model": text},
+                "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+            },
+            422,
+        ),
+        (
+            {
+                "kind": "abnet_finetune",
+                "config": {},
+                "inputs": {"parallel": text, "source_model": text, "target_model": text},
+                "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+            },
+            422,
+        ),  # wrong kinds
+    ]
+    for body, expected in cases:
+        status, answer = _submit(client, alice, body)
+        assert status == expected, (body, answer)
+        assert isinstance(answer["detail"], str | list)
+    with platform.factory() as db:
+        assert db.scalars(select(Job)).all() == []
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_inputs_are_checked_through_grants(client: TestClient, platform: Platform) -> None:
+    alice, mallory = platform.user(), platform.user()
+    hidden, listed = _upload(client, alice), _upload(client, alice, discoverable=True)
+    assert _submit(client, mallory, _electra(hidden))[0] == 404  # cannot even see it
+    assert _submit(client, mallory, _electra(listed))[0] == 403  # sees it, holds no grant
+    request = client.post(
+        f"{API}/access-requests",
+        json={"dataset_id": listed, "purpose": "x"},
+        headers=mallory.headers,
+    ).json()
+    client.post(f"{API}/access-requests/{request['id']}/approve", json={}, headers=alice.headers)
+    assert _submit(client, mallory, _electra(listed))[0] == 202
+    auditor = platform.user(Role.auditor)
+    assert _submit(client, auditor, _electra(listed))[0] == 403  # read-only role
+
+
+def test_clusters_without_a_valid_certificate_take_no_jobs(
+    client: TestClient, platform: Platform
+) -> None:
+    alice = platform.user()
+    with platform.factory() as db:
+        for name in PLACEMENT.values():
+            clusters.create(db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1)
+        db.commit()
+    status, body = _submit(client, alice, _electra(_upload(client, alice)))
+    assert status == 409 and "certificate" in body["detail"]
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_concurrent_job_quota(client: TestClient, platform: Platform) -> None:
+    alice, admin = platform.user(), platform.user(Role.admin)
+    workspace = _workspace(client, alice)
+    client.patch(
+        f"{API}/workspaces/{workspace}/quota",
+        json={"max_concurrent_jobs": 1},
+        headers=admin.headers,
+    )
+    text = _upload(client, alice)
+    assert _submit(client, alice, _electra(text))[0] == 202
+    status, body = _submit(client, alice, _electra(text))
+    assert status == 409 and "quota" in body["detail"]
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_jobs_of_another_tenant_are_404(client: TestClient, platform: Platform) -> None:
+    alice, mallory = platform.user(), platform.user()
+    job = _submit(client, alice, _electra(_upload(client, alice)))[1]["id"]
+    for method, path in [
+        ("GET", f"/jobs/{job}"),
+        ("GET", f"/jobs/{job}/metrics"),
+        ("GET", f"/jobs/{job}/artifacts"),
+        ("GET", f"/jobs/{job}/events"),
+        ("POST", f"/jobs/{job}/cancel"),
+    ]:
+        assert client.request(method, f"{API}{path}", headers=mallory.headers).status_code == 404, (
+            path
+        )
+    assert (
+        client.get(
+            f"{API}/workspaces/{_workspace(client, alice)}/jobs", headers=mallory.headers
+        ).status_code
+        == 404
+    )
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_suspension_holds_queued_jobs_and_reactivation_releases_them(
+    client: TestClient, platform: Platform
+) -> None:
+    alice, admin = platform.user(), platform.user(Role.admin)
+    job_id = _submit(client, alice, _electra(_upload(client, alice)))[1]["id"]
+    client.post(f"{API}/users/{alice.id}/suspend", headers=admin.headers)
+    with platform.factory() as db:
+        assert db.get(Job, job_id).paused is True  # type: ignore[union-attr]
+    client.post(f"{API}/users/{alice.id}/reactivate", headers=admin.headers)
+    with platform.factory() as db:
+        assert db.get(Job, job_id).paused is False  # type: ignore[union-attr]
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_cancel_and_the_event_stream_of_a_finished_job(
+    client: TestClient, platform: Platform
+) -> None:
+    alice = platform.user()
+    job_id = _submit(client, alice, _electra(_upload(client, alice)))[1]["id"]
+    assert (
+        client.post(f"{API}/jobs/{job_id}/cancel", headers=alice.headers).json()["status"]
+        == "cancelled"
+    )
+    assert client.post(f"{API}/jobs/{job_id}/cancel", headers=alice.headers).status_code == 409
+    with client.stream("GET", f"{API}/jobs/{job_id}/events", headers=alice.headers) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        text = "".join(stream.iter_text())
+    event = json.loads(text.split("data: ", 1)[1].split("\n", 1)[0])
+    assert text.startswith("event: status") and event["status"] == "cancelled"
