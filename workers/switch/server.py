@@ -671,8 +671,6 @@ class Switch:
 
     def _send_to_peer(self, out: _Outbound, stream: FrameStream, shaper: Shaper | None) -> None:
         acked = 0  # frames acknowledged on this connection
-        for frame in list(out.unacked):
-            stream.write(frame, shaper)
 
         def take_ack(event: Event | None) -> None:
             nonlocal acked
@@ -691,9 +689,20 @@ class Switch:
                 out.unacked_bytes -= len(done.body)
             acked = event.count
 
-        while not self._stop.is_set():
+        def take_acks() -> None:
             while (event := stream.read_event(block=False)) is not None:
                 take_ack(event)
+
+        def send(frame: Data) -> None:
+            # A write blocked on a peer that takes no more bytes still reads: a peer that
+            # closed (or a cut that half-closed the link) ends the connection at once, not
+            # after io_timeout_s with every frame behind it held up.
+            stream.write(frame, shaper, while_blocked=take_acks, poll_s=POLL_S)
+
+        for frame in list(out.unacked):
+            send(frame)
+        while not self._stop.is_set():
+            take_acks()
             cfg = self.config
             if len(out.unacked) >= cfg.resend_frames or out.unacked_bytes >= cfg.resend_bytes:
                 take_ack(stream.read_event())  # full: wait for the peer to catch up
@@ -706,7 +715,7 @@ class Switch:
             out.unacked_bytes += len(frame.body)
             if shaper is not None:
                 shaper.hold(queued_at)
-            stream.write(frame, shaper)
+            send(frame)
             self._bytes.labels(frame.job_id, "to_peer").inc(len(frame.body))
             self._frames.labels(frame.job_id, "to_peer").inc()
 

@@ -6,8 +6,10 @@ import contextlib
 import select
 import socket
 import ssl
+import time
+from collections.abc import Callable
 
-from workers.switch.protocol import NEED_DATA, Connection, Event, Frame
+from workers.switch.protocol import NEED_DATA, Buffer, Connection, Event, Frame
 from workers.switch.shaper import Shaper
 
 READ_CHUNK = 256 * 1024
@@ -48,15 +50,56 @@ class FrameStream:
         readable, _, _ = select.select([self.sock], [], [], 0)
         return bool(readable)
 
-    def write(self, frame: Frame, shaper: Shaper | None = None) -> int:
-        """Write one frame (paced by `shaper` if given); returns the bytes written."""
+    def write(
+        self,
+        frame: Frame,
+        shaper: Shaper | None = None,
+        *,
+        while_blocked: Callable[[], None] | None = None,
+        poll_s: float = 0.2,
+    ) -> int:
+        """Write one frame (paced by `shaper` if given); returns the bytes written.
+
+        With `while_blocked`, a write the peer does not take is not a blind wait: every
+        `poll_s` it is called, so that it can read what the peer sent meanwhile and raise
+        when the peer has gone (an end of stream is otherwise unseen until the socket's
+        timeout). The socket's timeout still bounds a write that makes no progress.
+        """
         buffers = self.conn.send(frame)
         total = 0
         pieces = shaper.chunks(buffers) if shaper is not None else buffers
         for piece in pieces:
-            self.sock.sendall(piece)
+            if while_blocked is None:
+                self.sock.sendall(piece)
+            else:
+                self._send_watching(piece, while_blocked, poll_s)
             total += memoryview(piece).nbytes
         return total
+
+    def _send_watching(
+        self, piece: Buffer, while_blocked: Callable[[], None], poll_s: float
+    ) -> None:
+        view = memoryview(piece).cast("B")
+        limit = self.sock.gettimeout()
+        step = poll_s if limit is None else min(poll_s, limit)
+        sent = 0
+        progress_at = time.monotonic()
+        while sent < len(view):
+            self.sock.settimeout(step)
+            try:
+                # a timed-out TLS write is retried with the same bytes, as OpenSSL requires
+                count = self.sock.send(view[sent:])
+            except TimeoutError:
+                count = 0
+            finally:
+                self.sock.settimeout(limit)
+            if count:
+                sent += count
+                progress_at = time.monotonic()
+                continue
+            if limit is not None and time.monotonic() - progress_at >= limit:
+                raise TimeoutError("the peer took no bytes within the timeout")
+            while_blocked()
 
     def close(self) -> None:
         """Close the socket, ignoring errors of an already broken connection."""
