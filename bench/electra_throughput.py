@@ -66,7 +66,7 @@ from workers.training.runtime import Hooks
 RESULTS = Path(__file__).parent / "results" / "electra_throughput.json"
 STEPS = 250
 SKIP = 50  # warm-up steps left out of every figure
-ROUNDS = 2
+ROUNDS = 3
 SEED = 3
 RATE_MBIT = 60.0  # the paper's slow link
 PAD_ID = SPECIAL_TOKENS.index(PAD)
