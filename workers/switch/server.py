@@ -248,6 +248,10 @@ class Switch:
         """How many times this switch has connected to `cluster` (1 + reconnections)."""
         return self._outbound[cluster].connections
 
+    def unacked_frames(self, cluster: str) -> int:
+        """Frames sent (or being sent) to `cluster`'s switch that it has not acknowledged."""
+        return len(self._outbound[cluster].unacked)
+
     def metrics_text(self) -> bytes:
         """The Prometheus text exposition of this switch's counters."""
         return generate_latest(self.registry)

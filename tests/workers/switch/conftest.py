@@ -186,7 +186,11 @@ def pair(make_pair: Callable[..., Pair]) -> Pair:
 
 
 class CuttingProxy:
-    """A TCP forwarder whose connections a test can cut at will (a flaky WAN)."""
+    """A TCP forwarder whose connections a test can cut at will (a flaky WAN).
+
+    A cut shuts the sockets down without closing them, as a wedged peer or a middlebox
+    would: the far end gets an end of stream, and bytes that were not read stay unread.
+    """
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -194,6 +198,8 @@ class CuttingProxy:
         self.address = self.listener.getsockname()[:2]
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
+        self._gates: list[threading.Event] = []  # set: the connection's pumps forward
+        self._all_gates: list[threading.Event] = []
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -204,16 +210,20 @@ class CuttingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
+            gate = threading.Event()
+            gate.set()
             with self._lock:
                 self._socks += [client, upstream]
+                self._gates.append(gate)
+                self._all_gates.append(gate)
             for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True).start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket, gate: threading.Event) -> None:
         buf = bytearray(1 << 20)
         try:
-            while n := src.recv_into(buf):
+            while gate.wait() and (n := src.recv_into(buf)):
                 dst.sendall(memoryview(buf)[:n])
         except OSError:
             pass
@@ -221,10 +231,17 @@ class CuttingProxy:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
+    def hold(self) -> None:
+        """Stop reading the open connections (new ones still flow): their senders fill up."""
+        with self._lock:
+            for gate in self._gates:
+                gate.clear()
+
     def cut(self) -> None:
         """Drop every open connection mid-stream."""
         with self._lock:
             socks, self._socks = self._socks, []
+            self._gates = []
             self.cuts += 1
         for s in socks:
             with contextlib.suppress(OSError):
@@ -233,6 +250,9 @@ class CuttingProxy:
     def close(self) -> None:
         self.listener.close()
         self.cut()
+        with self._lock:
+            for gate in self._all_gates:
+                gate.set()
 
 
 class LogWaiter(logging.Handler):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 
 import pytest
 import torch
@@ -99,6 +100,60 @@ def test_a_200mb_stream_survives_repeated_link_cuts(make_pair, cutting_proxy) ->
     assert received == sent[0]
     assert proxy.cuts == len(cut_at)
     assert pair.a.peer_connections("cluster-b") > len(cut_at)
+
+
+def _wait_until_steady(value, settle: float, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Wait until `value()` is non-zero and has not changed for `settle` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = value(), time.monotonic()
+    while not last or time.monotonic() - since < settle:
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        threading.Event().wait(0.01)
+        if (now := value()) != last:
+            last, since = now, time.monotonic()
+
+
+def test_a_cut_of_a_full_link_is_noticed_by_a_sender_blocked_in_a_write(  # type: ignore[no-untyped-def]
+    make_pair, cutting_proxy, switch_log
+) -> None:
+    """The far end stops reading, the link fills, the sending switch blocks in a write; then
+    the link is cut (a half-close: an end of stream, and the unread bytes stay unread). The
+    sender must see the end of stream and reconnect now, not after io_timeout_s."""
+    proxy = None
+
+    def via_proxy(b):  # type: ignore[no-untyped-def]
+        nonlocal proxy
+        proxy = cutting_proxy(b.peer_address)
+        return proxy.address
+
+    pair = make_pair(a_peer_address=via_proxy, io_timeout_s=60.0, resend_frames=1000)
+    assert proxy is not None
+    size, frames = 1024 * 1024, 160
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        assert pair.a.wait_connected("cluster-b", 10)
+        proxy.hold()
+
+        def send() -> None:
+            for i in range(frames):
+                g.send("c", i.to_bytes(4, "big") + bytes(size - 4))
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        # the socket buffers fill and the sender blocks in a write, with frames still queued
+        # behind it: its count of frames waiting for an acknowledgement stops moving
+        unacked = pair.a.unacked_frames
+        _wait_until_steady(lambda: unacked("cluster-b"), 1.0, 60, "the link filled up")
+        assert 0 < unacked("cluster-b") < frames and sender.is_alive()
+        proxy.cut()
+        switch_log.wait_for("link to cluster-b dropped", timeout=10)
+        assert pair.a.wait_connected("cluster-b", 10)
+        for i in range(frames):
+            got = d.recv("c", timeout=30)
+            assert isinstance(got, bytes) and int.from_bytes(got[:4], "big") == i
+        sender.join(timeout=10)
+        with pytest.raises(TimeoutError):
+            d.recv("c", timeout=0.2)
+    assert pair.a.peer_connections("cluster-b") >= 2
 
 
 def test_certificate_rotation_during_a_stream_loses_nothing(pair, switch_log) -> None:  # type: ignore[no-untyped-def]
