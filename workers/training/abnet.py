@@ -50,6 +50,7 @@ from workers.training.runtime import (
     AsyncSender,
     CheckpointStore,
     Codec,
+    CodecBook,
     Hooks,
     RoleResult,
     expect_bytes,
@@ -57,7 +58,6 @@ from workers.training.runtime import (
     linear_warmup_decay,
     pack_message,
     pack_uint,
-    resolve_codec,
     restore_training_state,
     resume_step,
     set_lr,
@@ -552,8 +552,10 @@ def train_abnet_local(
     dec = DecoderSide(cfg, tgt_plm, _check_lines(target_lines, "target"), enc.d_model, seed, device)
     history = []
     last = steps or cfg.steps
+    codecs = CodecBook()
     for k in range(1, last + 1):
-        fwd, bwd = (resolve_codec(s) for s in cfg.codecs(k))
+        forward_spec, backward_spec = cfg.codecs(k)
+        fwd, bwd = codecs.get("forward", forward_spec), codecs.get("backward", backward_spec)
         stats = []
         for m in range(cfg.micro_batches):
             index = enc.indices(k, m)
@@ -566,7 +568,7 @@ def train_abnet_local(
         history.append(_step_metrics(stats))
     score = None
     if eval_source_lines is not None and eval_target_lines is not None:
-        fwd = resolve_codec(cfg.codecs(last)[0])
+        fwd = codecs.get("eval", cfg.codecs(last)[0])
         src_ids = encode_lines(src_plm.tokenizer, list(eval_source_lines), cfg.src_len)
         hyps: list[str] = []
         for lo in range(0, len(src_ids), cfg.eval_batch_size):
@@ -674,6 +676,7 @@ def run_abnet_encoder(
 
     out = _ActivationSender(link, cfg, max(len(side.data), n_eval))
     result = RoleResult(start_step=start, last_step=start, stopped=False)
+    codecs = CodecBook()
 
     def recv_sync() -> torch.Tensor:
         sync = link.recv(SYNC, timeout=cfg.recv_timeout_s)
@@ -684,7 +687,7 @@ def run_abnet_encoder(
     def evaluate(step: int) -> float:
         """Send the eval sources' encodings; T decodes them and answers with its BLEU."""
         assert eval_ids is not None
-        fwd = resolve_codec(cfg.codecs(step)[0])
+        fwd = codecs.get("eval", cfg.codecs(step)[0])
         side.model.eval()
         with torch.no_grad():
             for lo in range(0, n_eval, cfg.eval_batch_size):
@@ -701,7 +704,8 @@ def run_abnet_encoder(
             out.control("stop", k)
             break
         t0 = time.perf_counter()
-        fwd, bwd = (resolve_codec(s) for s in cfg.codecs(k))
+        forward_spec, backward_spec = cfg.codecs(k)
+        fwd, bwd = codecs.get("forward", forward_spec), codecs.get("backward", backward_spec)
         pending: deque[torch.Tensor] = deque()
         sent = 0
 
@@ -825,6 +829,7 @@ def run_abnet_decoder(
 
     sender = AsyncSender(link)
     result = RoleResult(start_step=start, last_step=start, stopped=False)
+    codecs = CodecBook()
     sent_total = 0
 
     def receive() -> tuple[dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -832,7 +837,7 @@ def run_abnet_decoder(
         header, arrays = unpack_message(expect_bytes(link.recv(META, timeout=cfg.recv_timeout_s)))
         if header["kind"] not in ("train", "eval"):
             return header, torch.empty(0), torch.empty(0), None
-        fwd = resolve_codec(cfg.codecs(int(header["step"]))[0])
+        fwd = codecs.get("forward", cfg.codecs(int(header["step"]))[0])
         memory = fwd.decode(expect_bytes(link.recv(ACT, timeout=cfg.recv_timeout_s)))
         return header, unpack_int(arrays["index"]), unpack_int(arrays["src_len"]), memory
 
@@ -862,7 +867,7 @@ def run_abnet_decoder(
         if k != result.last_step + 1:
             raise RuntimeError(f"expected step {result.last_step + 1}, got {k}")
         t0 = time.perf_counter()
-        bwd = resolve_codec(cfg.codecs(k)[1])
+        bwd = codecs.get("backward", cfg.codecs(k)[1])
         stats, sent = [], 0
         for m in range(cfg.micro_batches):
             if m:

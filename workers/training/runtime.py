@@ -8,7 +8,6 @@ exactly the integer widths the sender chose.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import queue
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from workers.compression import parse_spec
 from workers.switch.link import Link, Payload
 
 # ---------------------------------------------------------------- hooks and results
@@ -186,31 +186,22 @@ class Codec(Protocol):
     def decode(self, blob: bytes) -> torch.Tensor: ...
 
 
-class RawFloat32Codec:
-    """Lossless float32 codec, used for `none` when workers.compression is not installed."""
+class CodecBook:
+    """One codec per (stream, spec) for the life of a role.
 
-    def encode(self, x: torch.Tensor) -> bytes:
-        """Shape and raw float32 bytes."""
-        arr = x.detach().to("cpu", torch.float32).contiguous().numpy()
-        return pack_message({"codec": "none"}, {"x": arr})
+    Stateful codecs need this: a power iteration's warm start and error feedback's
+    residual carry from one step to the next only if the same instance encodes them.
+    """
 
-    def decode(self, blob: bytes) -> torch.Tensor:
-        """The float32 tensor `encode` was given."""
-        _, arrays = unpack_message(blob)
-        return torch.from_numpy(arrays["x"].copy())
+    def __init__(self) -> None:
+        self._codecs: dict[tuple[str, str], Codec] = {}
 
-
-def resolve_codec(spec: str) -> Codec:
-    """The codec for a spec string such as "fp16", "int8", "none", "fp16(lowrank(0.2))"."""
-    try:
-        module = importlib.import_module("workers.compression")
-        parse_spec = module.parse_spec
-    except (ImportError, AttributeError):
-        if spec.strip() == "none":
-            return RawFloat32Codec()
-        raise RuntimeError(f"codec {spec!r} needs workers.compression") from None
-    codec: Codec = parse_spec(spec)
-    return codec
+    def get(self, stream: str, spec: str) -> Codec:
+        """The codec of `spec` on `stream` ("forward", "backward", "eval", ...)."""
+        codec = self._codecs.get((stream, spec))
+        if codec is None:
+            codec = self._codecs[(stream, spec)] = parse_spec(spec)
+        return codec
 
 
 # ---------------------------------------------------------------- checkpoints

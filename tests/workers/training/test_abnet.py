@@ -26,7 +26,7 @@ from workers.training.abnet import (
     train_abnet_local,
 )
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
-from workers.training.runtime import Hooks, RawFloat32Codec, RoleResult, unpack_message
+from workers.training.runtime import CodecBook, Hooks, RoleResult, unpack_message
 
 SEED = 5
 LinkPairs = Callable[[str, str], tuple[Link, Link]]
@@ -252,7 +252,27 @@ def test_codec_schedule_and_presets() -> None:
     assert cfg.codecs(10) == ("fp16", "int8")
     assert abnet_preset("paper").adapter_dim > cfg.adapter_dim
     x = torch.randn(2, 3, 4)
-    assert torch.equal(RawFloat32Codec().decode(RawFloat32Codec().encode(x)), x)
+    book = CodecBook()
+    assert torch.equal(book.get("forward", "none").decode(book.get("forward", "none").encode(x)), x)
+
+
+def test_a_role_keeps_one_codec_per_stream_so_warm_starts_carry_over() -> None:
+    book = CodecBook()
+    spec = "fp16(lowrank(0.2,method=power))"
+    assert book.get("forward", spec) is book.get("forward", spec)
+    assert book.get("eval", spec) is not book.get("forward", spec)
+    # a stream of slowly drifting activations: the warm codec ends closer to optimal than a cold one
+    gen = torch.Generator().manual_seed(0)
+    basis = torch.randn(256, 16, generator=gen)
+    warm, errors_warm, errors_cold = book.get("forward", spec), [], []
+    for step in range(6):
+        x = basis @ torch.randn(16, 64, generator=gen) + 0.01 * step * torch.randn(
+            256, 64, generator=gen
+        )
+        for codec, errors in ((warm, errors_warm), (CodecBook().get("forward", spec), errors_cold)):
+            y = codec.decode(codec.encode(x))
+            errors.append(float((y - x).norm() / x.norm()))
+    assert errors_warm[-1] < errors_cold[-1]
     assert bleu(["the cat is red."], ["the cat is red."]) == pytest.approx(100.0)
     assert np.isclose(bleu(["a b c d"], ["w x y z"]), 0.0)
 
