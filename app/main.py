@@ -9,12 +9,18 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
+from sqlalchemy.exc import DataError
 
 from app import registry
 from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError
 from app.jobs.dispatch import Reaper
-from app.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
+from app.middleware import (
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    RejectNulMiddleware,
+    SecurityHeadersMiddleware,
+)
 from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
 
@@ -55,6 +61,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
+    @app.exception_handler(DataError)
+    async def unstorable(_request: Request, _exc: DataError) -> JSONResponse:
+        # e.g. a NUL byte, which PostgreSQL text cannot hold; the transaction is rolled back
+        return JSONResponse(
+            {"detail": "the input holds characters or values that cannot be stored"},
+            status_code=422,
+        )
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -64,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(RejectNulMiddleware)
     app.add_middleware(
         BodyLimitMiddleware,
         json_limit=settings.max_request_body_bytes,

@@ -84,6 +84,29 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, guarded_send)
 
 
+class RejectNulMiddleware:
+    """A NUL byte in a URL is never meaningful here, and PostgreSQL text cannot hold one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (
+            b"%00" in scope.get("query_string", b"") or "\x00" in scope["path"]
+        ):
+            body = json.dumps({"detail": "NUL bytes are not accepted in URLs"}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [(b"content-type", b"application/json"), *SECURITY_HEADERS],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+
 class SecurityHeadersMiddleware:
     """Add defensive headers to every response."""
 

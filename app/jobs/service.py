@@ -161,19 +161,28 @@ def list_for_workspace(
     return newest_first(db, Job, Job.workspace_id == workspace_id, limit=limit, offset=offset)
 
 
-def _finish(job: Job, status: JobStatus, error: str | None = None) -> None:
+def _finish(db: Session, job: Job, status: JobStatus, error: str | None = None) -> None:
     job.status = status
     job.error = error
     job.finished_at = utcnow()
     if status == JobStatus.succeeded:
         job.progress = 1.0
+    # roles that never started will not: a running one reports `stopped` when it notices
+    db.execute(
+        update(JobRole)
+        .where(
+            JobRole.job_id == job.id,
+            JobRole.status.in_((RoleStatus.pending, RoleStatus.dispatched)),
+        )
+        .values(status=RoleStatus.stopped)
+    )
 
 
 def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
     """Stop a job; its roles see it at their next check and stop within seconds."""
     if job.status in FINAL_STATUSES:
         raise Conflict(f"the job is already {job.status.value}")
-    _finish(job, JobStatus.cancelled)
+    _finish(db, job, JobStatus.cancelled)
     audit.record(db, actor=actor, action="job.cancel", subject_type="job", subject_id=job.id)
     return job
 
@@ -189,6 +198,7 @@ def fail_jobs_using_grant(
     for job in jobs:
         if dataset_id in job.inputs.values():
             _finish(
+                db,
                 job,
                 JobStatus.failed,
                 f"access grant {request_id} to dataset {dataset_id} was revoked",
@@ -337,7 +347,7 @@ def finish_role(
     if ok:
         roles = db.scalars(select(JobRole).where(JobRole.job_id == job_id)).all()
         if all(r.status == RoleStatus.succeeded for r in roles):
-            _finish(job, JobStatus.succeeded)
+            _finish(db, job, JobStatus.succeeded)
             audit.record(
                 db, actor=SYSTEM, action="job.succeed", subject_type="job", subject_id=job_id
             )
@@ -349,7 +359,7 @@ def finish_role(
 def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
     """Fence the current attempt out and start a new one from the last checkpoints, or fail."""
     if job.attempt >= job.max_attempts:
-        _finish(job, JobStatus.failed, f"gave up after {job.attempt} attempts; last: {reason}")
+        _finish(db, job, JobStatus.failed, f"gave up after {job.attempt} attempts; last: {reason}")
         audit.record(
             db,
             actor=SYSTEM,

@@ -56,6 +56,7 @@ BAD_BODIES = [
     ("GET", "/api/v1/audit?limit=100000", b"", 422),
     ("GET", "/api/v1/audit?since=yesterday", b"", 422),
     ("GET", "/api/v1/workspaces?offset=-1", b"", 422),
+    ("GET", "/api/v1/catalog?q=%00", b"", 400),  # PostgreSQL text cannot hold NUL
 ]
 
 
