@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response, status
 from sqlalchemy.orm import Session
 
 from app.clusters import service
-from app.clusters.models import Cluster
+from app.clusters.models import Certificate, Cluster
 from app.clusters.schemas import (
     CertificateList,
     CertificateOut,
@@ -25,6 +25,7 @@ from app.clusters.schemas import (
 )
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.pki import service as pki
+from app.settings import Settings
 
 router = APIRouter(prefix=API_PREFIX, tags=["clusters"])
 
@@ -32,6 +33,15 @@ router = APIRouter(prefix=API_PREFIX, tags=["clusters"])
 def _out(db: Session, cluster: Cluster) -> ClusterOut:
     return ClusterOut.model_validate(cluster).model_copy(
         update={"has_valid_certificate": pki.has_valid_certificate(db, cluster_id=cluster.id)}
+    )
+
+
+def _issued(db: Session, settings: Settings, certificate: Certificate) -> IssuedOut:
+    return IssuedOut(
+        serial=certificate.serial,
+        certificate_pem=certificate.certificate_pem,
+        not_after=certificate.not_after,
+        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
     )
 
 
@@ -82,12 +92,7 @@ def sign_csr(
         db, actor=caller.actor, cluster=cluster, csr_pem=body.csr_pem, settings=settings
     )
     db.commit()
-    return IssuedOut(
-        serial=certificate.serial,
-        certificate_pem=certificate.certificate_pem,
-        not_after=certificate.not_after,
-        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
-    )
+    return _issued(db, settings, certificate)
 
 
 @router.get("/clusters/{cluster_id}/certificates", response_model=CertificateList)
@@ -138,12 +143,7 @@ def enroll(body: EnrollIn, request: Request, db: SessionDep, settings: SettingsD
         db, token=body.token, csr_pem=body.csr_pem, ip=client_ip(request), settings=settings
     )
     db.commit()
-    return IssuedOut(
-        serial=certificate.serial,
-        certificate_pem=certificate.certificate_pem,
-        not_after=certificate.not_after,
-        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
-    )
+    return _issued(db, settings, certificate)
 
 
 @router.post("/pki/renew", response_model=IssuedOut, status_code=status.HTTP_201_CREATED)
@@ -159,12 +159,7 @@ def renew(body: RenewIn, request: Request, db: SessionDep, settings: SettingsDep
         settings=settings,
     )
     db.commit()
-    return IssuedOut(
-        serial=certificate.serial,
-        certificate_pem=certificate.certificate_pem,
-        not_after=certificate.not_after,
-        ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
-    )
+    return _issued(db, settings, certificate)
 
 
 @router.get("/pki/ca.pem")

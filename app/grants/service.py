@@ -208,15 +208,7 @@ def open_dataset_for_job(
         },
     )
     db.commit()
-    return DatasetReader(
-        dataset_id=dataset.id,
-        name=dataset.name,
-        kind=dataset.kind.value,
-        size_bytes=dataset.size_bytes,
-        sha256=dataset.sha256,
-        path=workspaces.dataset_path(settings, dataset.id),
-        data_key=key,
-    )
+    return workspaces.reader_for(dataset, data_key=key, settings=settings)
 
 
 # ----------------------------------------------------------------- requests and decisions

@@ -28,6 +28,7 @@ from app.jobs.models import (
 )
 from app.jobs.schemas import KINDS, JobSubmitIn
 from app.pki import service as pki
+from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
@@ -94,13 +95,6 @@ def _check_placement(db: Session, *, kind: str, placement: dict[str, str]) -> No
             raise Conflict(f"cluster {name!r} has no valid certificate; enroll its switch first")
 
 
-def _lock_workspace(db: Session, workspace_id: str) -> Workspace:
-    workspace = db.scalar(select(Workspace).where(Workspace.id == workspace_id).with_for_update())
-    if workspace is None:
-        raise NotFound()
-    return workspace
-
-
 def submit(
     db: Session, *, actor: Actor, user: User, workspace: Workspace, body: JobSubmitIn
 ) -> Job:
@@ -108,7 +102,10 @@ def submit(
     config, total_steps = _validate_config(body.kind, body.config)
     _check_inputs(db, user=user, kind=body.kind, inputs=body.inputs)
     _check_placement(db, kind=body.kind, placement=body.placement)
-    workspace = _lock_workspace(db, workspace.id)
+    locked = workspaces.lock(db, workspace_id=workspace.id)
+    if locked is None:
+        raise NotFound()
+    workspace = locked
     active = (
         db.scalar(
             select(func.count())

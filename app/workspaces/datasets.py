@@ -359,15 +359,7 @@ def open_for_download(
         subject_id=dataset.id,
     )
     db.commit()
-    return DatasetReader(
-        dataset_id=dataset.id,
-        name=dataset.name,
-        kind=dataset.kind.value,
-        size_bytes=dataset.size_bytes,
-        sha256=dataset.sha256,
-        path=workspaces.dataset_path(settings, dataset.id),
-        data_key=key,
-    )
+    return workspaces.reader_for(dataset, data_key=key, settings=settings)
 
 
 # ------------------------------------------------------------------------------ catalog

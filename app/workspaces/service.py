@@ -15,6 +15,7 @@ from app.errors import Conflict, Forbidden, NotFound
 from app.settings import Settings
 from app.workspaces import storage
 from app.workspaces.models import Dataset, Workspace
+from app.workspaces.storage import DatasetReader
 
 PERSONAL_WORKSPACE_NAME = "personal"
 
@@ -176,4 +177,17 @@ def data_key(db: Session, *, workspace: Workspace, settings: Settings) -> bytes:
         wrapped = locked.data_key_wrapped
     return storage.unwrap_data_key(
         storage.master_key(settings.secret()), wrapped, workspace_id=workspace.id
+    )
+
+
+def reader_for(dataset: Dataset, *, data_key: bytes, settings: Settings) -> DatasetReader:
+    """A decrypting reader of a dataset's stored file (the caller has checked access)."""
+    return DatasetReader(
+        dataset_id=dataset.id,
+        name=dataset.name,
+        kind=dataset.kind.value,
+        size_bytes=dataset.size_bytes,
+        sha256=dataset.sha256,
+        path=dataset_path(settings, dataset.id),
+        data_key=data_key,
     )
