@@ -11,7 +11,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.ops.metrics import HTTP_LATENCY, HTTP_REQUESTS
 
 # Uploads stream to disk and are bounded by their own limit and the workspace quota.
-_UPLOAD_PATH = re.compile(r"^/api/v1/workspaces/[^/]+/datasets/?$")
+_UPLOAD_PATH = re.compile(
+    r"^/api/v1/(workspaces/[^/]+/datasets|cluster/jobs/[^/]+/roles/[^/]+/artifact)/?$"
+)
 
 SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),

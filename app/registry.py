@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from app.accounts.routes import router as accounts_router
 from app.audit.routes import router as audit_router
+from app.cluster_api.routes import router as cluster_api_router
 from app.clusters.routes import router as clusters_router
 from app.grants.routes import router as grants_router
 from app.jobs.routes import router as jobs_router
@@ -21,6 +22,7 @@ def routers() -> list[APIRouter]:
         grants_router,
         clusters_router,
         jobs_router,
+        cluster_api_router,
         audit_router,
         ops_router,
     ]

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     run_reaper: bool = True  # restart stalled job attempts and dispatch pending roles
     reaper_interval_s: float = 2.0
     heartbeat_timeout_s: float = 20.0  # a role silent this long is presumed dead
+    role_heartbeat_s: float = 2.0  # how often a role beats through the cluster API
+    job_token_ttl_s: float = 300.0  # a job token's life; every heartbeat renews it
     log_level: str = "INFO"
 
     @property

@@ -2,7 +2,10 @@
 
 SQLite and the filesystem broker under the var folder, the API and web UI, and
 two demo clusters, each with a switch enrolled through the CA and a real Celery
-worker process. Children that die are started again; Ctrl-C stops everything.
+worker process. The cluster processes start as they would on a cluster host: with
+the control plane's URL, their own credentials and the CA certificate, and an
+environment that holds neither the database URL nor the platform secret. Children
+that die are started again; Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from app.migrate import upgrade
 from app.pki import service as pki
 from app.settings import Settings
 from workers.celery_app import broker_options
+from workers.settings import CONTROL_PLANE_ONLY
+from workers.switch.agent import SwitchFiles
+from workers.switch.tls import write_private_file
+from workers.worker_state import credential_path
 
 DEMO_ADMIN_EMAIL = "admin@nebula.demo"
 DEMO_CLUSTERS = ("cluster-a", "cluster-b")
@@ -87,6 +94,7 @@ class ClusterPlan:
     worker_port: int
     folder: Path
     enroll_token: str | None
+    credential_file: Path
 
 
 def plan_clusters(settings: Settings) -> list[ClusterPlan]:
@@ -105,12 +113,16 @@ def plan_clusters(settings: Settings) -> list[ClusterPlan]:
             cluster.switch_port = peer_port
             folder = settings.var_dir / "clusters" / name
             token = None
-            if not (folder / "switch.crt").exists():
+            if not SwitchFiles(folder).enrolled():
                 _row, token = pki.create_enrollment_token(
                     db, actor=SYSTEM, cluster=cluster, ttl=timedelta(minutes=10)
                 )
+            credential_file = credential_path(settings.var_dir, name)
+            if not credential_file.exists():
+                _cred, secret = clusters.create_worker_credential(db, actor=SYSTEM, cluster=cluster)
+                write_private_file(credential_file, (secret + "\n").encode())
             db.commit()
-            plans.append(ClusterPlan(name, peer_port, worker_port, folder, token))
+            plans.append(ClusterPlan(name, peer_port, worker_port, folder, token, credential_file))
     engine.dispose()
     state_file.parent.mkdir(parents=True, exist_ok=True)
     state_file.write_text(json.dumps(ports))
@@ -123,36 +135,46 @@ class Supervisor:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.children: dict[str, tuple[list[str], subprocess.Popen[bytes]]] = {}
+        self.children: dict[str, tuple[list[str], subprocess.Popen[bytes], dict[str, str]]] = {}
         self.stopping = False
 
-    def start(self, name: str, argv: list[str]) -> None:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = (self.log_dir / f"{name}.log").open("ab")
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
-        )
-        self.children[name] = (argv, process)
+        env = env if env is not None else os.environ.copy()
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.children[name] = (argv, process, env)
 
     def watch(self) -> None:
         """Restart children that exited; returns when stop() is called."""
         while not self.stopping:
-            for name, (argv, process) in list(self.children.items()):
+            for name, (argv, process, env) in list(self.children.items()):
                 if process.poll() is not None and not self.stopping:
                     print(f"  {name} exited ({process.returncode}); starting it again", flush=True)
-                    self.start(name, argv)
+                    self.start(name, argv, env)
             time.sleep(1.0)
 
     def stop(self) -> None:
         self.stopping = True
-        for _argv, process in self.children.values():
+        for _argv, process, _env in self.children.values():
             if process.poll() is None:
                 process.terminate()
         deadline = time.monotonic() + 15
-        for _argv, process in self.children.values():
+        for _argv, process, _env in self.children.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def cluster_environment(settings: Settings, control_plane: str) -> dict[str, str]:
+    """What a cluster process starts with: this environment without the control plane's
+    database URL and secret, and the control plane's URL."""
+    env = {k: v for k, v in os.environ.items() if k not in CONTROL_PLANE_ONLY}
+    env["NEBULA_VAR_DIR"] = str(settings.var_dir)
+    env["NEBULA_CONTROL_PLANE_URL"] = control_plane
+    if settings.broker_url:
+        env["NEBULA_BROKER_URL"] = settings.broker_url
+    return env
 
 
 def _nebula(*args: str) -> list[str]:
@@ -187,11 +209,13 @@ def up(settings: Settings, *, host: str, port: int) -> int:
     settings.var_dir.mkdir(parents=True, exist_ok=True)
     settings.secret()
     upgrade(settings.resolved_database_url)
-    broker_options(settings)  # makes the embedded broker's folders before anyone polls them
+    # makes the embedded broker's folders before anyone polls them
+    broker_options(settings.broker_url, settings.var_dir)
     admin = ensure_demo_admin(settings)
     plans = plan_clusters(settings)
     url = f"http://{host}:{port}"
     supervisor = Supervisor(settings.var_dir / "logs")
+    cluster_env = cluster_environment(settings, url)
 
     def shutdown(*_: object) -> None:
         supervisor.stopping = True
@@ -218,10 +242,12 @@ def up(settings: Settings, *, host: str, port: int) -> int:
             )
             if plan.enroll_token:
                 argv += ["--enroll-token", plan.enroll_token]
-            supervisor.start(f"switch-{plan.name}", argv)
+            supervisor.start(f"switch-{plan.name}", argv, cluster_env)
         for plan in plans:
             _wait_for((plan.folder / "switch.json").exists, f"the switch of {plan.name}")
-            supervisor.start(f"worker-{plan.name}", _nebula("worker", "--cluster", plan.name))
+            supervisor.start(
+                f"worker-{plan.name}", _nebula("worker", "--cluster", plan.name), cluster_env
+            )
         print(
             f"\nNebula is up: {url}\n"
             f"  demo admin: {admin['email']}  password: {admin['password']}\n"

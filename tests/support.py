@@ -168,3 +168,19 @@ class NebulaUp:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.log.close()
+
+
+def register_clusters(factory: sessionmaker[Session], settings: Settings, *names: str) -> None:
+    """Clusters whose switches hold valid certificates (keys made here, as a switch would)."""
+    from app.clusters import service as clusters
+    from app.pki import service as pki
+    from workers.switch.tls import make_switch_key_and_csr
+
+    with factory() as db:
+        for name in names:
+            cluster = clusters.create(
+                db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1
+            )
+            _key, csr = make_switch_key_and_csr(name)
+            pki.issue(db, actor=SYSTEM, cluster=cluster, csr_pem=csr.decode(), settings=settings)
+        db.commit()

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Celery
 
-from app.settings import Settings, get_settings
+from app.settings import Settings
 
 RUN_ROLE_TASK = "nebula.run_role"
 
@@ -23,11 +23,11 @@ def queue_for(cluster: str) -> str:
     return f"cluster.{cluster}"
 
 
-def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
-    """Broker URL and transport options for `settings`."""
-    if settings.broker_url:
-        return settings.broker_url, {}
-    folder = (settings.var_dir / "broker").resolve()
+def broker_options(broker_url: str, var_dir: Path) -> tuple[str, dict[str, Any]]:
+    """Broker URL and transport options; an empty URL means the embedded broker in var_dir."""
+    if broker_url:
+        return broker_url, {}
+    folder = (var_dir / "broker").resolve()
     for sub in ("queue", "control", "processed"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     return "filesystem://", {
@@ -40,9 +40,9 @@ def broker_options(settings: Settings) -> tuple[str, dict[str, Any]]:
     }
 
 
-def make_celery(settings: Settings) -> Celery:
-    """A Celery app bound to the configured broker; no result backend (state is in the DB)."""
-    url, options = broker_options(settings)
+def make_celery(broker_url: str, var_dir: Path) -> Celery:
+    """A Celery app bound to the broker; no result backend (state lives on the control plane)."""
+    url, options = broker_options(broker_url, var_dir)
     app = Celery("nebula", broker=url, set_as_current=False)
     app.conf.update(
         broker_transport_options=options,
@@ -63,10 +63,9 @@ def make_celery(settings: Settings) -> Celery:
 @lru_cache
 def celery_for(var_dir: Path, broker_url: str) -> Celery:
     """One Celery app per broker, cached for the process."""
-    return make_celery(Settings(var_dir=var_dir, broker_url=broker_url))
+    return make_celery(broker_url, var_dir)
 
 
-def current_celery(settings: Settings | None = None) -> Celery:
-    """The Celery app of `settings` (default: the environment's)."""
-    settings = settings or get_settings()
+def current_celery(settings: Settings) -> Celery:
+    """The control plane's Celery app for `settings`, to send tasks with."""
     return celery_for(settings.var_dir, settings.broker_url)

@@ -1,70 +1,97 @@
 """Running one role of one job on this cluster: the real logic behind the Celery task.
 
-The task hands over ids; everything else is read from the database here. The role
-opens only its own inputs through the grant-checked reader, talks to its peer role
-only through this cluster's switch, beats a heartbeat that also fences it out when
-its attempt is replaced, and reports metrics in batches.
+The task hands over ids. The role claims its attempt through the cluster API (which
+answers with its job token and its job's config), reads only its own inputs through
+that API (grant checked, audited and decrypted on the control plane), talks to its peer
+role only through this cluster's switch, beats a heartbeat that renews its token and
+fences it out when its attempt is replaced, and reports metrics in numbered batches.
+A worker holds no database URL, no platform secret and no data key.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+import httpx
 
-from app.db import make_engine, make_sessionmaker
-from app.jobs import service as jobs
-from app.jobs.models import Job
-from app.settings import Settings
+from app.workspaces.storage import split_lines
+from workers.control_plane import (
+    ClusterClient,
+    ControlPlaneError,
+    Fenced,
+    Refused,
+    RoleSession,
+    retrying,
+)
 from workers.switch.link import Link
 from workers.training.runtime import Hooks, RoleResult
 
 log = logging.getLogger("nebula.runner")
 
-HEARTBEAT_S = 2.0
 METRICS_FLUSH_S = 1.0
-PEER_ROLE = {
-    "generator": "discriminator",
-    "discriminator": "generator",
-    "encoder": "decoder",
-    "decoder": "encoder",
-}
 
 
 @dataclass(frozen=True)
 class ClusterSide:
-    """What a worker knows about its own cluster: its name, its switch, the CA to trust."""
+    """What a worker knows: its cluster, its switch, the CA, the control plane, its credential."""
 
     cluster: str
     switch_address: tuple[str, int]
     ca_path: Path
     scratch_dir: Path  # cluster-local disk for checkpoints
+    control_plane: str = "http://127.0.0.1:8000"
+    credential: str = field(default="", repr=False)
+    control_plane_ca: Path | None = None  # trust for an https control plane; None: the system's
+
+    def client(self) -> ClusterClient:
+        """A client of the cluster API with this cluster's worker credential."""
+        return ClusterClient(
+            self.control_plane, credential=self.credential, ca_path=self.control_plane_ca
+        )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    seq: int
+    points: list[tuple[int, dict[str, float]]]
+    checkpoint_step: int | None
 
 
 class RoleHooks(Hooks):
-    """Batches metrics to the database and beats the heartbeat; stops when fenced out."""
+    """Sends metrics in numbered batches and beats the heartbeat; stops when told or cut off.
 
-    def __init__(
-        self, factory: sessionmaker[Session], *, job_id: str, role: str, attempt: int
-    ) -> None:
+    A batch stays queued until the control plane acknowledged it, so nothing is lost when
+    a call fails, and its number makes a retry harmless. Without an answer from the control
+    plane for `grace_s`, the role stops itself (the reaper restarts the attempt by then).
+    """
+
+    def __init__(self, session: RoleSession) -> None:
         super().__init__()
-        self.factory, self.job_id, self.role, self.attempt = factory, job_id, role, attempt
+        self.session = session
+        self.heartbeat_s = session.claim.heartbeat_s
+        self.grace_s = session.claim.grace_s
         self._points: list[tuple[int, dict[str, float]]] = []
         self._checkpoint: int | None = None
+        self._unsent: list[_Batch] = []
+        self._seq = 0
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._stop = threading.Event()
         self._done = threading.Event()
+        self._last_answer = time.monotonic()
+        self.refused: Refused | None = None
         self.on_stop: Callable[[], None] | None = None
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{role}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._beat, name=f"heartbeat-{session.claim.role}", daemon=True
+        )
         self._thread.start()
         self.on_metrics = self._collect
         self.should_stop = self._stop.is_set
@@ -78,24 +105,30 @@ class RoleHooks(Hooks):
         with self._lock:
             self._checkpoint = step
 
+    def _heard_back(self) -> None:
+        self._last_answer = time.monotonic()
+
+    def _stop_for(self, exc: ControlPlaneError) -> None:
+        log.warning("role %s stops: %s", self.session.claim.role, exc)
+        if isinstance(exc, Refused):
+            self.refused = exc
+        self.request_stop()
+
     def flush(self) -> None:
-        """Write the buffered points; a fenced-out attempt is told to stop."""
+        """Queue what was collected as the next batch and send every unacknowledged batch."""
         with self._lock:
-            points, self._points = self._points, []
-            checkpoint, self._checkpoint = self._checkpoint, None
-        if not points and checkpoint is None:
-            return
-        with self.factory() as db:
-            alive = jobs.record_metrics(
-                db,
-                job_id=self.job_id,
-                role=self.role,
-                attempt=self.attempt,
-                points=points,
-                checkpoint_step=checkpoint,
-            )
-        if not alive:
-            self.request_stop()
+            if self._points or self._checkpoint is not None:
+                self._seq += 1
+                self._unsent.append(_Batch(self._seq, self._points, self._checkpoint))
+                self._points, self._checkpoint = [], None
+        with self._send_lock:
+            while self._unsent:
+                batch = self._unsent[0]
+                self.session.post_metrics(
+                    seq=batch.seq, points=batch.points, checkpoint_step=batch.checkpoint_step
+                )
+                self._heard_back()
+                self._unsent.pop(0)
 
     def request_stop(self) -> None:
         """Stop the role: the loop sees should_stop; a blocked receive is woken by on_stop."""
@@ -109,21 +142,32 @@ class RoleHooks(Hooks):
         while not self._done.wait(METRICS_FLUSH_S):
             try:
                 self.flush()
-                if time.monotonic() - last_beat >= HEARTBEAT_S:
+                if time.monotonic() - last_beat >= self.heartbeat_s:
                     last_beat = time.monotonic()
-                    with self.factory() as db:
-                        if not jobs.role_alive(
-                            db, job_id=self.job_id, role=self.role, attempt=self.attempt
-                        ):
-                            self.request_stop()
+                    self.session.heartbeat()
+                    self._heard_back()
+            except (Fenced, Refused) as exc:
+                self._stop_for(exc)
+            except (httpx.TransportError, ControlPlaneError) as exc:
+                silent = time.monotonic() - self._last_answer
+                if silent > self.grace_s:
+                    log.error("no answer from the control plane for %.0f s; stopping", silent)
+                    self.request_stop()
+                else:
+                    log.warning("cluster API call failed (%s); keeping on", exc)
             except Exception:
-                log.exception("heartbeat of %s/%s failed", self.job_id, self.role)
+                log.exception("heartbeat of %s failed", self.session.claim.role)
 
     def close(self) -> None:
-        """Stop beating and write what is left."""
+        """Stop beating and send what is left (retrying for the grace period)."""
         self._done.set()
         self._thread.join(timeout=10)
-        self.flush()
+        try:
+            retrying(self.flush, within_s=self.grace_s, what="the last metric batch")
+        except (Fenced, Refused) as exc:
+            self._stop_for(exc)
+        except (httpx.TransportError, ControlPlaneError) as exc:
+            log.error("the last metrics of %s were not delivered: %s", self.session.claim.role, exc)
 
     @property
     def stopped(self) -> bool:
@@ -140,39 +184,26 @@ class RoleInputs:
     model: bytes | None = None
 
 
-def _read_inputs(db: Session, *, job: Job, role: str, settings: Settings) -> RoleInputs:
-    from app.grants.service import open_dataset_for_job
+def _read_inputs(session: RoleSession) -> RoleInputs:
+    """The role's inputs through the cluster API (each read checked and audited there)."""
 
-    def lines(name: str, column: int | None = None) -> list[str]:
-        reader = open_dataset_for_job(
-            db, user_id=job.owner_id, dataset_id=job.inputs[name], job_id=job.id, settings=settings
-        )
-        if column is None:
-            return list(reader.iter_lines())
-        # Each side of a parallel corpus keeps only its own column: no cluster holds pairs.
-        return [line.split("\t", 1)[column] for line in reader.iter_lines()]
+    def read(name: str) -> Iterable[bytes]:
+        return session.read_input(name)
 
-    def blob(name: str) -> bytes:
-        reader = open_dataset_for_job(
-            db, user_id=job.owner_id, dataset_id=job.inputs[name], job_id=job.id, settings=settings
-        )
-        return b"".join(reader.iter_chunks())
-
-    if job.kind == "electra_pretrain":
-        reads_text = role == "generator" or bool(job.config.get("discriminator_reads_text", True))
-        return RoleInputs(lines=lines("text") if reads_text else None)
-    column = 0 if role == "encoder" else 1
+    offered = set(session.claim.inputs)
+    if session.claim.kind == "electra_pretrain":
+        return RoleInputs(lines=list(split_lines(read("text"))) if "text" in offered else None)
+    model = "source_model" if session.claim.role == "encoder" else "target_model"
     return RoleInputs(
-        lines=lines("parallel", column),
-        eval_lines=lines("eval", column) if "eval" in job.inputs else None,
-        model=blob("source_model" if role == "encoder" else "target_model"),
+        lines=list(split_lines(read("parallel"))),
+        eval_lines=list(split_lines(read("eval"))) if "eval" in offered else None,
+        model=b"".join(read(model)),
     )
 
 
 def _train(
-    job: Job, role: str, cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks
+    role: str, cfg: Any, seed: int, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks
 ) -> RoleResult:
-    seed = int(job.config.get("seed", 0))
     if role == "generator":
         from workers.training.electra import run_electra_generator
 
@@ -210,113 +241,109 @@ def _train(
     )
 
 
-def _store_outputs(
-    db: Session, *, job: Job, role: str, result: RoleResult, settings: Settings
-) -> None:
-    from app.jobs.outputs import store_job_output
-
-    if result.artifact is not None and result.artifact.exists():
-        kind = "model" if role == "discriminator" else "adapters"
-        name = f"{job.kind}-{job.id[:8]}-{role}.safetensors"
-        dataset_id = store_job_output(
-            db,
-            job_id=job.id,
-            workspace_id=job.workspace_id,
-            owner_id=job.owner_id,
-            name=name,
-            kind="model",
-            path=result.artifact,
-            settings=settings,
-        )
-        jobs.add_artifact(
-            db,
-            job_id=job.id,
-            name=name,
-            kind=kind,
-            dataset_id=dataset_id,
-            size_bytes=result.artifact.stat().st_size,
-            details={"role": role},
-        )
-    report = {
-        "role": role,
+def _report(role: str, result: RoleResult) -> dict[str, Any]:
+    return {
         "start_step": result.start_step,
         "last_step": result.last_step,
         "final_metrics": result.history[-1] if result.history else {},
         **{f"extra.{k}": v for k, v in result.extra.items()},
     }
-    jobs.add_artifact(
-        db,
-        job_id=job.id,
-        name=f"report-{role}.json",
-        kind="report",
-        dataset_id=None,
-        size_bytes=len(json.dumps(report)),
-        details=report,
-    )
-    db.commit()
 
 
-def run_role(
-    *, job_id: str, role: str, attempt: int, token: str, side: ClusterSide, settings: Settings
-) -> str:
-    """Run one role of one attempt to its end; returns what happened, for the worker's log."""
-    engine = make_engine(settings.resolved_database_url)
-    factory = make_sessionmaker(engine)
-    worker = f"{socket.gethostname()}:{side.cluster}:{os.getpid()}"
+class CredentialRefused(Exception):
+    """The control plane refused this cluster's worker credential (revoked or unknown)."""
+
+
+def _finish(session: RoleSession, outcome: str, **kwargs: Any) -> None:
     try:
-        with factory() as db:
-            if not jobs.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
-                return "stale"
-            job = db.get(Job, job_id)
-            assert job is not None
-            db.expunge(job)
-        hooks = RoleHooks(factory, job_id=job_id, role=role, attempt=attempt)
-        link: Link | None = None
-        try:
-            with factory() as db:
-                inputs = _read_inputs(db, job=job, role=role, settings=settings)
-            cfg = jobs.training_config(job.kind, job.config)
-            from workers.switch.client import SwitchLink
+        retrying(
+            lambda: session.finish(outcome, **kwargs),
+            within_s=session.claim.grace_s,
+            what=f"reporting {outcome}",
+        )
+    except Fenced:
+        pass  # the attempt is over anyway
+    except (httpx.TransportError, ControlPlaneError) as exc:
+        log.error("could not report %s for role %s: %s", outcome, session.claim.role, exc)
 
-            link = SwitchLink(
-                side.switch_address,
-                ca_path=side.ca_path,
-                token=token,
-                job_id=f"{job_id}.{attempt}",
-                role=role,
-                peer_role=PEER_ROLE[role],
-            )
-            hooks.on_stop = link.close
-            ckpt_dir = side.scratch_dir / "jobs" / job_id / role
-            result = _train(job, role, cfg, link, inputs, ckpt_dir, hooks)
-        except Exception as exc:
-            hooks.close()
-            if hooks.stopped:
-                with factory() as db:
-                    jobs.mark_role_stopped(db, job_id=job_id, role=role, attempt=attempt)
-                return "stopped"
-            log.exception("role %s of job %s failed", role, job_id)
-            with factory() as db:
-                jobs.finish_role(
-                    db,
-                    job_id=job_id,
-                    role=role,
-                    attempt=attempt,
-                    ok=False,
-                    error=f"{type(exc).__name__}: {exc}"[:2000],
-                )
-            return "failed"
-        finally:
-            if link is not None:
-                link.close()
-        hooks.close()
-        if result.stopped or hooks.stopped:
-            with factory() as db:
-                jobs.mark_role_stopped(db, job_id=job_id, role=role, attempt=attempt)
-            return "stopped"
-        with factory() as db:
-            _store_outputs(db, job=job, role=role, result=result, settings=settings)
-            jobs.finish_role(db, job_id=job_id, role=role, attempt=attempt, ok=True)
-        return "succeeded"
+
+def run_role(*, job_id: str, role: str, attempt: int, side: ClusterSide) -> str:
+    """Run one role of one attempt to its end; returns what happened, for the worker's log.
+
+    Raises CredentialRefused when the cluster's credential is refused, so that the worker
+    stops taking tasks.
+    """
+    worker = f"{socket.gethostname()}:{side.cluster}:{os.getpid()}"
+    client = side.client()
+    try:
+        try:
+            session = client.claim(job_id=job_id, role=role, attempt=attempt, worker=worker)
+        except Fenced:
+            return "stale"
+        except Refused as exc:
+            raise CredentialRefused(str(exc)) from None
+        outcome = _run_claimed(session, side)
+        if outcome.refused is not None and outcome.refused.status == 401:
+            raise CredentialRefused(str(outcome.refused))
+        return outcome.name
     finally:
-        engine.dispose()
+        client.close()
+
+
+@dataclass
+class _Outcome:
+    name: str
+    refused: Refused | None = None
+
+
+def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
+    from workers.switch.client import SwitchLink
+    from workers.training.configs import training_config
+
+    claim = session.claim
+    hooks = RoleHooks(session)
+    link: Link | None = None
+    try:
+        inputs = _read_inputs(session)
+        cfg = training_config(claim.kind, claim.config)
+        link = SwitchLink(
+            side.switch_address,
+            ca_path=side.ca_path,
+            token=session.token,
+            job_id=f"{claim.job_id}.{claim.attempt}",
+            role=claim.role,
+            peer_role=claim.peer_role,
+        )
+        hooks.on_stop = link.close
+        ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
+        seed = int(claim.config.get("seed", 0))
+        result = _train(claim.role, cfg, seed, link, inputs, ckpt_dir, hooks)
+    except Exception as exc:
+        hooks.close()
+        if isinstance(exc, Fenced | Refused):
+            hooks.request_stop()
+            hooks.refused = exc if isinstance(exc, Refused) else hooks.refused
+        if hooks.stopped:
+            _finish(session, "stopped")
+            return _Outcome("stopped", hooks.refused)
+        log.exception("role %s of job %s failed", claim.role, claim.job_id)
+        _finish(session, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        return _Outcome("failed")
+    finally:
+        if link is not None:
+            link.close()
+    hooks.close()
+    if result.stopped or hooks.stopped:
+        _finish(session, "stopped")
+        return _Outcome("stopped", hooks.refused)
+    try:
+        if result.artifact is not None and result.artifact.exists():
+            session.upload_artifact(result.artifact)
+    except (Fenced, Refused):
+        _finish(session, "stopped")
+        return _Outcome("stopped")
+    except (httpx.TransportError, ControlPlaneError) as exc:
+        _finish(session, "failed", error=f"storing the artifact failed: {exc}"[:2000])
+        return _Outcome("failed")
+    _finish(session, "succeeded", report=_report(claim.role, result))
+    return _Outcome("succeeded")

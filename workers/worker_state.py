@@ -5,11 +5,13 @@ Celery's prefork pool forks after `set_side`, so the pool processes inherit it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from workers.runner import ClusterSide
 
 _side: ClusterSide | None = None
+_main_pid = os.getpid()
 
 
 def switch_state_path(var_dir: Path, cluster: str) -> Path:
@@ -17,10 +19,15 @@ def switch_state_path(var_dir: Path, cluster: str) -> Path:
     return var_dir / "clusters" / cluster / "switch.json"
 
 
+def credential_path(var_dir: Path, cluster: str) -> Path:
+    """Where a cluster host keeps its worker credential by default (mode 0600)."""
+    return var_dir / "clusters" / cluster / "worker-credential"
+
+
 def set_side(side: ClusterSide) -> None:
-    """Tell this process which cluster it serves."""
-    global _side
-    _side = side
+    """Tell this process which cluster it serves (before the pool forks)."""
+    global _side, _main_pid
+    _side, _main_pid = side, os.getpid()
 
 
 def current_side() -> ClusterSide:
@@ -28,3 +35,8 @@ def current_side() -> ClusterSide:
     if _side is None:
         raise RuntimeError("this process is not a Nebula worker (start it with `nebula worker`)")
     return _side
+
+
+def main_pid() -> int:
+    """The worker's main process (the pool's parent), to stop the whole worker."""
+    return _main_pid

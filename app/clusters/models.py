@@ -59,3 +59,19 @@ class PlatformKey(Base):
     encrypted_key: Mapped[bytes] = mapped_column(LargeBinary)
     certificate_pem: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkerCredential(Base):
+    """A cluster's credential for its workers' calls to the cluster API; stored as a hash.
+
+    It names the cluster a worker serves; an admin revokes it, and every call made with
+    it is refused from then on.
+    """
+
+    __tablename__ = "worker_credentials"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]

@@ -22,6 +22,9 @@ from app.clusters.schemas import (
     IssuedOut,
     RenewIn,
     RevokeIn,
+    WorkerCredentialIssued,
+    WorkerCredentialList,
+    WorkerCredentialOut,
 )
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.pki import service as pki
@@ -42,6 +45,7 @@ def _issued(db: Session, settings: Settings, certificate: Certificate) -> Issued
         certificate_pem=certificate.certificate_pem,
         not_after=certificate.not_after,
         ca_pem=pki.platform_keys(db, settings).ca_pem.decode(),
+        job_token_public_key_pem=pki.platform_keys(db, settings).job_public_pem.decode(),
     )
 
 
@@ -123,6 +127,52 @@ def create_enrollment_token(
     )
     db.commit()
     return EnrollmentTokenOut(token=secret, expires_at=row.expires_at, cluster_id=cluster.id)
+
+
+@router.post(
+    "/clusters/{cluster_id}/worker-credentials",
+    response_model=WorkerCredentialIssued,
+    status_code=status.HTTP_201_CREATED,
+)
+def create_worker_credential(
+    cluster_id: str, caller: AdminDep, db: SessionDep
+) -> WorkerCredentialIssued:
+    """A credential for the cluster's workers (`nebula worker --credential-file`); shown once."""
+    cluster = service.get(db, cluster_id=cluster_id)
+    row, secret = service.create_worker_credential(db, actor=caller.actor, cluster=cluster)
+    db.commit()
+    return WorkerCredentialIssued(
+        **WorkerCredentialOut.model_validate(row).model_dump(), token=secret
+    )
+
+
+@router.get("/clusters/{cluster_id}/worker-credentials", response_model=WorkerCredentialList)
+def list_worker_credentials(
+    cluster_id: str, caller: AdminDep, db: SessionDep, page: PageDep
+) -> WorkerCredentialList:
+    """The cluster's worker credentials, without their secrets."""
+    service.get(db, cluster_id=cluster_id)
+    items, total = service.worker_credentials(
+        db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
+    )
+    return WorkerCredentialList(
+        items=[WorkerCredentialOut.model_validate(c) for c in items], total=total
+    )
+
+
+@router.delete(
+    "/clusters/{cluster_id}/worker-credentials/{credential_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+)
+def revoke_worker_credential(
+    cluster_id: str, credential_id: str, caller: AdminDep, db: SessionDep
+) -> None:
+    """Revoke a worker credential: the cluster's workers using it stop at their next call."""
+    cluster = service.get(db, cluster_id=cluster_id)
+    service.revoke_worker_credential(
+        db, actor=caller.actor, cluster=cluster, credential_id=credential_id
+    )
+    db.commit()
 
 
 @router.post("/certificates/{serial}/revoke", response_model=CertificateOut)

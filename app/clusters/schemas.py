@@ -62,6 +62,26 @@ class IssuedOut(BaseModel):
     certificate_pem: str
     not_after: datetime
     ca_pem: str
+    # switches pin this key at enrollment and verify job tokens with it
+    job_token_public_key_pem: str
+
+
+class WorkerCredentialOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    cluster_id: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class WorkerCredentialIssued(WorkerCredentialOut):
+    token: str  # shown once; the control plane keeps only its hash
+
+
+class WorkerCredentialList(BaseModel):
+    items: list[WorkerCredentialOut]
+    total: int
 
 
 class RevokeIn(Strict):

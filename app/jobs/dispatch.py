@@ -18,21 +18,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import session_scope, utcnow
 from app.jobs import service
 from app.jobs.models import FINAL_STATUSES, Job, JobRole, RoleStatus
-from app.pki import service as pki
 from app.settings import Settings
 
 log = logging.getLogger("nebula.jobs")
 
-JOB_TOKEN_TTL = timedelta(hours=24)
 
-
-def _send(
-    settings: Settings, *, job_id: str, role: str, attempt: int, cluster: str, token: str
-) -> None:
+def _send(settings: Settings, *, job_id: str, role: str, attempt: int, cluster: str) -> None:
     from workers.celery_app import RUN_ROLE_TASK, current_celery, queue_for
 
+    # ids only: the role claims its attempt through the cluster API and gets its job
+    # token there, so no credential ever sits in the broker
     current_celery(settings).send_task(
-        RUN_ROLE_TASK, args=[job_id, role, attempt, token], queue=queue_for(cluster)
+        RUN_ROLE_TASK, args=[job_id, role, attempt], queue=queue_for(cluster)
     )
 
 
@@ -50,24 +47,8 @@ def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
     ).all()
     sent = 0
     for row in roles:
-        token = pki.job_token(
-            db,
-            settings=settings,
-            job_id=f"{job.id}.{job.attempt}",
-            role=row.role,
-            cluster=row.cluster,
-            placement=dict(job.placement),
-            ttl=JOB_TOKEN_TTL,
-        )
         try:
-            _send(
-                settings,
-                job_id=job.id,
-                role=row.role,
-                attempt=job.attempt,
-                cluster=row.cluster,
-                token=token,
-            )
+            _send(settings, job_id=job.id, role=row.role, attempt=job.attempt, cluster=row.cluster)
         except Exception:  # the broker is down: the reaper tries again
             log.exception("could not enqueue role %s of job %s", row.role, job.id)
             continue

@@ -83,6 +83,8 @@ class JobRole(Base):
     heartbeat_at: Mapped[datetime | None]
     dispatched_at: Mapped[datetime | None]
     checkpoint_step: Mapped[int] = mapped_column(default=0)
+    # the last metric batch applied for this attempt: a retried batch is applied once
+    metrics_seq: Mapped[int] = mapped_column(default=0)
     worker: Mapped[str | None] = mapped_column(String(255))
     error: Mapped[str | None] = mapped_column(Text)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 from sqlalchemy.orm import Session
 
@@ -14,8 +14,6 @@ from app.workspaces import datasets
 from app.workspaces import service as workspaces
 from app.workspaces.models import DatasetKind, Workspace
 
-CHUNK = 1024 * 1024
-
 
 def store_job_output(
     db: Session,
@@ -25,10 +23,15 @@ def store_job_output(
     owner_id: str,
     name: str,
     kind: str,
-    path: Path,
+    chunks: Iterable[bytes],
     settings: Settings,
-) -> str:
-    """Encrypt a file a job wrote into its workspace as a dataset; returns its id (413: quota)."""
+    before_commit: Callable[[], None] | None = None,
+) -> tuple[str, int]:
+    """Encrypt streamed bytes a job wrote into its workspace as a dataset; (id, size).
+
+    413 as soon as the stream outgrows the owner's quota; `before_commit` may still refuse
+    (raise) once the bytes are in, e.g. when the attempt was fenced out meanwhile.
+    """
     workspace = db.get(Workspace, workspace_id)
     if workspace is None or workspace.owner_id != owner_id:
         raise NotFound()
@@ -43,15 +46,16 @@ def store_job_output(
         tmp_path=workspaces.upload_tmp_dir(settings) / f"{new_id()}.part",
         final_path=workspaces.dataset_path(settings, dataset_id),
     )
-    db.commit()
+    db.commit()  # nothing held while the bytes stream in
     dataset_kind = DatasetKind(kind)
     incoming = datasets.IncomingFile(plan)
     incoming.validate_as(dataset_kind)
     try:
-        with path.open("rb") as source:
-            while chunk := source.read(CHUNK):
-                incoming.write(chunk)
+        for chunk in chunks:
+            incoming.write(chunk)
         incoming.complete(dataset_kind)
+        if before_commit is not None:
+            before_commit()
         dataset = datasets.finish_upload(
             db,
             actor=Actor(user_id=owner_id),
@@ -61,4 +65,4 @@ def store_job_output(
         )
     finally:
         incoming.discard()
-    return dataset.id
+    return dataset.id, dataset.size_bytes

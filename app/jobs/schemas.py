@@ -69,26 +69,67 @@ class AbnetJobConfig(Strict):
         return values
 
 
+SOURCE, TARGET = 0, 1  # the columns of a parallel corpus (source \t target)
+
+
+class RoleSpec(BaseModel):
+    """One role of a job kind: its peer, what it may read, and what it stores."""
+
+    peer: str
+    # input name -> the column of a parallel corpus the role receives (None: all of it)
+    reads: dict[str, int | None]
+    artifact: str | None = None  # the kind of artifact the role stores, if any
+
+
 class JobKindSpec(BaseModel):
     """What a job kind needs: its config model, roles, and inputs (name -> dataset kind)."""
 
     config: type[Strict]
-    roles: tuple[str, ...]
+    roles: dict[str, RoleSpec]
     inputs: dict[str, str]
     optional_inputs: dict[str, str] = {}
+    primary_role: str  # the role whose steps measure the job's progress
 
 
 KINDS: dict[str, JobKindSpec] = {
     "electra_pretrain": JobKindSpec(
-        config=ElectraJobConfig, roles=("generator", "discriminator"), inputs={"text": "text"}
+        config=ElectraJobConfig,
+        roles={
+            "generator": RoleSpec(peer="discriminator", reads={"text": None}),
+            # reads the text too unless the job's config says discriminator_reads_text=false
+            "discriminator": RoleSpec(peer="generator", reads={"text": None}, artifact="model"),
+        },
+        inputs={"text": "text"},
+        primary_role="discriminator",
     ),
     "abnet_finetune": JobKindSpec(
         config=AbnetJobConfig,
-        roles=("encoder", "decoder"),
+        roles={
+            # each side of a parallel corpus gets only its own column: no cluster holds pairs
+            "encoder": RoleSpec(
+                peer="decoder",
+                reads={"parallel": SOURCE, "eval": SOURCE, "source_model": None},
+                artifact="adapters",
+            ),
+            "decoder": RoleSpec(
+                peer="encoder",
+                reads={"parallel": TARGET, "eval": TARGET, "target_model": None},
+                artifact="adapters",
+            ),
+        },
         inputs={"parallel": "parallel", "source_model": "model", "target_model": "model"},
         optional_inputs={"eval": "parallel"},
+        primary_role="decoder",
     ),
 }
+
+
+def role_reads(kind: str, role: str, config: dict[str, Any]) -> dict[str, int | None]:
+    """The inputs one role of a job may read, with the column it gets of each."""
+    reads = dict(KINDS[kind].roles[role].reads)
+    if role == "discriminator" and not config.get("discriminator_reads_text", True):
+        reads.pop("text")
+    return reads
 
 
 class JobSubmitIn(Strict):

@@ -32,22 +32,6 @@ from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
-# The role whose steps measure a job's progress.
-PRIMARY_ROLE = {"electra_pretrain": "discriminator", "abnet_finetune": "decoder"}
-
-
-def training_config(kind: str, config: dict[str, Any]) -> Any:
-    """The training code's config object for a job (imports torch: call on workers)."""
-    spec = KINDS[kind]
-    parsed = spec.config.model_validate(config)
-    overrides = parsed.overrides()  # type: ignore[attr-defined]
-    if kind == "electra_pretrain":
-        from workers.training.electra import electra_preset
-
-        return electra_preset(parsed.preset, **overrides)  # type: ignore[attr-defined]
-    from workers.training.abnet import abnet_preset
-
-    return abnet_preset(parsed.preset, **overrides)  # type: ignore[attr-defined]
 
 
 def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any], int]:
@@ -58,6 +42,8 @@ def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any],
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise Invalid(f"config.{where}: {first['msg']}") from None
+    from workers.training.configs import training_config
+
     try:
         total_steps = int(training_config(kind, parsed.model_dump()).steps)
     except ValueError as exc:
@@ -158,7 +144,8 @@ def list_for_workspace(
     return newest_first(db, Job, Job.workspace_id == workspace_id, limit=limit, offset=offset)
 
 
-def _finish(db: Session, job: Job, status: JobStatus, error: str | None = None) -> None:
+def finish_job(db: Session, job: Job, status: JobStatus, error: str | None = None) -> None:
+    """Put a job in a final status; roles that never started are marked stopped."""
     job.status = status
     job.error = error
     job.finished_at = utcnow()
@@ -179,7 +166,7 @@ def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
     """Stop a job; its roles see it at their next check and stop within seconds."""
     if job.status in FINAL_STATUSES:
         raise Conflict(f"the job is already {job.status.value}")
-    _finish(db, job, JobStatus.cancelled)
+    finish_job(db, job, JobStatus.cancelled)
     audit.record(db, actor=actor, action="job.cancel", subject_type="job", subject_id=job.id)
     return job
 
@@ -194,7 +181,7 @@ def fail_jobs_using_grant(
     failed = []
     for job in jobs:
         if dataset_id in job.inputs.values():
-            _finish(
+            finish_job(
                 db,
                 job,
                 JobStatus.failed,
@@ -305,13 +292,24 @@ def record_metrics(
     attempt: int,
     points: list[tuple[int, dict[str, float]]],
     checkpoint_step: int | None = None,
+    seq: int | None = None,
 ) -> bool:
-    """Store a batch of metric points of one role; False if the attempt is fenced out."""
+    """Store a batch of metric points of one role; False if the attempt is fenced out.
+
+    With `seq` (the batch's number within the attempt, from 1), a batch already applied
+    is acknowledged and not applied again, so a worker may retry what it is unsure of.
+    """
     found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
     if found is None:
         db.rollback()
         return False
     job, row = found
+    if seq is not None:
+        if seq <= row.metrics_seq:
+            row.heartbeat_at = utcnow()
+            db.commit()
+            return True
+        row.metrics_seq = seq
     for step, values in points:
         for name, value in values.items():
             db.add(JobMetric(job_id=job_id, role=role, step=step, name=name, value=float(value)))
@@ -320,7 +318,7 @@ def record_metrics(
         for name, value in points[-1][1].items():
             latest[f"{role}.{name}"] = float(value)
         job.metrics = latest
-        if role == PRIMARY_ROLE.get(job.kind):
+        if role == KINDS[job.kind].primary_role:
             job.step = max(job.step, points[-1][0])
             job.progress = min(1.0, job.step / job.total_steps) if job.total_steps else 0.0
     if checkpoint_step is not None:
@@ -344,7 +342,7 @@ def finish_role(
     if ok:
         roles = db.scalars(select(JobRole).where(JobRole.job_id == job_id)).all()
         if all(r.status == RoleStatus.succeeded for r in roles):
-            _finish(db, job, JobStatus.succeeded)
+            finish_job(db, job, JobStatus.succeeded)
             audit.record(
                 db, actor=SYSTEM, action="job.succeed", subject_type="job", subject_id=job_id
             )
@@ -356,7 +354,9 @@ def finish_role(
 def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
     """Fence the current attempt out and start a new one from the last checkpoints, or fail."""
     if job.attempt >= job.max_attempts:
-        _finish(db, job, JobStatus.failed, f"gave up after {job.attempt} attempts; last: {reason}")
+        finish_job(
+            db, job, JobStatus.failed, f"gave up after {job.attempt} attempts; last: {reason}"
+        )
         audit.record(
             db,
             actor=SYSTEM,
@@ -371,7 +371,11 @@ def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
         update(JobRole)
         .where(JobRole.job_id == job.id)
         .values(
-            attempt=job.attempt, status=RoleStatus.pending, dispatched_at=None, heartbeat_at=None
+            attempt=job.attempt,
+            status=RoleStatus.pending,
+            dispatched_at=None,
+            heartbeat_at=None,
+            metrics_seq=0,
         )
     )
     audit.record(

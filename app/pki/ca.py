@@ -247,13 +247,18 @@ def build_crl(
     next_update: datetime,
     now: datetime | None = None,
 ) -> bytes:
-    """A signed PEM CRL listing `revoked` as (serial, revoked_at) pairs."""
+    """A signed PEM CRL listing `revoked` as (serial, revoked_at) pairs.
+
+    Its CRL number is the issue time in milliseconds: it grows with every CRL the CA
+    signs, with no counter to keep, so a switch can refuse an older CRL replayed to it.
+    """
     moment = _now(now)
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
         .last_update(moment)
         .next_update(next_update)
+        .add_extension(x509.CRLNumber(int(moment.timestamp() * 1000)), critical=False)
     )
     for serial, revoked_at in revoked:
         entry = (

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -203,6 +203,19 @@ def decrypt_chunks(src: BinaryIO, *, data_key: bytes, dataset_id: str) -> Iterat
         index += 1
 
 
+def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """UTF-8 lines without their line ending, from chunks cut anywhere."""
+    pending = b""
+    for chunk in chunks:
+        data = pending + chunk
+        lines = data.split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            yield line.removesuffix(b"\r").decode("utf-8")
+    if pending:
+        yield pending.removesuffix(b"\r").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class DatasetReader:
     """Decrypting access to one stored dataset; holds no database session.
@@ -234,15 +247,7 @@ class DatasetReader:
 
     def iter_lines(self) -> Iterator[str]:
         """UTF-8 lines without their line ending, decoded as they stream."""
-        pending = b""
-        for chunk in self.iter_chunks():
-            data = pending + chunk
-            lines = data.split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                yield line.removesuffix(b"\r").decode("utf-8")
-        if pending:
-            yield pending.removesuffix(b"\r").decode("utf-8")
+        return split_lines(self.iter_chunks())
 
     def read_all(self) -> bytes:
         """The whole plaintext in memory: only for small files such as model checkpoints."""

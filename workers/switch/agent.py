@@ -1,10 +1,13 @@
 """`nebula switch`: enroll with the control plane, then run the cluster's switch.
 
 On first start the switch makes its own key, sends only a CSR with a single-use
-enrollment token, and stores key and certificate with mode 0600. Afterwards it
-fetches the CRL from the control plane (refusing revoked peers within
-`crl_refresh_s`) and renews its certificate when a third of its life is left,
-proving possession of the current key.
+enrollment token, and stores key, certificate, the CA certificate and the control
+plane's job-token public key with mode 0600. That key is pinned: it is never fetched
+again, so nobody who can answer for the control plane later can make the switch
+accept their tokens. Afterwards the switch fetches the CRL from the control plane
+(refusing revoked peers within `crl_refresh_s`, failing closed without a fresh CRL)
+and renews its certificate when a third of its life is left, proving possession of
+the current key. The control plane is reached over https unless it is on loopback.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import httpx
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from workers.control_plane import check_control_plane_url
 from workers.switch.server import Address, Switch, SwitchConfig
 from workers.switch.shaper import ShaperConfig
 from workers.switch.tls import make_switch_key_and_csr, write_private_file
@@ -56,16 +60,19 @@ class SwitchFiles:
         return self.folder / "switch.json"
 
     def enrolled(self) -> bool:
-        return self.key.exists() and self.cert.exists() and self.ca.exists()
+        return all(p.exists() for p in (self.key, self.cert, self.ca, self.job_key))
 
 
-def enroll(files: SwitchFiles, *, cluster: str, control_plane: str, token: str) -> None:
+def enroll(
+    files: SwitchFiles, *, cluster: str, control_plane: str, token: str, verify: bool | str = True
+) -> None:
     """Make a key here, send the CSR with the enrollment token, store what comes back."""
     key_pem, csr_pem = make_switch_key_and_csr(cluster)
     answer = httpx.post(
         f"{control_plane}{API}/pki/enroll",
         json={"token": token, "csr_pem": csr_pem.decode()},
         timeout=30,
+        verify=verify,
     )
     if answer.status_code != 201:
         raise SystemExit(
@@ -76,17 +83,18 @@ def enroll(files: SwitchFiles, *, cluster: str, control_plane: str, token: str) 
     write_private_file(files.key, key_pem)
     write_private_file(files.cert, issued["certificate_pem"].encode())
     write_private_file(files.ca, issued["ca_pem"].encode())
+    write_private_file(files.job_key, issued["job_token_public_key_pem"].encode())
     log.info("switch %s enrolled: certificate serial %s", cluster, issued["serial"])
 
 
-def fetch(control_plane: str, path: str) -> bytes:
+def fetch(control_plane: str, path: str, verify: bool | str = True) -> bytes:
     """GET a public PKI document from the control plane."""
-    answer = httpx.get(f"{control_plane}{API}{path}", timeout=30)
+    answer = httpx.get(f"{control_plane}{API}{path}", timeout=30, verify=verify)
     answer.raise_for_status()
     return answer.content
 
 
-def renewer(files: SwitchFiles, control_plane: str) -> object:
+def renewer(files: SwitchFiles, control_plane: str, verify: bool | str = True) -> object:
     """renew(csr_pem) -> cert_pem, proving possession of the current key."""
 
     def renew(csr_pem: bytes) -> bytes:
@@ -101,6 +109,7 @@ def renewer(files: SwitchFiles, control_plane: str) -> object:
                 "signature": base64.b64encode(signature).decode(),
             },
             timeout=30,
+            verify=verify,
         )
         answer.raise_for_status()
         return str(answer.json()["certificate_pem"]).encode()
@@ -120,27 +129,36 @@ def run(
     shaper: ShaperConfig | None,
     metrics_address: Address | None,
     crl_refresh_s: float = 30.0,
+    crl_grace_s: float = 300.0,
+    control_plane_ca: Path | None = None,
     stop: threading.Event | None = None,
 ) -> None:
     """Enroll if needed, start the switch, write its state file, serve until stopped."""
+    try:
+        control_plane = check_control_plane_url(control_plane)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    verify: bool | str = str(control_plane_ca) if control_plane_ca is not None else True
     files = SwitchFiles(folder)
     if not files.enrolled():
         if not enroll_token:
             raise SystemExit(f"switch {cluster} is not enrolled: pass --enroll-token")
-        enroll(files, cluster=cluster, control_plane=control_plane, token=enroll_token)
-    write_private_file(files.job_key, fetch(control_plane, "/pki/job-token-key.pem"))
-    renew = renewer(files, control_plane)
+        enroll(
+            files, cluster=cluster, control_plane=control_plane, token=enroll_token, verify=verify
+        )
+    renew = renewer(files, control_plane, verify)
     config = SwitchConfig(
         cluster=cluster,
         key_path=files.key,
         cert_path=files.cert,
         ca_path=files.ca,
-        crl_source=lambda: fetch(control_plane, "/pki/crl.pem"),
+        crl_source=lambda: fetch(control_plane, "/pki/crl.pem", verify),
         job_token_public_key=files.job_key.read_bytes(),
         worker_address=worker_address,
         peer_address=peer_address,
         peers=dict(peers),
         crl_refresh_s=crl_refresh_s,
+        crl_grace_s=crl_grace_s,
         shaper=shaper,
         metrics_address=metrics_address,
         renew=renew,  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +63,14 @@ from workers.switch.protocol import (
 from workers.switch.shaper import Shaper, ShaperConfig
 from workers.switch.stream import FrameStream
 from workers.switch.tls import (
+    CrlInfo,
     PeerIdentity,
     PeerRejected,
     check_peer,
     client_context,
-    load_crl,
     make_switch_key_and_csr,
     needs_renewal,
+    read_crl,
     server_context,
     validate_cluster_name,
     write_private_file,
@@ -99,6 +100,8 @@ class SwitchConfig:
     peer_address: Address = ("127.0.0.1", 0)
     peers: dict[str, Address] = field(default_factory=dict)  # cluster name -> its peer address
     crl_refresh_s: float = 30.0  # revoked peers are cut within this long
+    # after the last good CRL refresh, keep serving this long at most, then fail closed
+    crl_grace_s: float = 300.0
     shaper: ShaperConfig | None = None  # on frames sent to peers
     max_frame_bytes: int = DEFAULT_MAX_BODY_BYTES
     queue_frames: int = 8  # per outbound peer queue and per worker mailbox
@@ -146,6 +149,9 @@ class Switch:
         self._live: dict[FrameStream, PeerIdentity] = {}
         self._worker_streams: set[FrameStream] = set()
         self._revoked: frozenset[int] = frozenset()
+        self._crl: CrlInfo | None = None
+        self._crl_fresh_at = 0.0  # monotonic time of the last good refresh
+        self._failed_closed = False
         self._session = secrets.token_hex(8)
         self._out_seq: dict[tuple[str, ...], int] = {}
         self._trackers: dict[tuple[str, str], tuple[threading.Lock, StreamTracker]] = {}
@@ -285,19 +291,34 @@ class Switch:
         return True
 
     def refresh_crl(self, *, strict: bool = False) -> None:
-        """Fetch and verify the CRL; cut open peer connections whose certificate is now revoked."""
+        """Fetch and verify the CRL; cut open peer connections whose certificate is now revoked.
+
+        A CRL past its nextUpdate, or older (a lower CRL number) than the one held, is
+        refused. When no good CRL came for `crl_grace_s`, or the held one went stale, the
+        switch fails closed: it cuts every connection and refuses new ones until a good
+        CRL arrives.
+        """
         try:
-            revoked = load_crl(self.config.crl_source(), self._ca_pem)
+            info = read_crl(self.config.crl_source(), self._ca_pem)
+            if self._crl is not None and info.number < self._crl.number:
+                raise ValueError(
+                    f"CRL number {info.number} is older than the held {self._crl.number}"
+                )
         except Exception as exc:
             if strict:
                 raise
             log.warning(
                 "switch %s: CRL refresh failed, keeping the last one: %s", self.cluster, exc
             )
+            self._fail_closed_if_stale()
             return
         with self._lock:
-            self._revoked = revoked
-            doomed = [(s, i.serial) for s, i in self._live.items() if i.serial in revoked]
+            self._crl, self._revoked = info, info.revoked
+            self._crl_fresh_at = time.monotonic()
+            if self._failed_closed:
+                log.warning("switch %s: a good CRL came; serving again", self.cluster)
+            self._failed_closed = False
+            doomed = [(s, i.serial) for s, i in self._live.items() if i.serial in info.revoked]
             for stream, _ in doomed:
                 self._live.pop(stream, None)
         for stream, serial in doomed:
@@ -307,6 +328,26 @@ class Switch:
                 serial,
             )
             self._refused.labels("revoked").inc()
+            _cut(stream.sock)
+
+    @property
+    def failed_closed(self) -> bool:
+        """Whether the switch refuses everything for want of a fresh CRL."""
+        return self._failed_closed
+
+    def _fail_closed_if_stale(self) -> None:
+        held = self._crl
+        stale = held is None or held.next_update <= datetime.now(UTC)
+        if not stale and time.monotonic() - self._crl_fresh_at <= self.config.crl_grace_s:
+            return
+        with self._lock:
+            if self._failed_closed:
+                return
+            self._failed_closed = True
+            doomed = list(self._live) + list(self._worker_streams)
+            self._live.clear()
+        log.error("switch %s: no fresh CRL within the grace period; failing closed", self.cluster)
+        for stream in doomed:
             _cut(stream.sock)
 
     def _crl_loop(self) -> None:
@@ -353,6 +394,9 @@ class Switch:
         self, raw: socket.socket, context: ssl.SSLContext, what: str, address: Address
     ) -> ssl.SSLSocket | None:
         raw.settimeout(self.config.handshake_timeout_s)
+        if self._failed_closed:
+            self._refuse(raw, what, address, "no fresh CRL: failing closed", "crl")
+            return None
         try:
             sock = context.wrap_socket(raw, server_side=True)
         except (OSError, ValueError) as exc:

@@ -107,8 +107,17 @@ def check_peer(
     return identity
 
 
-def load_crl(crl_pem: bytes, ca_cert_pem: bytes, *, now: datetime | None = None) -> frozenset[int]:
-    """Verify a PEM CRL against the CA certificate; return the revoked serials."""
+@dataclass(frozen=True)
+class CrlInfo:
+    """A verified CRL: what it revokes, its number (higher is newer) and when it goes stale."""
+
+    revoked: frozenset[int]
+    number: int
+    next_update: datetime
+
+
+def read_crl(crl_pem: bytes, ca_cert_pem: bytes, *, now: datetime | None = None) -> CrlInfo:
+    """Verify a PEM CRL against the CA certificate and its validity window."""
     ca = x509.load_pem_x509_certificate(ca_cert_pem)
     crl = x509.load_pem_x509_crl(crl_pem)
     if crl.issuer != ca.subject:
@@ -121,7 +130,25 @@ def load_crl(crl_pem: bytes, ca_cert_pem: bytes, *, now: datetime | None = None)
     moment = now or datetime.now(UTC)
     if crl.last_update_utc > moment + _CLOCK_SKEW:
         raise ValueError("CRL is from the future")
-    return frozenset(entry.serial_number for entry in crl)
+    next_update = crl.next_update_utc
+    if next_update is None:
+        raise ValueError("CRL has no nextUpdate")
+    if next_update <= moment:
+        raise ValueError(f"CRL is stale: its nextUpdate {next_update:%Y-%m-%d %H:%M:%S} passed")
+    try:
+        number = int(crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number)
+    except x509.ExtensionNotFound:
+        number = 0
+    return CrlInfo(
+        revoked=frozenset(entry.serial_number for entry in crl),
+        number=number,
+        next_update=next_update,
+    )
+
+
+def load_crl(crl_pem: bytes, ca_cert_pem: bytes, *, now: datetime | None = None) -> frozenset[int]:
+    """Verify a PEM CRL against the CA certificate; return the revoked serials."""
+    return read_crl(crl_pem, ca_cert_pem, now=now).revoked
 
 
 def needs_renewal(cert_pem: bytes, now: datetime | None = None) -> bool:

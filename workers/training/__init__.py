@@ -8,6 +8,7 @@
                  `train_abnet_local`, mask-predict decoding, BLEU.
 - `bert.py`      the transformer body both scenarios share.
 - `data.py`      `write_demo_corpus`, WordPiece tokenizers, batch order.
+- `configs.py`   `training_config`: a job's validated config as `ElectraConfig` or `AbnetConfig`.
 - `runtime.py`   `Hooks`, `RoleResult`, checkpoints, wire messages, overlapped sends, codecs.
 
 Nothing is imported here, so `import workers.training` stays cheap.

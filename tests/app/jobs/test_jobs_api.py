@@ -12,10 +12,8 @@ from app.accounts.models import Role
 from app.audit.service import SYSTEM
 from app.clusters import service as clusters
 from app.jobs.models import Job, JobRole
-from app.pki import service as pki
 from app.settings import Settings
-from support import Account, Platform
-from workers.switch.tls import make_switch_key_and_csr
+from support import Account, Platform, register_clusters
 
 API = "/api/v1"
 TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()
@@ -25,14 +23,7 @@ PLACEMENT = {"generator": "cluster-a", "discriminator": "cluster-b"}
 @pytest.fixture
 def clusters_ready(platform: Platform, settings: Settings, client: TestClient) -> None:
     """Two clusters whose switches hold valid certificates."""
-    with platform.factory() as db:
-        for name in ("cluster-a", "cluster-b"):
-            cluster = clusters.create(
-                db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1
-            )
-            _key, csr = make_switch_key_and_csr(name)
-            pki.issue(db, actor=SYSTEM, cluster=cluster, csr_pem=csr.decode(), settings=settings)
-        db.commit()
+    register_clusters(platform.factory, settings, "cluster-a", "cluster-b")
 
 
 def _workspace(client: TestClient, user: Account) -> str:

@@ -1,0 +1,177 @@
+"""HTTP routes of the cluster API (`/api/v1/cluster/...`): HTTP only, rules in the service.
+
+Every call carries the cluster's worker credential in `X-Nebula-Worker`; every call of
+a running role also carries its job token as `Authorization: Bearer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Literal
+
+import anyio.from_thread
+from fastapi import APIRouter, Depends, Header, Path, Request, status
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from app.cluster_api import service
+from app.cluster_api.schemas import (
+    ClaimIn,
+    ClaimOut,
+    FinishIn,
+    FinishOut,
+    HeartbeatOut,
+    MetricBatchIn,
+    MetricBatchOut,
+    OutputOut,
+)
+from app.clusters.models import Cluster
+from app.deps import API_PREFIX, SessionDep, SettingsDep
+from app.errors import Invalid, NotAuthenticated
+
+router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
+
+WORKER_HEADER = "X-Nebula-Worker"
+RoleName = Literal["generator", "discriminator", "encoder", "decoder"]
+JobIdPath = Annotated[str, Path(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$")]
+InputName = Annotated[str, Path(pattern=r"^[a-z_]{1,32}$")]
+WorkerHeader = Annotated[str, Header(alias=WORKER_HEADER, max_length=200)]
+
+
+def get_worker_cluster(db: SessionDep, credential: WorkerHeader = "") -> Cluster:
+    """The cluster whose worker credential came with the call."""
+    return service.worker_cluster(db, credential=credential)
+
+
+WorkerClusterDep = Annotated[Cluster, Depends(get_worker_cluster)]
+
+
+def get_role_call(
+    job_id: JobIdPath,
+    role: RoleName,
+    db: SessionDep,
+    settings: SettingsDep,
+    credential: WorkerHeader = "",
+    authorization: Annotated[str, Header(max_length=9000)] = "",
+) -> service.RoleCall:
+    """The role this call speaks for, from the worker credential and the job token."""
+    if not authorization.lower().startswith("bearer "):
+        raise NotAuthenticated("a job token is required")
+    return service.authenticate(
+        db,
+        credential=credential,
+        token=authorization[7:].strip(),
+        settings=settings,
+        job_id=job_id,
+        role=role,
+    )
+
+
+RoleCallDep = Annotated[service.RoleCall, Depends(get_role_call)]
+ROLE = "/jobs/{job_id}/roles/{role}"
+
+
+@router.get("/whoami")
+def whoami(cluster: WorkerClusterDep) -> dict[str, str]:
+    """The cluster a worker credential belongs to (workers check it when they start)."""
+    return {"cluster": cluster.name}
+
+
+@router.post(f"{ROLE}/claim", response_model=ClaimOut)
+def claim(
+    job_id: JobIdPath,
+    role: RoleName,
+    body: ClaimIn,
+    cluster: WorkerClusterDep,
+    db: SessionDep,
+    settings: SettingsDep,
+) -> ClaimOut:
+    """Start a dispatched role on this cluster: its job token, config and inputs."""
+    answer = service.claim(
+        db,
+        cluster=cluster,
+        job_id=job_id,
+        role=role,
+        attempt=body.attempt,
+        worker=body.worker,
+        settings=settings,
+    )
+    return ClaimOut.model_validate(answer)
+
+
+@router.post(f"{ROLE}/heartbeat", response_model=HeartbeatOut)
+def heartbeat(call: RoleCallDep, db: SessionDep, settings: SettingsDep) -> HeartbeatOut:
+    """The attempt is alive: a renewed token; 409 once it was fenced out or the job ended."""
+    token, expires_at = service.heartbeat(db, call=call, settings=settings)
+    return HeartbeatOut(alive=True, token=token, token_expires_at=expires_at)
+
+
+@router.post(f"{ROLE}/metrics", response_model=MetricBatchOut)
+def metrics(call: RoleCallDep, body: MetricBatchIn, db: SessionDep) -> MetricBatchOut:
+    """One numbered batch of metric points (and the newest checkpoint step), applied once."""
+    applied = service.record_metrics(
+        db,
+        call=call,
+        seq=body.seq,
+        points=[(p.step, dict(p.values)) for p in body.points],
+        checkpoint_step=body.checkpoint_step,
+    )
+    return MetricBatchOut(applied=applied)
+
+
+@router.get(
+    f"{ROLE}/inputs/{{name}}",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def read_input(
+    name: InputName, call: RoleCallDep, db: SessionDep, settings: SettingsDep
+) -> StreamingResponse:
+    """One of the role's inputs, decrypted and streamed (its own column of a parallel corpus)."""
+    chunks = service.open_input(db, call=call, name=name, settings=settings)
+    return StreamingResponse(chunks, media_type="application/octet-stream")
+
+
+def _body_chunks(request: Request) -> Iterator[bytes]:
+    """The request body, pulled from a worker thread one chunk at a time."""
+    stream = request.stream()
+    while True:
+        try:
+            chunk = anyio.from_thread.run(stream.__anext__)
+        except StopAsyncIteration:
+            return
+        except ClientDisconnect:
+            raise Invalid("the upload was interrupted") from None
+        if chunk:
+            yield chunk
+
+
+@router.put(
+    f"{ROLE}/artifact",
+    response_model=OutputOut,
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def store_artifact(
+    request: Request, call: RoleCallDep, db: SessionDep, settings: SettingsDep
+) -> OutputOut:
+    """The role's artifact, streamed in and encrypted into the job owner's workspace."""
+    dataset_id, name, size = await run_in_threadpool(
+        service.store_output, db, call=call, chunks=_body_chunks(request), settings=settings
+    )
+    return OutputOut(dataset_id=dataset_id, name=name, size_bytes=size)
+
+
+@router.post(f"{ROLE}/finish", response_model=FinishOut)
+def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
+    """The role ended: succeeded (with its report), failed (with the cause) or stopped."""
+    job_status = service.finish(
+        db, call=call, outcome=body.outcome, error=body.error, report=body.report
+    )
+    return FinishOut(job_status=job_status)

@@ -1,0 +1,79 @@
+"""Bodies and answers of the cluster API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_POINTS_PER_BATCH = 10_000
+MAX_METRICS_PER_POINT = 64
+
+MetricName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+Step = Annotated[int, Field(ge=0, le=10**9)]
+# NaN and infinities are refused: a chart cannot show them and they poison aggregates
+MetricValue = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClaimIn(Strict):
+    attempt: int = Field(ge=1, le=1000)
+    worker: str = Field(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
+
+
+class TokenOut(BaseModel):
+    token: str
+    token_expires_at: datetime
+
+
+class ClaimOut(TokenOut):
+    """What a role needs to run: its job's validated config and the rules of the call."""
+
+    job_id: str
+    attempt: int
+    role: str
+    peer_role: str
+    kind: str
+    config: dict[str, Any]
+    inputs: list[str]  # the inputs this role may read
+    heartbeat_s: float
+    grace_s: float  # keep training this long without the control plane, then stop
+
+
+class HeartbeatOut(TokenOut):
+    alive: bool
+
+
+class MetricPoint(Strict):
+    step: Step
+    values: dict[MetricName, MetricValue] = Field(max_length=MAX_METRICS_PER_POINT)
+
+
+class MetricBatchIn(Strict):
+    seq: int = Field(ge=1, le=2**62, description="batch number within the attempt, from 1")
+    points: list[MetricPoint] = Field(max_length=MAX_POINTS_PER_BATCH)
+    checkpoint_step: Step | None = None
+
+
+class MetricBatchOut(BaseModel):
+    applied: bool  # false: this seq was applied before (a retry)
+
+
+class OutputOut(BaseModel):
+    dataset_id: str
+    name: str
+    size_bytes: int
+
+
+class FinishIn(Strict):
+    outcome: Literal["succeeded", "failed", "stopped"]
+    error: str | None = Field(default=None, max_length=2000)
+    report: dict[str, Any] = Field(default_factory=dict)
+
+
+class FinishOut(BaseModel):
+    job_status: str

@@ -1,0 +1,360 @@
+"""Cluster API rules: who may call, which attempt is live, what a role may read and store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.accounts import tokens
+from app.audit import service as audit
+from app.audit.service import SYSTEM
+from app.clusters.models import Cluster, WorkerCredential
+from app.clusters.service import WORKER_CREDENTIAL_PREFIX
+from app.db import utcnow
+from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound
+from app.grants import service as grants
+from app.grants.models import AccessRequest
+from app.jobs import service as jobs
+from app.jobs.models import FINAL_STATUSES, Job, JobRole, JobStatus
+from app.jobs.outputs import store_job_output
+from app.jobs.schemas import KINDS, role_reads
+from app.pki import service as pki
+from app.settings import Settings
+from workers.switch.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
+
+OUTPUT_CHUNK_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RoleCall:
+    """An authenticated call of one role of one attempt, on the cluster it runs on."""
+
+    job_id: str
+    attempt: int
+    role: str
+    cluster: str
+
+
+def worker_cluster(db: Session, *, credential: str) -> Cluster:
+    """The cluster a worker credential belongs to; 401 if unknown or revoked."""
+    row = (
+        db.scalar(
+            select(WorkerCredential).where(
+                WorkerCredential.token_hash == tokens.token_hash(credential)
+            )
+        )
+        if credential.startswith(WORKER_CREDENTIAL_PREFIX)
+        else None
+    )
+    cluster = db.get(Cluster, row.cluster_id) if row is not None else None
+    if row is None or row.revoked_at is not None or cluster is None:
+        raise NotAuthenticated("unknown or revoked worker credential")
+    return cluster
+
+
+def _split_job_claim(claim: str) -> tuple[str, int]:
+    job_id, _, attempt = claim.rpartition(".")
+    if not job_id or not attempt.isdigit():
+        raise NotAuthenticated("the job token names no attempt")
+    return job_id, int(attempt)
+
+
+def authenticate(
+    db: Session, *, credential: str, token: str, settings: Settings, job_id: str, role: str
+) -> RoleCall:
+    """Check both credentials and that the token was issued for this job, role and cluster."""
+    cluster = worker_cluster(db, credential=credential)
+    key = load_job_token_public_key(pki.platform_keys(db, settings).job_public_pem)
+    try:
+        claims = verify_job_token(token, key)
+    except JobTokenError as exc:
+        raise NotAuthenticated(f"job token refused: {exc}") from None
+    token_job, attempt = _split_job_claim(claims.job_id)
+    if claims.cluster != cluster.name:
+        raise Forbidden("the job token was issued to another cluster")
+    if token_job != job_id or claims.role != role:
+        raise Forbidden("the job token is for another job or role")
+    return RoleCall(job_id=job_id, attempt=attempt, role=role, cluster=cluster.name)
+
+
+def _fenced(call: RoleCall) -> Conflict:
+    return Conflict(f"attempt {call.attempt} of job {call.job_id} is no longer live")
+
+
+def _live(db: Session, call: RoleCall) -> Job:
+    job = db.get(Job, call.job_id)
+    row = db.scalar(select(JobRole).where(JobRole.job_id == call.job_id, JobRole.role == call.role))
+    if (
+        job is None
+        or row is None
+        or job.status in FINAL_STATUSES
+        or job.attempt != call.attempt
+        or row.attempt != call.attempt
+    ):
+        raise _fenced(call)
+    return job
+
+
+def _token(
+    db: Session, *, settings: Settings, job: Job, role: str, cluster: str, attempt: int
+) -> tuple[str, datetime]:
+    ttl = timedelta(seconds=settings.job_token_ttl_s)
+    token = pki.job_token(
+        db,
+        settings=settings,
+        job_id=f"{job.id}.{attempt}",
+        role=role,
+        cluster=cluster,
+        placement=dict(job.placement),
+        ttl=ttl,
+    )
+    return token, utcnow() + ttl
+
+
+def claim(
+    db: Session,
+    *,
+    cluster: Cluster,
+    job_id: str,
+    role: str,
+    attempt: int,
+    worker: str,
+    settings: Settings,
+) -> dict[str, Any]:
+    """Start a dispatched role on this cluster and hand it its job token and config."""
+    row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
+    if row is None or row.cluster != cluster.name:
+        raise NotFound()
+    if not jobs.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
+        raise Conflict(f"attempt {attempt} of job {job_id} is not live (stale, final or held)")
+    job = db.get(Job, job_id)
+    assert job is not None
+    token, expires_at = _token(
+        db, settings=settings, job=job, role=role, cluster=cluster.name, attempt=attempt
+    )
+    spec = KINDS[job.kind]
+    return {
+        "token": token,
+        "token_expires_at": expires_at,
+        "job_id": job.id,
+        "attempt": attempt,
+        "role": role,
+        "peer_role": spec.roles[role].peer,
+        "kind": job.kind,
+        "config": dict(job.config),
+        "inputs": sorted(set(role_reads(job.kind, role, job.config)) & set(job.inputs)),
+        "heartbeat_s": settings.role_heartbeat_s,
+        "grace_s": settings.heartbeat_timeout_s,
+    }
+
+
+def heartbeat(db: Session, *, call: RoleCall, settings: Settings) -> tuple[str, datetime]:
+    """Beat for a live attempt and renew its token; 409 once it is fenced out or final."""
+    if not jobs.role_alive(db, job_id=call.job_id, role=call.role, attempt=call.attempt):
+        raise _fenced(call)
+    job = db.get(Job, call.job_id)
+    assert job is not None
+    return _token(
+        db,
+        settings=settings,
+        job=job,
+        role=call.role,
+        cluster=call.cluster,
+        attempt=call.attempt,
+    )
+
+
+def record_metrics(
+    db: Session,
+    *,
+    call: RoleCall,
+    seq: int,
+    points: list[tuple[int, dict[str, float]]],
+    checkpoint_step: int | None,
+) -> bool:
+    """Apply one numbered metric batch once; False when it was applied before (a retry)."""
+    row = db.scalar(
+        select(JobRole.metrics_seq).where(
+            JobRole.job_id == call.job_id,
+            JobRole.role == call.role,
+            JobRole.attempt == call.attempt,
+        )
+    )
+    already = row is not None and seq <= row
+    if not jobs.record_metrics(
+        db,
+        job_id=call.job_id,
+        role=call.role,
+        attempt=call.attempt,
+        points=points,
+        checkpoint_step=checkpoint_step,
+        seq=seq,
+    ):
+        raise _fenced(call)
+    return not already
+
+
+def _ended_grant(db: Session, *, dataset_id: str, user_id: str) -> str | None:
+    return db.scalar(
+        select(AccessRequest.id)
+        .where(AccessRequest.dataset_id == dataset_id, AccessRequest.requester_id == user_id)
+        .order_by(AccessRequest.created_at.desc())
+        .limit(1)
+    )
+
+
+def _fail_on_lost_input(db: Session, *, job: Job, name: str, dataset_id: str) -> None:
+    """The job's input stopped being usable: fail the job, naming the grant that ended."""
+    grant = _ended_grant(db, dataset_id=dataset_id, user_id=job.owner_id)
+    job = db.get(Job, job.id, populate_existing=True) or job
+    if job.status in FINAL_STATUSES:
+        return
+    jobs.finish_job(
+        db,
+        job,
+        JobStatus.failed,
+        f"input {name!r} (dataset {dataset_id}) is no longer usable: access grant {grant} ended",
+    )
+    audit.record(
+        db,
+        actor=SYSTEM,
+        action="job.fail",
+        subject_type="job",
+        subject_id=job.id,
+        details={"reason": "input_unusable", "dataset_id": dataset_id, "access_request_id": grant},
+    )
+    db.commit()
+
+
+def _column_chunks(lines: Iterable[str], column: int) -> Iterator[bytes]:
+    """One column of a tab-separated corpus, re-chunked to about a megabyte."""
+    batch: list[str] = []
+    size = 0
+    for line in lines:
+        cell = line.split("\t", 1)[column]
+        batch.append(cell)
+        size += len(cell) + 1
+        if size >= OUTPUT_CHUNK_BYTES:
+            yield ("\n".join(batch) + "\n").encode()
+            batch, size = [], 0
+    if batch:
+        yield ("\n".join(batch) + "\n").encode()
+
+
+def open_input(db: Session, *, call: RoleCall, name: str, settings: Settings) -> Iterator[bytes]:
+    """The decrypted bytes of one of the role's inputs (only its column of a parallel corpus).
+
+    The grant is checked now, and the use audited, before any byte leaves; an input whose
+    grant ended answers 403 and fails the job with the grant's id.
+    """
+    job = db.get(Job, call.job_id)
+    if job is None:
+        raise _fenced(call)
+    reads = role_reads(job.kind, call.role, job.config)
+    if name not in reads or name not in job.inputs:
+        raise NotFound()
+    dataset_id = job.inputs[name]
+    try:
+        grants.check_dataset_usable(db, user_id=job.owner_id, dataset_id=dataset_id)
+    except (Forbidden, NotFound):
+        _fail_on_lost_input(db, job=job, name=name, dataset_id=dataset_id)
+    else:
+        _live(db, call)
+    # checks again and audits the use (or its denial, raising 403 or 404)
+    reader = grants.open_dataset_for_job(
+        db, user_id=job.owner_id, dataset_id=dataset_id, job_id=job.id, settings=settings
+    )
+    column = reads[name]
+    if column is None:
+        return reader.iter_chunks()
+    return _column_chunks(reader.iter_lines(), column)
+
+
+def _check_inputs_still_usable(db: Session, *, job: Job) -> None:
+    for name, dataset_id in job.inputs.items():
+        try:
+            grants.check_dataset_usable(db, user_id=job.owner_id, dataset_id=dataset_id)
+        except (Forbidden, NotFound):
+            _fail_on_lost_input(db, job=job, name=name, dataset_id=dataset_id)
+            raise Forbidden(
+                f"input {name!r} is no longer usable; the output was not stored"
+            ) from None
+
+
+def store_output(
+    db: Session, *, call: RoleCall, chunks: Iterable[bytes], settings: Settings
+) -> tuple[str, str, int]:
+    """Encrypt the role's artifact into the job owner's workspace; (dataset id, name, size).
+
+    Refused for a fenced attempt (before and after the upload), a role that stores no
+    artifact, inputs whose grants ended, and over the owner's quota (413).
+    """
+    job = _live(db, call)
+    artifact = KINDS[job.kind].roles[call.role].artifact
+    if artifact is None:
+        raise NotFound("this role stores no artifact")
+    _check_inputs_still_usable(db, job=job)
+    name = f"{job.kind}-{job.id[:8]}-{call.role}.safetensors"
+    db.commit()  # nothing held while the body streams
+
+    def still_live() -> None:
+        _live(db, call)
+
+    dataset_id, size = store_job_output(
+        db,
+        job_id=job.id,
+        workspace_id=job.workspace_id,
+        owner_id=job.owner_id,
+        name=name,
+        kind="model",
+        chunks=chunks,
+        settings=settings,
+        before_commit=still_live,
+    )
+    jobs.add_artifact(
+        db,
+        job_id=job.id,
+        name=name,
+        kind=artifact,
+        dataset_id=dataset_id,
+        size_bytes=size,
+        details={"role": call.role},
+    )
+    db.commit()
+    return dataset_id, name, size
+
+
+def finish(
+    db: Session, *, call: RoleCall, outcome: str, error: str | None, report: dict[str, Any]
+) -> str:
+    """A role ended; returns the job's status afterwards."""
+    if outcome == "stopped":
+        jobs.mark_role_stopped(db, job_id=call.job_id, role=call.role, attempt=call.attempt)
+    else:
+        job = _live(db, call)
+        if outcome == "succeeded":
+            jobs.add_artifact(
+                db,
+                job_id=job.id,
+                name=f"report-{call.role}.json",
+                kind="report",
+                dataset_id=None,
+                size_bytes=len(json.dumps(report)),
+                details={"role": call.role, **report},
+            )
+        jobs.finish_role(
+            db,
+            job_id=call.job_id,
+            role=call.role,
+            attempt=call.attempt,
+            ok=outcome == "succeeded",
+            error=(error or "no error given")[:2000] if outcome == "failed" else None,
+        )
+    final = db.get(Job, call.job_id, populate_existing=True)
+    return final.status.value if final is not None else "unknown"

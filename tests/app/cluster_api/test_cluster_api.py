@@ -1,0 +1,471 @@
+"""The cluster API refuses what it must: credentials, tokens, fenced attempts, lost grants.
+
+A job is submitted through the public API (no workers run); the tests then speak for its
+roles the way a worker does, with a worker credential and the job token of a claim.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from fastapi.testclient import TestClient
+from safetensors.numpy import save as save_safetensors
+from sqlalchemy import func, select
+
+from app.accounts.models import Role
+from app.audit.models import AuditEvent
+from app.db import utcnow
+from app.grants.models import AccessRequest
+from app.jobs import service as jobs
+from app.jobs.models import Job, JobMetric, JobStatus
+from app.pki import service as pki
+from app.settings import Settings
+from support import Account, Platform, register_clusters
+from workers.switch.jobtoken import sign_job_token
+
+API = "/api/v1"
+CLUSTER_API = f"{API}/cluster"
+TEXT = "".join(f"la frase número {i} del corpus\n" for i in range(64)).encode()
+
+
+@dataclass
+class Site:
+    """A platform with two clusters, their worker credentials, alice's job and its claims."""
+
+    client: TestClient
+    platform: Platform
+    settings: Settings
+    admin: Account
+    alice: Account
+    credentials: dict[str, str]
+    job_id: str
+    tokens: dict[str, str]
+
+    def headers(self, cluster: str, token: str | None = None) -> dict[str, str]:
+        headers = {"X-Nebula-Worker": self.credentials[cluster]}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def call(
+        self,
+        method: str,
+        role: str,
+        what: str,
+        *,
+        cluster: str | None = None,
+        token: str | None = None,
+        job_id: str | None = None,
+        **kwargs: object,
+    ) -> tuple[int, dict]:
+        cluster = cluster or CLUSTER_OF[role]
+        answer = self.client.request(
+            method,
+            f"{CLUSTER_API}/jobs/{job_id or self.job_id}/roles/{role}/{what}",
+            headers=self.headers(cluster, token if token is not None else self.tokens[role]),
+            **kwargs,  # type: ignore[arg-type]
+        )
+        body = answer.json() if answer.headers.get("content-type") == "application/json" else {}
+        return answer.status_code, body
+
+
+CLUSTER_OF = {"generator": "cluster-a", "discriminator": "cluster-b"}
+
+
+def _workspace(client: TestClient, user: Account) -> str:
+    return str(client.get(f"{API}/workspaces", headers=user.headers).json()["items"][0]["id"])
+
+
+def _upload(client: TestClient, user: Account, *, discoverable: bool = False) -> str:
+    answer = client.post(
+        f"{API}/workspaces/{_workspace(client, user)}/datasets",
+        data={"name": "t.txt", "kind": "text", "discoverable": json.dumps(discoverable)},
+        files={"file": ("t.txt", TEXT)},
+        headers=user.headers,
+    )
+    assert answer.status_code == 201, answer.text
+    return str(answer.json()["id"])
+
+
+def _submit(client: TestClient, user: Account, text: str) -> str:
+    answer = client.post(
+        f"{API}/workspaces/{_workspace(client, user)}/jobs",
+        json={
+            "kind": "electra_pretrain",
+            "config": {"preset": "tiny", "steps": 5},
+            "inputs": {"text": text},
+            "placement": dict(CLUSTER_OF),
+        },
+        headers=user.headers,
+    )
+    assert answer.status_code == 202, answer.text
+    return str(answer.json()["id"])
+
+
+def _credential(client: TestClient, admin: Account, cluster: str) -> tuple[str, str]:
+    cluster_id = next(
+        c["id"]
+        for c in client.get(f"{API}/clusters", headers=admin.headers).json()["items"]
+        if c["name"] == cluster
+    )
+    answer = client.post(f"{API}/clusters/{cluster_id}/worker-credentials", headers=admin.headers)
+    assert answer.status_code == 201, answer.text
+    return cluster_id, str(answer.json()["token"])
+
+
+def _claim(site: Site, role: str, attempt: int = 1) -> str:
+    answer = site.client.post(
+        f"{CLUSTER_API}/jobs/{site.job_id}/roles/{role}/claim",
+        json={"attempt": attempt, "worker": f"test:{role}"},
+        headers=site.headers(CLUSTER_OF[role]),
+    )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["token"])
+
+
+def _site(client: TestClient, platform: Platform, settings: Settings, user: Account) -> Site:
+    register_clusters(platform.factory, settings, "cluster-a", "cluster-b")
+    admin = platform.user(Role.admin)
+    credentials = {name: _credential(client, admin, name)[1] for name in CLUSTER_OF.values()}
+    site = Site(client, platform, settings, admin, user, credentials, "", {})
+    return site
+
+
+@pytest.fixture
+def site(client: TestClient, platform: Platform, settings: Settings) -> Site:
+    alice = platform.user()
+    built = _site(client, platform, settings, alice)
+    built.job_id = _submit(client, alice, _upload(client, alice))
+    built.tokens = {role: _claim(built, role) for role in CLUSTER_OF}
+    return built
+
+
+def _model_file() -> bytes:
+    tensors = {"w": np.arange(16, dtype=np.float32).reshape(4, 4)}
+    return save_safetensors(tensors, metadata={"nebula": "test"})
+
+
+def test_a_claimed_role_reads_its_input_decrypted_and_the_use_is_audited(site: Site) -> None:
+    answer = site.client.get(
+        f"{CLUSTER_API}/jobs/{site.job_id}/roles/generator/inputs/text",
+        headers=site.headers("cluster-a", site.tokens["generator"]),
+    )
+    assert answer.status_code == 200
+    assert answer.content == TEXT
+    with site.platform.factory() as db:
+        uses = db.scalars(
+            select(AuditEvent).where(
+                AuditEvent.action == "dataset.use", AuditEvent.outcome == "success"
+            )
+        ).all()
+    assert [u.details["job_id"] for u in uses] == [site.job_id]
+
+
+def test_calls_without_both_credentials_or_with_foreign_tokens_are_refused(site: Site) -> None:
+    path = f"{CLUSTER_API}/jobs/{site.job_id}/roles/generator/heartbeat"
+    token = site.tokens["generator"]
+    assert site.client.post(path).status_code == 401  # nothing
+    assert (
+        site.client.post(
+            path, headers={"X-Nebula-Worker": site.credentials["cluster-a"]}
+        ).status_code
+        == 401
+    )
+    assert site.client.post(path, headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    bad_credential = {"X-Nebula-Worker": "nbw_not-a-credential", "Authorization": f"Bearer {token}"}
+    assert site.client.post(path, headers=bad_credential).status_code == 401
+
+    forged = sign_job_token(
+        Ed25519PrivateKey.generate(),
+        job_id=f"{site.job_id}.1",
+        role="generator",
+        cluster="cluster-a",
+        expires_at=2**40,
+    )
+    assert site.call("POST", "generator", "heartbeat", token=forged)[0] == 401
+    with site.platform.factory() as db:
+        expired = pki.job_token(
+            db,
+            settings=site.settings,
+            job_id=f"{site.job_id}.1",
+            role="generator",
+            cluster="cluster-a",
+            placement={},
+            ttl=timedelta(seconds=-1),
+        )
+    status, body = site.call("POST", "generator", "heartbeat", token=expired)
+    assert status == 401 and "expired" in body["detail"]
+
+    # the generator's token on the discriminator's resources, or from the other cluster
+    assert (
+        site.call("POST", "discriminator", "heartbeat", token=token, cluster="cluster-b")[0] == 403
+    )
+    assert site.call("POST", "generator", "heartbeat", cluster="cluster-b")[0] == 403
+    # a token of job X on job Y
+    other_job = _submit(site.client, site.alice, _upload(site.client, site.alice))
+    status, body = site.call("POST", "generator", "heartbeat", job_id=other_job)
+    assert status == 403 and "another job" in body["detail"]
+    assert (
+        site.call("POST", "generator", "metrics", job_id=other_job, json={"seq": 1, "points": []})[
+            0
+        ]
+        == 403
+    )
+    assert (
+        site.client.get(
+            f"{CLUSTER_API}/jobs/{other_job}/roles/generator/inputs/text",
+            headers=site.headers("cluster-a", token),
+        ).status_code
+        == 403
+    )
+
+
+def test_a_role_is_claimed_only_by_its_own_cluster_and_only_for_the_live_attempt(
+    site: Site,
+) -> None:
+    path = f"{CLUSTER_API}/jobs/{site.job_id}/roles/generator/claim"
+    wrong_cluster = site.client.post(
+        path, json={"attempt": 1, "worker": "w"}, headers=site.headers("cluster-b")
+    )
+    assert wrong_cluster.status_code == 404
+    stale = site.client.post(
+        path, json={"attempt": 2, "worker": "w"}, headers=site.headers("cluster-a")
+    )
+    assert stale.status_code == 409
+    unknown_role = site.client.post(
+        f"{CLUSTER_API}/jobs/{site.job_id}/roles/trainer/claim",
+        json={"attempt": 1, "worker": "w"},
+        headers=site.headers("cluster-a"),
+    )
+    assert unknown_role.status_code == 422
+
+
+def test_heartbeat_renews_the_token_and_metric_batches_apply_once(site: Site) -> None:
+    status, body = site.call("POST", "discriminator", "heartbeat")
+    assert status == 200 and body["alive"] is True
+    renewed = body["token"]
+    batch = {"seq": 1, "points": [{"step": 3, "values": {"loss": 0.5}}], "checkpoint_step": 2}
+    assert site.call("POST", "discriminator", "metrics", token=renewed, json=batch) == (
+        200,
+        {"applied": True},
+    )
+    assert site.call("POST", "discriminator", "metrics", json=batch) == (200, {"applied": False})
+    with site.platform.factory() as db:
+        points = db.scalar(select(func.count()).select_from(JobMetric))
+        job = db.get(Job, site.job_id)
+    assert points == 1
+    assert job is not None and job.step == 3 and job.metrics == {"discriminator.loss": 0.5}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"seq": 1, "points": [{"step": 1, "values": {"loss": math.nan}}]},
+        {"seq": 1, "points": [{"step": 1, "values": {"loss": math.inf}}]},
+        {"seq": 0, "points": []},
+        {"seq": 1, "points": [{"step": -1, "values": {}}]},
+        {"seq": 1, "points": [{"step": 1, "values": {"bad name!": 1.0}}]},
+        {"seq": 1, "points": [{"step": i, "values": {}} for i in range(10_001)]},
+        {"seq": 1, "points": [], "extra": True},
+    ],
+    ids=["nan", "inf", "seq-0", "negative-step", "bad-name", "too-many-points", "unknown-field"],
+)
+def test_bad_metric_batches_are_refused_and_write_nothing(site: Site, body: dict) -> None:
+    # NaN is not JSON: send it the way a careless client would
+    raw = json.dumps(body, allow_nan=True)
+    assert _raw_post(site, "generator", "metrics", raw)[0] == 422
+    with site.platform.factory() as db:
+        assert db.scalar(select(func.count()).select_from(JobMetric)) == 0
+
+
+def _raw_post(site: Site, role: str, what: str, raw: str | bytes) -> tuple[int, dict]:
+    answer = site.client.post(
+        f"{CLUSTER_API}/jobs/{site.job_id}/roles/{role}/{what}",
+        content=raw,
+        headers={
+            **site.headers(CLUSTER_OF[role], site.tokens[role]),
+            "content-type": "application/json",
+        },
+    )
+    return answer.status_code, answer.json()
+
+
+def test_a_million_points_is_too_large_and_malformed_json_is_422(site: Site) -> None:
+    points = ",".join('{"step":1,"values":{"l":1}}' for _ in range(1_000_000))
+    status, _ = _raw_post(site, "generator", "metrics", f'{{"seq":1,"points":[{points}]}}')
+    assert status == 413
+    assert _raw_post(site, "generator", "metrics", b"{not json")[0] == 422
+
+
+def test_a_fenced_attempt_is_refused_everywhere(site: Site) -> None:
+    with site.platform.factory() as db:
+        job = db.get(Job, site.job_id)
+        assert job is not None
+        jobs.restart_attempt(db, job=job, reason="test")
+        db.commit()
+    for method, what, kwargs in (
+        ("POST", "heartbeat", {}),
+        ("POST", "metrics", {"json": {"seq": 1, "points": []}}),
+        ("GET", "inputs/text", {}),
+        ("PUT", "artifact", {"content": _model_file()}),
+    ):
+        status, body = site.call(method, "discriminator", what, **kwargs)
+        assert status == 409, (what, status, body)
+        assert "no longer live" in body["detail"]
+    with site.platform.factory() as db:
+        job = db.get(Job, site.job_id)
+        assert job is not None and job.attempt == 2
+    # the new attempt is claimed with a new token; the old one stays refused
+    fresh = _claim(site, "discriminator", attempt=2)
+    assert site.call("POST", "discriminator", "heartbeat", token=fresh)[0] == 200
+    assert site.call("POST", "discriminator", "heartbeat")[0] == 409
+
+
+def test_outputs_are_encrypted_into_the_owners_workspace_and_finish_reports(site: Site) -> None:
+    model = _model_file()
+    status, body = site.call("PUT", "discriminator", "artifact", content=model)
+    assert status == 201, body
+    dataset = site.client.get(f"{API}/datasets/{body['dataset_id']}", headers=site.alice.headers)
+    assert dataset.status_code == 200 and dataset.json()["size_bytes"] == len(model)
+    stored = site.client.get(
+        f"{API}/datasets/{body['dataset_id']}/content", headers=site.alice.headers
+    )
+    assert stored.content == model
+    # the generator stores nothing
+    assert site.call("PUT", "generator", "artifact", content=model)[0] == 404
+    # a file that is no model is refused and stores nothing
+    assert site.call("PUT", "discriminator", "artifact", content=b"not a model")[0] == 422
+
+    report = {"last_step": 5}
+    assert site.call(
+        "POST", "generator", "finish", json={"outcome": "succeeded", "report": report}
+    ) == (
+        200,
+        {"job_status": "running"},
+    )
+    status, body = site.call("POST", "discriminator", "finish", json={"outcome": "succeeded"})
+    assert (status, body["job_status"]) == (200, "succeeded")
+    artifacts = site.client.get(
+        f"{API}/jobs/{site.job_id}/artifacts", headers=site.alice.headers
+    ).json()
+    assert sorted(a["kind"] for a in artifacts["items"]) == ["model", "report", "report"]
+    # the job ended: its tokens are dead
+    assert site.call("POST", "discriminator", "heartbeat")[0] == 409
+
+
+def test_an_output_over_the_owners_quota_is_413(site: Site) -> None:
+    workspace = _workspace(site.client, site.alice)
+    site.client.patch(
+        f"{API}/workspaces/{workspace}/quota",
+        json={"storage_bytes_limit": len(TEXT) + 100},
+        headers=site.admin.headers,
+    )
+    status, body = site.call("PUT", "discriminator", "artifact", content=_model_file())
+    assert status == 413, body
+    datasets = site.client.get(f"{API}/workspaces/{workspace}/datasets", headers=site.alice.headers)
+    assert datasets.json()["total"] == 1
+
+
+def test_a_revoked_grant_refuses_the_input_and_fails_the_job_naming_the_grant(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    alice, bob = platform.user(), platform.user()
+    site = _site(client, platform, settings, bob)
+    text = _upload(client, alice, discoverable=True)
+    request = client.post(
+        f"{API}/access-requests", json={"dataset_id": text, "purpose": "t"}, headers=bob.headers
+    ).json()
+    client.post(f"{API}/access-requests/{request['id']}/approve", json={}, headers=alice.headers)
+    site.job_id = _submit(client, bob, text)
+    site.tokens = {role: _claim(site, role) for role in CLUSTER_OF}
+    assert site.call("GET", "generator", "inputs/text")[0] == 200
+
+    client.post(f"{API}/access-requests/{request['id']}/revoke", headers=alice.headers)
+    assert site.call("GET", "discriminator", "inputs/text")[0] == 403
+    job = client.get(f"{API}/jobs/{site.job_id}", headers=bob.headers).json()
+    assert job["status"] == "failed" and request["id"] in job["error"]
+    with platform.factory() as db:
+        denied = db.scalar(
+            select(func.count())
+            .select_from(AuditEvent)
+            .where(AuditEvent.action == "dataset.use", AuditEvent.outcome == "denied")
+        )
+    assert denied == 1
+
+
+def test_an_input_whose_grant_expired_fails_the_running_job(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    alice, bob = platform.user(), platform.user()
+    site = _site(client, platform, settings, bob)
+    text = _upload(client, alice, discoverable=True)
+    request = client.post(
+        f"{API}/access-requests", json={"dataset_id": text, "purpose": "t"}, headers=bob.headers
+    ).json()
+    client.post(f"{API}/access-requests/{request['id']}/approve", json={}, headers=alice.headers)
+    site.job_id = _submit(client, bob, text)
+    site.tokens = {role: _claim(site, role) for role in CLUSTER_OF}
+    with platform.factory() as db:
+        row = db.get(AccessRequest, request["id"])
+        assert row is not None
+        row.expires_at = utcnow() - timedelta(seconds=1)
+        db.commit()
+    assert site.call("GET", "generator", "inputs/text")[0] == 403
+    with platform.factory() as db:
+        job = db.get(Job, site.job_id)
+    assert job is not None and job.status == JobStatus.failed and request["id"] in (job.error or "")
+
+
+def test_a_revoked_worker_credential_is_refused_at_the_next_call(site: Site) -> None:
+    cluster_id = next(
+        c["id"]
+        for c in site.client.get(f"{API}/clusters", headers=site.admin.headers).json()["items"]
+        if c["name"] == "cluster-a"
+    )
+    listed = site.client.get(
+        f"{API}/clusters/{cluster_id}/worker-credentials", headers=site.admin.headers
+    ).json()
+    assert listed["total"] == 1 and "token" not in listed["items"][0]
+    credential_id = listed["items"][0]["id"]
+    assert site.call("POST", "generator", "heartbeat")[0] == 200
+    revoked = site.client.delete(
+        f"{API}/clusters/{cluster_id}/worker-credentials/{credential_id}",
+        headers=site.admin.headers,
+    )
+    assert revoked.status_code == 204
+    status, body = site.call("POST", "generator", "heartbeat")
+    assert status == 401 and "worker credential" in body["detail"]
+    whoami = site.client.get(f"{CLUSTER_API}/whoami", headers=site.headers("cluster-a"))
+    assert whoami.status_code == 401
+    assert site.client.get(f"{CLUSTER_API}/whoami", headers=site.headers("cluster-b")).json() == {
+        "cluster": "cluster-b"
+    }
+
+
+def test_members_cannot_manage_worker_credentials(site: Site) -> None:
+    cluster_id = site.client.get(f"{API}/clusters", headers=site.alice.headers).json()["items"][0][
+        "id"
+    ]
+    path = f"{API}/clusters/{cluster_id}/worker-credentials"
+    assert site.client.post(path, headers=site.alice.headers).status_code == 403
+    assert site.client.get(path, headers=site.alice.headers).status_code == 403
+
+
+def test_a_claim_answer_names_only_the_roles_own_inputs(site: Site) -> None:
+    answer = site.client.post(
+        f"{CLUSTER_API}/jobs/{site.job_id}/roles/generator/claim",
+        json={"attempt": 1, "worker": "again"},
+        headers=site.headers("cluster-a"),
+    )
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["inputs"] == ["text"] and body["peer_role"] == "discriminator"
+    assert "secret" not in json.dumps(body).lower()
+    # an input the role has no business reading
+    assert site.call("GET", "generator", "inputs/parallel")[0] == 404

@@ -1,0 +1,233 @@
+"""The cluster side of the cluster API: how a worker and its roles reach the control plane.
+
+A worker holds its cluster's worker credential and the control plane's URL; a role adds
+the job token its claim returned, renewed by every heartbeat. Nothing here knows a
+database or a data key: inputs arrive decrypted over the connection, outputs leave the
+same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+log = logging.getLogger("nebula.cluster")
+
+API = "/api/v1/cluster"
+WORKER_HEADER = "X-Nebula-Worker"
+UPLOAD_CHUNK = 1024 * 1024
+T = TypeVar("T")
+
+
+class ControlPlaneError(Exception):
+    """The control plane answered with an error status."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class Fenced(ControlPlaneError):
+    """409: the attempt was fenced out, or the job ended; the role must stop."""
+
+
+class Refused(ControlPlaneError):
+    """401 or 403: a credential or token was refused (revoked, expired, foreign)."""
+
+
+def check_control_plane_url(url: str) -> str:
+    """The URL without a trailing slash; plain http only to a loopback address."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname):
+        raise ValueError(
+            f"refusing plain http to {parts.hostname}: the control plane must be reached over "
+            "https unless it runs on this host"
+        )
+    return url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _raise_for(answer: httpx.Response) -> None:
+    if answer.status_code < 400:
+        return
+    try:
+        detail = str(answer.json().get("detail", answer.text))
+    except ValueError:
+        detail = answer.text[:500]
+    if answer.status_code == 409:
+        raise Fenced(answer.status_code, detail)
+    if answer.status_code in (401, 403):
+        raise Refused(answer.status_code, detail)
+    raise ControlPlaneError(answer.status_code, detail)
+
+
+def retrying(call: Callable[[], T], *, within_s: float, what: str) -> T:
+    """`call` again after network errors and 5xx answers, for up to `within_s` seconds.
+
+    Only for calls that are safe to repeat: heartbeats, numbered metric batches, finish.
+    """
+    deadline = time.monotonic() + within_s
+    delay = 0.25
+    while True:
+        try:
+            return call()
+        except (httpx.TransportError, ControlPlaneError) as exc:
+            retry = isinstance(exc, httpx.TransportError) or (
+                isinstance(exc, ControlPlaneError) and exc.status >= 500
+            )
+            if not retry or time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s failed (%s); trying again in %.1f s", what, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the control plane hands a role that claims its attempt."""
+
+    job_id: str
+    attempt: int
+    role: str
+    peer_role: str
+    kind: str
+    config: dict[str, Any]
+    inputs: list[str]
+    token: str
+    heartbeat_s: float
+    grace_s: float
+
+
+class ClusterClient:
+    """A worker's connection to the cluster API, authenticated by its worker credential."""
+
+    def __init__(
+        self, url: str, *, credential: str, ca_path: Path | None = None, timeout: float = 30.0
+    ) -> None:
+        self.url = check_control_plane_url(url)
+        verify: Any = str(ca_path) if ca_path is not None else True
+        self.http = httpx.Client(
+            base_url=f"{self.url}{API}",
+            headers={WORKER_HEADER: credential},
+            timeout=timeout,
+            verify=verify,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def whoami(self) -> str:
+        """The cluster the credential belongs to; Refused if it is unknown or revoked."""
+        answer = self.http.get("/whoami")
+        _raise_for(answer)
+        return str(answer.json()["cluster"])
+
+    def claim(self, *, job_id: str, role: str, attempt: int, worker: str) -> RoleSession:
+        """Start the role's attempt; Fenced if it is stale, final or held."""
+        answer = self.http.post(
+            f"/jobs/{job_id}/roles/{role}/claim", json={"attempt": attempt, "worker": worker}
+        )
+        _raise_for(answer)
+        body = answer.json()
+        claim = Claim(
+            job_id=body["job_id"],
+            attempt=int(body["attempt"]),
+            role=body["role"],
+            peer_role=body["peer_role"],
+            kind=body["kind"],
+            config=dict(body["config"]),
+            inputs=list(body["inputs"]),
+            token=body["token"],
+            heartbeat_s=float(body["heartbeat_s"]),
+            grace_s=float(body["grace_s"]),
+        )
+        return RoleSession(self, claim)
+
+
+class RoleSession:
+    """The calls of one claimed role; every one carries its current job token."""
+
+    def __init__(self, client: ClusterClient, claim: Claim) -> None:
+        self.client, self.claim = client, claim
+        self.token = claim.token
+        self._path = f"/jobs/{claim.job_id}/roles/{claim.role}"
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def _post(self, what: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = self.client.http.post(f"{self._path}/{what}", json=body, headers=self._headers())
+        _raise_for(answer)
+        result: dict[str, Any] = answer.json()
+        return result
+
+    def heartbeat(self) -> None:
+        """Beat and take the renewed token; Fenced once the attempt is over."""
+        self.token = str(self._post("heartbeat", {})["token"])
+
+    def post_metrics(
+        self, *, seq: int, points: list[tuple[int, dict[str, float]]], checkpoint_step: int | None
+    ) -> bool:
+        """Send batch number `seq` (applied once however often it is sent)."""
+        body = {
+            "seq": seq,
+            "points": [{"step": step, "values": values} for step, values in points],
+            "checkpoint_step": checkpoint_step,
+        }
+        return bool(self._post("metrics", body)["applied"])
+
+    def read_input(self, name: str) -> Iterator[bytes]:
+        """The input's decrypted bytes as they stream in."""
+        with self.client.http.stream(
+            "GET", f"{self._path}/inputs/{name}", headers=self._headers()
+        ) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                _raise_for(answer)
+            yield from answer.iter_bytes(UPLOAD_CHUNK)
+
+    def upload_artifact(self, path: Path) -> dict[str, Any]:
+        """Stream the role's artifact file to the control plane, which encrypts and stores it."""
+
+        def chunks() -> Iterator[bytes]:
+            with path.open("rb") as source:
+                while chunk := source.read(UPLOAD_CHUNK):
+                    yield chunk
+
+        answer = self.client.http.put(
+            f"{self._path}/artifact",
+            content=chunks(),
+            headers={
+                **self._headers(),
+                "Content-Type": "application/octet-stream",
+                "Content-Length": str(path.stat().st_size),
+            },
+        )
+        _raise_for(answer)
+        result: dict[str, Any] = answer.json()
+        return result
+
+    def finish(
+        self, outcome: str, *, error: str | None = None, report: dict[str, Any] | None = None
+    ) -> str:
+        """Report how the role ended; returns the job's status."""
+        body = {"outcome": outcome, "error": error, "report": report or {}}
+        return str(self._post("finish", body)["job_status"])

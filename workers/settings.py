@@ -1,0 +1,36 @@
+"""What a cluster process may configure: nothing of the control plane's secrets.
+
+`nebula worker` and `nebula switch` read these instead of the control plane's
+`Settings`. There is no field for the database URL or the platform secret, and
+`scrub_control_plane_secrets` removes them from the environment at start, so that no
+code in a cluster process (nor a child it forks) can read them even when a careless
+deployment sets them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+CONTROL_PLANE_ONLY = ("NEBULA_DATABASE_URL", "NEBULA_SECRET_KEY", "NEBULA_DATA_DIR")
+
+
+class ClusterSettings(BaseSettings):
+    """A cluster host's configuration (NEBULA_* environment variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="NEBULA_", extra="ignore")
+
+    var_dir: Path = Path("./var")
+    broker_url: str = ""  # empty: the embedded filesystem broker under var_dir
+    control_plane_url: str = "http://127.0.0.1:8000"
+    log_level: str = "INFO"
+
+
+def scrub_control_plane_secrets() -> list[str]:
+    """Drop the control plane's secrets from this process's environment; returns the names."""
+    found = [name for name in CONTROL_PLANE_ONLY if name in os.environ]
+    for name in found:
+        del os.environ[name]
+    return found
