@@ -1,8 +1,16 @@
-"""The embedded default: from a clean folder, `nebula up` and `nebula demo` succeed with no server."""
+"""The embedded default: from a clean folder, `nebula up` and `nebula demo` succeed with no server.
+
+While the demo's jobs run, the cluster processes (switches, workers and their pool
+children) are watched: none holds the control plane's database or dataset store open,
+and none has the database URL or the platform secret in its environment.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -12,21 +20,80 @@ from support import NebulaUp
 
 pytestmark = pytest.mark.slow
 
+SECRETS = (b"NEBULA_DATABASE_URL=", b"NEBULA_SECRET_KEY=")
+
+
+def _cluster_processes(session: int) -> list[int]:
+    """Switch and worker processes of one `nebula up` (its session), pool children included."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # field 6 of stat is the session id; the command name may hold spaces, so split after it
+        if int(stat.rsplit(")", 1)[1].split()[3]) != session:
+            continue
+        if b"app.cli" in argv and (b"worker" in argv or b"switch" in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _open_files(pid: int) -> set[str]:
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return set()
+    targets = set()
+    for fd in fds:
+        try:
+            targets.add(os.readlink(fd))
+        except OSError:
+            continue
+    return targets
+
 
 def test_nebula_up_then_demo_in_an_empty_folder(tmp_path: Path) -> None:
     with NebulaUp(tmp_path / "site") as up:
+        var = (tmp_path / "site" / "var").resolve()
         assert httpx.get(f"{up.url}/readyz").json()["ready"] is True
-        assert (tmp_path / "site" / "var" / "nebula.db").exists()  # SQLite, no database server
-        assert (tmp_path / "site" / "var" / "broker").is_dir()  # the embedded broker
-        demo = subprocess.run(
+        assert (var / "nebula.db").exists()  # SQLite, no database server
+        assert (var / "broker").is_dir()  # the embedded broker
+        demo = subprocess.Popen(
             up.command("demo", "--url", up.url, "--electra-steps", "4", "--abnet-steps", "2"),
             cwd=up.folder,
             env=up.env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
-            timeout=600,
         )
-        assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-        assert "BLEU on the test split" in demo.stdout
-        assert "chain verified: True" in demo.stdout
-        assert "bob downloading alice's raw text: 403" in demo.stdout
+        seen: set[int] = set()
+        opened: dict[int, set[str]] = {}
+        environments: dict[int, bytes] = {}
+        tick = threading.Event()
+        while demo.poll() is None:
+            for pid in _cluster_processes(up.process.pid):
+                seen.add(pid)
+                opened.setdefault(pid, set()).update(_open_files(pid))
+                if pid not in environments:
+                    with contextlib.suppress(OSError):
+                        environments[pid] = Path(f"/proc/{pid}/environ").read_bytes()
+            tick.wait(0.3)
+        output = demo.stdout.read() if demo.stdout else ""
+        assert demo.returncode == 0, output[-4000:]
+        assert "BLEU on the test split" in output
+        assert "chain verified: True" in output
+        assert "bob downloading alice's raw text: 403" in output
+
+    # two switches, two workers and their pool children ran the jobs
+    assert len(seen) >= 4, seen
+    control_plane_files = [str(var / "nebula.db"), str(var / "data"), str(var / "secret_key")]
+    for pid, files in opened.items():
+        leaked = [f for f in files if any(f.startswith(p) for p in control_plane_files)]
+        assert not leaked, f"cluster process {pid} had {leaked} open"
+    for pid, environment in environments.items():
+        for secret in SECRETS:
+            assert secret not in environment, f"cluster process {pid} was given {secret!r}"

@@ -57,8 +57,12 @@ def make_switch_key_and_csr(cluster_name: str) -> tuple[bytes, bytes]:
 
 
 def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` with mode 0600, atomically (a temporary file then a rename)."""
+    """Write `data` to `path` with mode 0600, atomically (a temporary file then a rename).
+
+    A missing folder is made with mode 0700.
+    """
     target = Path(path)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

@@ -30,6 +30,8 @@ from app.settings import Settings
 from app.up import free_port
 from support import PASSWORD, LiveServer
 from workers.switch import agent
+from workers.switch.tls import write_private_file
+from workers.worker_state import credential_path
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTERS = ("cluster-a", "cluster-b")
@@ -150,16 +152,19 @@ def running(
             _row, tokens[name] = pki.create_enrollment_token(
                 db, actor=SYSTEM, cluster=cluster, ttl=timedelta(minutes=10)
             )
+            _cred, secret = clusters.create_worker_credential(db, actor=SYSTEM, cluster=cluster)
+            write_private_file(credential_path(var, name), secret.encode())
         db.commit()
-    env = {
-        **os.environ,
-        "NEBULA_VAR_DIR": str(var),
-        "NEBULA_DATABASE_URL": url,
-        "NEBULA_BROKER_URL": REDIS_URL,
-        "NEBULA_SECRET_KEY": "orchestration-test-secret",
-        "OMP_NUM_THREADS": "1",
-    }
     with LiveServer(settings) as server:
+        # what a cluster host has: the control plane's URL, its broker, its own credentials;
+        # neither the database URL nor the platform secret
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")},
+            "NEBULA_VAR_DIR": str(var),
+            "NEBULA_BROKER_URL": REDIS_URL,
+            "NEBULA_CONTROL_PLANE_URL": server.url,
+            "OMP_NUM_THREADS": "1",
+        }
         stop = threading.Event()
         switches = []
         for name, (peer_port, worker_port) in ports.items():

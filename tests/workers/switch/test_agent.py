@@ -8,6 +8,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 
 from app.accounts.models import Role
@@ -17,6 +18,7 @@ from app.pki import service as pki
 from app.settings import Settings
 from app.up import free_port
 from support import LiveServer, Platform
+from workers.control_plane import check_control_plane_url
 from workers.switch import agent
 from workers.switch.client import SwitchLink
 
@@ -128,3 +130,70 @@ def test_switches_enroll_with_the_control_plane_and_carry_a_job(
         from app.clusters.models import EnrollmentToken
 
         assert all(t.used_at is not None for t in db.scalars(select(EnrollmentToken)))
+
+
+def test_the_job_token_key_is_pinned_at_enrollment_and_never_fetched_again(
+    settings: Settings, platform: Platform, tmp_path: Path
+) -> None:
+    with platform.factory() as db:
+        cluster = clusters.create(
+            db, actor=SYSTEM, name="cluster-a", switch_host="127.0.0.1", switch_port=1
+        )
+        _row, token = pki.create_enrollment_token(
+            db, actor=SYSTEM, cluster=cluster, ttl=timedelta(minutes=5)
+        )
+        db.commit()
+        expected = pki.platform_keys(db, settings).job_public_pem
+    files = agent.SwitchFiles(tmp_path / "cluster-a")
+    with LiveServer(settings) as server:
+        agent.enroll(files, cluster="cluster-a", control_plane=server.url, token=token)
+    assert files.job_key.read_bytes() == expected
+    assert stat.S_IMODE(files.job_key.stat().st_mode) == 0o600
+
+    # a switch whose pinned key is gone is not enrolled: it fetches no key from anywhere
+    files.job_key.unlink()
+    with pytest.raises(SystemExit, match="not enrolled"):
+        agent.run(
+            cluster="cluster-a",
+            folder=files.folder,
+            control_plane="http://127.0.0.1:9",
+            enroll_token=None,
+            worker_address=("127.0.0.1", 0),
+            peer_address=("127.0.0.1", 0),
+            peers={},
+            shaper=None,
+            metrics_address=None,
+        )
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.1.2.3:8000", "http://control.example.org", "ftp://127.0.0.1"]
+)
+def test_switch_and_worker_refuse_plain_http_to_a_remote_control_plane(url: str) -> None:
+    with pytest.raises(ValueError):
+        check_control_plane_url(url)
+    with pytest.raises(SystemExit, match="http"):
+        agent.run(
+            cluster="cluster-a",
+            folder=Path("/nonexistent"),
+            control_plane=url,
+            enroll_token=None,
+            worker_address=("127.0.0.1", 0),
+            peer_address=("127.0.0.1", 0),
+            peers={},
+            shaper=None,
+            metrics_address=None,
+        )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000/",
+        "http://localhost:8000",
+        "http://[::1]:80",
+        "https://cp.example.org",
+    ],
+)
+def test_loopback_http_and_any_https_are_accepted(url: str) -> None:
+    assert not check_control_plane_url(url).endswith("/")
