@@ -16,6 +16,7 @@ from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
 from app.db import session_scope
 from app.errors import Forbidden, NotAuthenticated
+from app.keyring import Purpose, subkey
 from app.settings import Settings
 
 SESSION_COOKIE = "nebula_session"
@@ -82,7 +83,7 @@ def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Calle
             raise NotAuthenticated("invalid or expired token")
         if request.method not in SAFE_METHODS:
             sent = request.headers.get(CSRF_HEADER, "")
-            if not hmac.compare_digest(sent, csrf_token(settings.secret(), secret)):
+            if not hmac.compare_digest(sent, csrf_token(subkey(settings, Purpose.csrf), secret)):
                 raise Forbidden("missing or wrong CSRF token")
     return Caller(user=user, token=token, via_cookie=via_cookie, ip=client_ip(request))
 

@@ -27,7 +27,6 @@ class Purpose(StrEnum):
     job_token_key_wrap = "job-token-key-wrap"  # encrypts the job-token signing key
     audit_chain = "audit-chain"  # keys the audit log's hash chain
     csrf = "csrf"  # binds CSRF tokens to sessions
-    worker_credential = "worker-credential"  # pepper of the clusters' worker credentials
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:

@@ -32,6 +32,7 @@ from app.deps import (
     SettingsDep,
     client_ip,
 )
+from app.keyring import Purpose, subkey
 
 router = APIRouter(prefix=API_PREFIX, tags=["accounts"])
 
@@ -56,7 +57,7 @@ def login(
     )
     response.set_cookie(
         CSRF_COOKIE,
-        csrf_token(settings.secret(), issued.secret),
+        csrf_token(subkey(settings, Purpose.csrf), issued.secret),
         max_age=max_age,
         httponly=False,
         samesite="strict",

@@ -23,6 +23,7 @@ from app.audit.service import Actor
 from app.clusters.models import Certificate, Cluster, EnrollmentToken, PlatformKey
 from app.db import utcnow
 from app.errors import BadRequest, Conflict, Invalid, NotAuthenticated, NotFound
+from app.keyring import Purpose, subkey
 from app.pki import ca
 from app.settings import Settings
 
@@ -47,28 +48,54 @@ _cache: dict[tuple[str, str], PlatformKeys] = {}
 _cache_lock = threading.Lock()
 
 
-def _new_key_row(name: str, secret: bytes) -> PlatformKey:
+# Each stored key is encrypted under a key derived for it alone (app/keyring.py): the
+# CA's wrapping key cannot open the job-token key, and neither is the dataset master key.
+WRAP_PURPOSE = {ROOT_CA: Purpose.ca_key_wrap, JOB_TOKEN_KEY: Purpose.job_token_key_wrap}
+
+
+def _wrap_key(settings: Settings, name: str) -> bytes:
+    return subkey(settings, WRAP_PURPOSE[name])
+
+
+def _new_key_row(name: str, wrap: bytes) -> PlatformKey:
     if name == ROOT_CA:
         key, cert = ca.create_root_ca("Nebula platform root CA")
         return PlatformKey(
             name=name,
-            encrypted_key=ca.encrypt_private_key(key, secret),
+            encrypted_key=ca.encrypt_private_key(key, wrap),
             certificate_pem=ca.certificate_pem(cert).decode(),
         )
     return PlatformKey(
-        name=name, encrypted_key=ca.encrypt_private_key(ca.make_job_token_key(), secret)
+        name=name, encrypted_key=ca.encrypt_private_key(ca.make_job_token_key(), wrap)
+    )
+
+
+def _rewrap_legacy(db: Session, row: PlatformKey, settings: Settings) -> None:
+    """A key stored under the platform secret itself (before keys were derived apart) is
+    encrypted again under its own derived key."""
+    wrap = _wrap_key(settings, row.name)
+    try:
+        ca.load_encrypted_private_key(row.encrypted_key, wrap)
+        return
+    except ca.CertificateError:
+        key = ca.load_encrypted_private_key(row.encrypted_key, settings.secret())
+    row.encrypted_key = ca.encrypt_private_key(key, wrap)
+    audit.record(
+        db, actor=audit.SYSTEM, action="pki.key.rewrap", subject_type="key", subject_id=row.name
     )
 
 
 def ensure_platform_keys(factory: sessionmaker[Session], settings: Settings) -> None:
     """Make the CA and job-token keys if they do not exist yet (at start-up, in a session of
     its own: a key must be durable before anything is signed with it)."""
-    secret = settings.secret()
     for name in (ROOT_CA, JOB_TOKEN_KEY):
         with factory() as db:
-            if db.get(PlatformKey, name) is not None:
+            existing = db.get(PlatformKey, name)
+            if existing is not None:
+                _rewrap_legacy(db, existing, settings)
+                db.commit()
                 continue
-            db.add(_new_key_row(name, secret))
+            db.add(_new_key_row(name, _wrap_key(settings, name)))
             try:
                 db.flush()
             except IntegrityError:  # another process made it first: keep theirs
@@ -95,9 +122,11 @@ def platform_keys(db: Session, settings: Settings) -> PlatformKeys:
     ca_row, job_row = db.get(PlatformKey, ROOT_CA), db.get(PlatformKey, JOB_TOKEN_KEY)
     if ca_row is None or job_row is None:
         raise RuntimeError("the platform keys are missing; the app makes them at start-up")
-    ca_key = ca.load_encrypted_private_key(ca_row.encrypted_key, secret)
+    ca_key = ca.load_encrypted_private_key(ca_row.encrypted_key, _wrap_key(settings, ROOT_CA))
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey) and ca_row.certificate_pem
-    job_key = ca.load_job_token_private_key(job_row.encrypted_key, secret)
+    job_key = ca.load_job_token_private_key(
+        job_row.encrypted_key, _wrap_key(settings, JOB_TOKEN_KEY)
+    )
     keys = PlatformKeys(
         ca_key=ca_key,
         ca_cert=ca.load_certificate(ca_row.certificate_pem.encode()),
