@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ def check_control_plane_url(url: str) -> str:
             "https unless it runs on this host"
         )
     return url.rstrip("/")
+
+
+def tls_verify(ca_path: Path | None) -> ssl.SSLContext | bool:
+    """How to check the control plane's HTTPS certificate: this CA file, or the system's."""
+    return ssl.create_default_context(cafile=str(ca_path)) if ca_path is not None else True
 
 
 def _is_loopback(host: str) -> bool:
@@ -123,12 +129,11 @@ class ClusterClient:
         self, url: str, *, credential: str, ca_path: Path | None = None, timeout: float = 30.0
     ) -> None:
         self.url = check_control_plane_url(url)
-        verify: Any = str(ca_path) if ca_path is not None else True
         self.http = httpx.Client(
             base_url=f"{self.url}{API}",
             headers={WORKER_HEADER: credential},
             timeout=timeout,
-            verify=verify,
+            verify=tls_verify(ca_path),
         )
 
     def close(self) -> None:

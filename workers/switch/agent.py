@@ -16,6 +16,7 @@ import base64
 import json
 import logging
 import signal
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import httpx
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from workers.control_plane import check_control_plane_url
+from workers.control_plane import check_control_plane_url, tls_verify
 from workers.switch.server import Address, Switch, SwitchConfig
 from workers.switch.shaper import ShaperConfig
 from workers.switch.tls import make_switch_key_and_csr, write_private_file
@@ -64,7 +65,12 @@ class SwitchFiles:
 
 
 def enroll(
-    files: SwitchFiles, *, cluster: str, control_plane: str, token: str, verify: bool | str = True
+    files: SwitchFiles,
+    *,
+    cluster: str,
+    control_plane: str,
+    token: str,
+    verify: ssl.SSLContext | bool = True,
 ) -> None:
     """Make a key here, send the CSR with the enrollment token, store what comes back."""
     key_pem, csr_pem = make_switch_key_and_csr(cluster)
@@ -87,14 +93,14 @@ def enroll(
     log.info("switch %s enrolled: certificate serial %s", cluster, issued["serial"])
 
 
-def fetch(control_plane: str, path: str, verify: bool | str = True) -> bytes:
+def fetch(control_plane: str, path: str, verify: ssl.SSLContext | bool = True) -> bytes:
     """GET a public PKI document from the control plane."""
     answer = httpx.get(f"{control_plane}{API}{path}", timeout=30, verify=verify)
     answer.raise_for_status()
     return answer.content
 
 
-def renewer(files: SwitchFiles, control_plane: str, verify: bool | str = True) -> object:
+def renewer(files: SwitchFiles, control_plane: str, verify: ssl.SSLContext | bool = True) -> object:
     """renew(csr_pem) -> cert_pem, proving possession of the current key."""
 
     def renew(csr_pem: bytes) -> bytes:
@@ -138,7 +144,7 @@ def run(
         control_plane = check_control_plane_url(control_plane)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    verify: bool | str = str(control_plane_ca) if control_plane_ca is not None else True
+    verify = tls_verify(control_plane_ca)
     files = SwitchFiles(folder)
     if not files.enrolled():
         if not enroll_token:

@@ -1,0 +1,85 @@
+"""`nebula serve --tls-cert/--tls-key`: the control plane over HTTPS, as cluster hosts reach it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.pki import ca
+from app.up import free_port
+from workers.control_plane import ClusterClient, Refused, tls_verify
+
+pytestmark = pytest.mark.slow
+
+
+def _server_certificate(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA of the test's own and a certificate for `localhost` signed by it."""
+    ca_key, ca_cert = ca.create_root_ca("Test HTTPS CA")
+    key_pem, csr = ca.make_switch_key_and_csr("localhost")
+    cert_pem = ca.sign_csr(ca_key, ca_cert, csr, cluster_name="localhost")
+    paths = folder / "ca.pem", folder / "server.crt", folder / "server.key"
+    paths[0].write_bytes(ca.certificate_pem(ca_cert))
+    paths[1].write_bytes(cert_pem)
+    paths[2].write_bytes(key_pem)
+    return paths
+
+
+def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Path) -> None:
+    ca_path, cert, key = _server_certificate(tmp_path)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
+    env.update(NEBULA_VAR_DIR=str(tmp_path / "var"), NEBULA_RUN_REAPER="false")
+    nebula = [sys.executable, "-m", "app.cli"]
+    subprocess.run([*nebula, "db", "upgrade"], env=env, check=True, capture_output=True)
+    server = subprocess.Popen(
+        [*nebula, "serve", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"https://localhost:{port}"
+    try:
+        deadline, tick = time.monotonic() + 60, threading.Event()
+        while True:
+            try:
+                answer = httpx.get(f"{url}/healthz", verify=tls_verify(ca_path), timeout=5)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                tick.wait(0.2)
+        assert answer.status_code == 200
+        assert answer.http_version in ("HTTP/1.1", "HTTP/2")
+        # plain http on the same port gets no API
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://localhost:{port}/healthz", timeout=5).raise_for_status()
+        # a client that does not trust the certificate's CA refuses the connection
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/healthz", timeout=5)
+        # a worker reaches the cluster API over it (and is refused: no such credential)
+        client = ClusterClient(url, credential="nbw_unknown", ca_path=ca_path)
+        with pytest.raises(Refused) as refused:
+            client.whoami()
+        client.close()
+        assert refused.value.status == 401
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def test_serve_wants_the_certificate_and_its_key_together(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "serve", "--tls-cert", str(tmp_path / "x.crt")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NEBULA_VAR_DIR": str(tmp_path / "var")},
+        timeout=60,
+    )
+    assert done.returncode != 0 and "go together" in done.stderr
