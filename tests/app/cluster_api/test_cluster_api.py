@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import httpx
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -26,7 +30,10 @@ from app.jobs import service as jobs
 from app.jobs.models import Job, JobMetric, JobStatus
 from app.pki import service as pki
 from app.settings import Settings
-from support import Account, Platform, register_clusters
+from app.up import free_port
+from support import Account, LiveServer, Platform, register_clusters
+from workers.control_plane import ClusterClient, RoleSession
+from workers.runner import RoleHooks
 from workers.switch.jobtoken import sign_job_token
 
 API = "/api/v1"
@@ -469,3 +476,73 @@ def test_a_claim_answer_names_only_the_roles_own_inputs(site: Site) -> None:
     assert "secret" not in json.dumps(body).lower()
     # an input the role has no business reading
     assert site.call("GET", "generator", "inputs/parallel")[0] == 404
+
+
+# ------------------------------------------------------------ the worker's side of the API
+
+
+def _role_session(site: Site, server_url: str, role: str) -> RoleSession:
+    client = ClusterClient(server_url, credential=site.credentials[CLUSTER_OF[role]])
+    return client.claim(job_id=site.job_id, role=role, attempt=1, worker="test")
+
+
+def _wait(check: Callable[[], bool], timeout: float) -> bool:
+    tick = threading.Event()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        tick.wait(0.05)
+    return check()
+
+
+@pytest.fixture
+def quick_site(client: TestClient, platform: Platform, settings: Settings) -> Site:
+    """A site whose roles beat every 0.2 s and give up after 1.5 s without the control plane."""
+    fast = settings.model_copy(update={"role_heartbeat_s": 0.2, "heartbeat_timeout_s": 1.5})
+    alice = platform.user()
+    built = _site(client, platform, fast, alice)
+    built.job_id = _submit(client, alice, _upload(client, alice))
+    return built
+
+
+def test_a_worker_cut_off_from_the_control_plane_stops_itself_after_the_grace(
+    quick_site: Site,
+) -> None:
+    with LiveServer(quick_site.settings) as server:
+        session = _role_session(quick_site, server.url, "generator")
+        assert session.claim.grace_s == 1.5
+        hooks = RoleHooks(session)
+        try:
+            assert _wait(lambda: session.token != session.claim.token, 5)  # beating, renewed
+            session.client.http.base_url = httpx.URL(f"http://127.0.0.1:{free_port()}/")
+            cut_at = time.monotonic()
+            assert not hooks.stopped
+            assert _wait(lambda: hooks.stopped, 10)
+            assert time.monotonic() - cut_at >= 1.5
+        finally:
+            hooks.close()
+            session.client.close()
+
+
+def test_metric_batches_sent_during_an_outage_arrive_once_afterwards(quick_site: Site) -> None:
+    with LiveServer(quick_site.settings) as server:
+        session = _role_session(quick_site, server.url, "discriminator")
+        live = session.client.http.base_url
+        hooks = RoleHooks(session)
+        try:
+            hooks.on_metrics(1, {"loss": 3.0})
+            hooks.flush()
+            session.client.http.base_url = httpx.URL(f"http://127.0.0.1:{free_port()}/")
+            hooks.on_metrics(2, {"loss": 2.0})
+            with pytest.raises(httpx.TransportError):
+                hooks.flush()  # kept, not lost
+            hooks.on_metrics(3, {"loss": 1.0})
+            session.client.http.base_url = live
+        finally:
+            hooks.close()  # sends what is left
+            session.client.close()
+    with quick_site.platform.factory() as db:
+        rows = db.execute(select(JobMetric.step, JobMetric.value).order_by(JobMetric.step)).all()
+    assert [tuple(r) for r in rows] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert not hooks.stopped
