@@ -8,9 +8,16 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.settings import Settings, get_settings
+from workers.bundle import ClusterBundle
 from workers.settings import ClusterSettings, scrub_control_plane_secrets
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from app.clusters.models import Cluster
 
 
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
@@ -117,18 +124,32 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
     shaper = None
     if args.shape_mbit or args.shape_delay_ms:
         shaper = ShaperConfig(rate_mbit=args.shape_mbit, delay_ms=args.shape_delay_ms or 0.0)
+    cluster, control_plane = args.cluster, args.control_plane or settings.control_plane_url
+    folder, enroll_token, control_plane_ca = (
+        args.state_dir,
+        args.enroll_token,
+        args.control_plane_ca,
+    )
+    if args.bundle:
+        bundle = ClusterBundle.load(args.bundle)
+        cluster, control_plane = bundle.cluster, args.control_plane or bundle.control_plane_url
+        folder = folder or args.bundle  # the switch keeps its identity beside the bundle
+        enroll_token = enroll_token or bundle.enrollment_token
+        control_plane_ca = control_plane_ca or ClusterBundle.control_plane_ca(args.bundle)
+    if not cluster:
+        raise SystemExit("name the cluster with --cluster or --bundle")
     agent.run(
-        cluster=args.cluster,
-        folder=args.state_dir or settings.var_dir / "clusters" / args.cluster,
-        control_plane=args.control_plane or settings.control_plane_url,
-        enroll_token=args.enroll_token,
+        cluster=cluster,
+        folder=folder or settings.var_dir / "clusters" / cluster,
+        control_plane=control_plane,
+        enroll_token=enroll_token,
         worker_address=(args.worker_host, args.worker_port),
         peer_address=(args.peer_host, args.peer_port),
         peers=peers,
         shaper=shaper,
         metrics_address=(args.worker_host, args.metrics_port) if args.metrics_port else None,
         crl_grace_s=args.crl_grace_s,
-        control_plane_ca=args.control_plane_ca,
+        control_plane_ca=control_plane_ca,
     )
     return 0
 
@@ -139,55 +160,66 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from workers.celery_app import make_celery, queue_for
     from workers.control_plane import ClusterClient, ControlPlaneError
     from workers.runner import ClusterSide
-    from workers.worker_state import credential_path, set_side, switch_state_path
+    from workers.worker_state import credential_path, set_side
 
+    cluster, broker_url = args.cluster, settings.broker_url
+    control_plane = args.control_plane or settings.control_plane_url
+    control_plane_ca, credential = args.control_plane_ca, ""
+    state_dir = settings.var_dir / "clusters" / (cluster or "")
+    if args.bundle:
+        bundle = ClusterBundle.load(args.bundle)
+        cluster, credential = bundle.cluster, bundle.worker_credential
+        control_plane = args.control_plane or bundle.control_plane_url
+        broker_url = bundle.broker_url or broker_url
+        control_plane_ca = control_plane_ca or ClusterBundle.control_plane_ca(args.bundle)
+        state_dir = args.bundle
+    if not cluster:
+        raise SystemExit("name the cluster with --cluster or --bundle")
     if args.switch:
         switch, ca_path = _address(args.switch), args.ca
     else:
-        state = json.loads(switch_state_path(settings.var_dir, args.cluster).read_text())
+        state = json.loads((state_dir / "switch.json").read_text())
         host, port = state["worker_address"]
         switch, ca_path = (host, int(port)), state["ca_path"]
-    credential_file = args.credential_file or credential_path(settings.var_dir, args.cluster)
+    if not credential:
+        credential_file = args.credential_file or credential_path(settings.var_dir, cluster)
+        try:
+            credential = Path(credential_file).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"no worker credential at {credential_file}: {exc}") from None
     try:
-        credential = Path(credential_file).read_text().strip()
-    except OSError as exc:
-        raise SystemExit(f"no worker credential at {credential_file}: {exc}") from None
-    control_plane = args.control_plane or settings.control_plane_url
-    try:
-        client = ClusterClient(control_plane, credential=credential, ca_path=args.control_plane_ca)
+        client = ClusterClient(control_plane, credential=credential, ca_path=control_plane_ca)
         serves = client.whoami()
         client.close()
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     except ControlPlaneError as exc:
         raise SystemExit(f"the control plane refused this worker: {exc.detail}") from None
-    if serves != args.cluster:
-        raise SystemExit(f"the credential belongs to cluster {serves!r}, not {args.cluster!r}")
+    if serves != cluster:
+        raise SystemExit(f"the credential belongs to cluster {serves!r}, not {cluster!r}")
     set_side(
         ClusterSide(
-            cluster=args.cluster,
+            cluster=cluster,
             switch_address=switch,
             ca_path=Path(ca_path),
-            scratch_dir=(
-                args.scratch_dir or settings.var_dir / "clusters" / args.cluster / "scratch"
-            ).resolve(),
+            scratch_dir=(args.scratch_dir or state_dir / "scratch").resolve(),
             control_plane=control_plane,
             credential=credential,
-            control_plane_ca=args.control_plane_ca,
+            control_plane_ca=control_plane_ca,
         )
     )
-    app = make_celery(settings.broker_url, settings.var_dir)
+    app = make_celery(broker_url, settings.var_dir)
     import workers.tasks  # noqa: F401  (registers the task)
 
     app.worker_main(
         [
             "worker",
             "--queues",
-            queue_for(args.cluster),
+            queue_for(cluster),
             "--concurrency",
             str(args.concurrency),
             "--hostname",
-            f"{args.cluster}@%h",
+            f"{cluster}@%h",
             "--loglevel",
             "INFO",
             "--without-gossip",
@@ -218,6 +250,71 @@ def _worker_credential(args: argparse.Namespace, settings: Settings) -> int:
         print(f"worker credential {row.id} of {args.name} written to {args.out}")
     else:
         print(secret)
+    return 0
+
+
+def _cluster_named(db: Session, name: str) -> Cluster:
+    from app.clusters import service as clusters
+
+    cluster = clusters.by_name(db, name=name)
+    if cluster is None:
+        raise SystemExit(f"no cluster named {name!r}")
+    return cluster
+
+
+def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
+    from app.clusters import broker
+    from app.clusters.bundle import broker_url_for
+    from app.db import make_engine, make_sessionmaker
+    from workers.switch.tls import write_private_file
+
+    if not broker.is_rabbitmq(settings.broker_url):
+        raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")
+    engine = make_engine(settings.resolved_database_url)
+    with make_sessionmaker(engine)() as db:
+        _cluster_named(db, args.name)
+    engine.dispose()
+    try:
+        url = broker_url_for(settings, args.name)
+    except broker.BrokerError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.out:
+        write_private_file(args.out, (url + "\n").encode())
+        print(f"broker URL of {args.name} written to {args.out}")
+    else:
+        print(url)
+    return 0
+
+
+def _bundle(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import timedelta
+
+    from app.audit.service import SYSTEM
+    from app.clusters import broker
+    from app.clusters.bundle import make_bundle
+    from app.db import make_engine, make_sessionmaker
+
+    control_plane = args.control_plane or settings.public_url
+    control_plane_ca = args.control_plane_ca.read_bytes() if args.control_plane_ca else None
+    engine = make_engine(settings.resolved_database_url)
+    with make_sessionmaker(engine)() as db:
+        cluster = _cluster_named(db, args.name)
+        try:
+            bundle, ca_pem = make_bundle(
+                db,
+                actor=SYSTEM,
+                cluster=cluster,
+                settings=settings,
+                control_plane_url=control_plane,
+                enroll_ttl=timedelta(minutes=args.enroll_ttl_minutes),
+            )
+        except broker.BrokerError as exc:
+            raise SystemExit(str(exc)) from None
+        bundle.write(args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca)
+        db.commit()
+    engine.dispose()
+    print(f"bundle of {args.name} written to {args.out}: copy it to the cluster host, then")
+    print("  nebula switch --bundle DIR --peer ... ; nebula worker --bundle DIR")
     return 0
 
 
@@ -285,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
 
     switch = sub.add_parser("switch", help="run a cluster's switch (enrolls on first start)")
-    switch.add_argument("--cluster", required=True)
+    switch.add_argument("--cluster", default=None)
+    switch.add_argument("--bundle", type=Path, default=None, help="a cluster bundle folder")
     switch.add_argument("--control-plane", default=None, help="its URL (https unless on loopback)")
     switch.add_argument("--control-plane-ca", type=Path, default=None, help="CA of its HTTPS")
     switch.add_argument(
@@ -304,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     switch.set_defaults(run=_switch, cluster_side=True)
 
     worker = sub.add_parser("worker", help="a Celery worker on a cluster's queue")
-    worker.add_argument("--cluster", required=True)
+    worker.add_argument("--cluster", default=None)
+    worker.add_argument("--bundle", type=Path, default=None, help="a cluster bundle folder")
     worker.add_argument("--switch", default=None, help="HOST:PORT of the switch (else its state)")
     worker.add_argument("--ca", default=None, help="the platform CA (with --switch)")
     worker.add_argument("--concurrency", type=int, default=2)
@@ -328,6 +427,24 @@ def build_parser() -> argparse.ArgumentParser:
     credential.add_argument("name", help="the cluster's name")
     credential.add_argument("--out", type=Path, default=None, help="write it here, mode 0600")
     credential.set_defaults(run=_worker_credential)
+    broker_credentials = clusters.add_parser(
+        "broker-credentials",
+        help="(re)make a cluster's RabbitMQ user, allowed its own queue only; prints its URL",
+    )
+    broker_credentials.add_argument("name", help="the cluster's name")
+    broker_credentials.add_argument("--out", type=Path, default=None, help="write it, 0600")
+    broker_credentials.set_defaults(run=_broker_credentials)
+    bundle = clusters.add_parser(
+        "bundle", help="write what a cluster host needs into a folder (nebula ... --bundle DIR)"
+    )
+    bundle.add_argument("name", help="the cluster's name")
+    bundle.add_argument("--out", type=Path, required=True, help="the folder to write")
+    bundle.add_argument("--control-plane", default=None, help="URL clusters reach the API by")
+    bundle.add_argument(
+        "--control-plane-ca", type=Path, default=None, help="CA of the API's HTTPS certificate"
+    )
+    bundle.add_argument("--enroll-ttl-minutes", type=int, default=24 * 60)
+    bundle.set_defaults(run=_bundle)
 
     data = sub.add_parser("data", help="data tools").add_subparsers(dest="data", required=True)
     corpus = data.add_parser("demo-corpus", help="write the es-en demo corpus")

@@ -18,6 +18,11 @@ class Settings(BaseSettings):
     var_dir: Path = Path("./var")
     database_url: str = ""  # empty: sqlite under var_dir
     broker_url: str = ""  # empty: the embedded filesystem broker under var_dir
+    # the broker as cluster hosts reach it (bundles put each cluster's own user in it);
+    # empty: the same host as broker_url
+    cluster_broker_url: str = ""
+    # the control plane as cluster hosts reach it, written into bundles
+    public_url: str = "http://127.0.0.1:8000"
     data_dir: Path | None = None  # None: var_dir / "data"
     secret_key: SecretStr | None = None  # None: generated into var_dir/secret_key
 

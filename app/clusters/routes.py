@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request, Response, status
 from sqlalchemy.orm import Session
 
 from app.clusters import service
+from app.clusters.bundle import provision_broker_user
 from app.clusters.models import Certificate, Cluster
 from app.clusters.schemas import (
     CertificateList,
@@ -50,8 +51,10 @@ def _issued(db: Session, settings: Settings, certificate: Certificate) -> Issued
 
 
 @router.post("/clusters", response_model=ClusterOut, status_code=status.HTTP_201_CREATED)
-def create_cluster(body: ClusterCreateIn, caller: AdminDep, db: SessionDep) -> ClusterOut:
-    """Register a cluster by its switch address."""
+def create_cluster(
+    body: ClusterCreateIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> ClusterOut:
+    """Register a cluster by its switch address (and, on RabbitMQ, give it its broker user)."""
     cluster = service.create(
         db,
         actor=caller.actor,
@@ -60,6 +63,7 @@ def create_cluster(body: ClusterCreateIn, caller: AdminDep, db: SessionDep) -> C
         switch_port=body.switch_port,
     )
     db.commit()
+    provision_broker_user(settings, cluster.name)
     return _out(db, cluster)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from app.audit.service import SYSTEM as SYSTEM_ACTOR
 from app.jobs.models import JobRole
 from workers.training.data import write_demo_corpus
 
@@ -255,3 +256,55 @@ def test_a_role_that_keeps_failing_ends_the_job_with_a_clear_error(
         "no role left running",
         timeout=30,
     )
+
+
+def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_resumes(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    from app.clusters import service as clusters
+    from app.clusters.models import WorkerCredential
+    from workers.switch.tls import write_private_file
+    from workers.worker_state import credential_path
+
+    scientist = running.user("heidi")
+    text = _upload(scientist, corpus["text"], "text", lines=400)
+    job = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": {**ELECTRA_FAST, "steps": 120, "ckpt_every": 4},
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    wait_until(
+        lambda: all(r.checkpoint_step >= 4 for r in _roles(running, job).values()),
+        lambda: f"both roles to checkpoint: {_describe(running, scientist, job)}",
+    )
+    with running.factory() as db:
+        cluster = clusters.by_name(db, name="cluster-b")
+        assert cluster is not None
+        for row in db.scalars(
+            select(WorkerCredential).where(WorkerCredential.cluster_id == cluster.id)
+        ):
+            clusters.revoke_worker_credential(
+                db, actor=SYSTEM_ACTOR, cluster=cluster, credential_id=row.id
+            )
+        db.commit()
+    worker_b = running.workers["cluster-b"]
+    # the worker's next call is refused, and the whole worker shuts down
+    wait_until(lambda: worker_b.poll() is not None, "cluster-b's worker to exit", timeout=60)
+    assert _job(scientist, job)["status"] == "running"
+    # the admin issues a new credential; the cluster's new worker picks the job up again
+    with running.factory() as db:
+        cluster = clusters.by_name(db, name="cluster-b")
+        assert cluster is not None
+        _row, secret = clusters.create_worker_credential(db, actor=SYSTEM_ACTOR, cluster=cluster)
+        db.commit()
+    write_private_file(credential_path(running.settings.var_dir, "cluster-b"), secret.encode())
+    running.start_worker("cluster-b")
+    done = wait_until(lambda: _finished(scientist, job), "the job to finish", timeout=240)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempt"] >= 2
