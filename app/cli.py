@@ -307,6 +307,7 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
                 settings=settings,
                 control_plane_url=control_plane,
                 enroll_ttl=timedelta(minutes=args.enroll_ttl_minutes),
+                broker_reached_at=args.broker_url or "",
             )
         except broker.BrokerError as exc:
             raise SystemExit(str(exc)) from None
@@ -442,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--control-plane", default=None, help="URL clusters reach the API by")
     bundle.add_argument(
         "--control-plane-ca", type=Path, default=None, help="CA of the API's HTTPS certificate"
+    )
+    bundle.add_argument(
+        "--broker-url", default=None, help="the broker as this cluster reaches it (no password)"
     )
     bundle.add_argument("--enroll-ttl-minutes", type=int, default=24 * 60)
     bundle.set_defaults(run=_bundle)

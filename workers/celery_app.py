@@ -54,6 +54,8 @@ def make_celery(broker_url: str, var_dir: Path) -> Celery:
         task_default_queue="cluster.default",
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
+        # a cluster's broker user may touch its own queue only: no pidbox, no events
+        worker_enable_remote_control=False,
         task_send_sent_event=False,
     )
     app.conf.include = ["workers.tasks"]

@@ -18,15 +18,17 @@ from workers.bundle import ClusterBundle
 log = logging.getLogger("nebula.clusters")
 
 
-def broker_url_for(settings: Settings, cluster: str) -> str:
+def broker_url_for(settings: Settings, cluster: str, reached_at: str = "") -> str:
     """The broker URL a cluster's workers use: its own user on RabbitMQ, else the shared URL.
 
     On RabbitMQ the cluster's user is made (or its password reset) now; Redis and the
     embedded broker have no users, so a single site shares the control plane's URL.
+    `reached_at` is the broker's address as this cluster sees it (default: the setting).
     """
+    reached_at = reached_at or settings.cluster_broker_url
     if not broker.is_rabbitmq(settings.broker_url):
-        return settings.cluster_broker_url or settings.broker_url
-    target = broker.target_for(settings.broker_url, settings.cluster_broker_url)
+        return reached_at or settings.broker_url
+    target = broker.target_for(settings.broker_url, reached_at)
     password = broker.ensure_cluster_user(target, cluster)
     return broker.url_with_credentials(target, broker.user_for(cluster), password)
 
@@ -57,6 +59,7 @@ def make_bundle(
     settings: Settings,
     control_plane_url: str,
     enroll_ttl: timedelta,
+    broker_reached_at: str = "",
 ) -> tuple[ClusterBundle, bytes]:
     """A fresh bundle for `cluster` (new enrollment token, worker credential, broker
     password) and the platform CA certificate; the caller commits and writes it."""
@@ -67,6 +70,6 @@ def make_bundle(
         control_plane_url=control_plane_url,
         worker_credential=credential,
         enrollment_token=token,
-        broker_url=broker_url_for(settings, cluster.name),
+        broker_url=broker_url_for(settings, cluster.name, broker_reached_at),
     )
     return bundle, pki.platform_keys(db, settings).ca_pem
