@@ -179,7 +179,9 @@ def deployment(
             check=True,
             capture_output=True,
         )
-        login = api.post("/auth/login", json={"email": "admin@deploy.example.org", "password": PASSWORD})
+        login = api.post(
+            "/auth/login", json={"email": "admin@deploy.example.org", "password": PASSWORD}
+        )
         assert login.status_code == 200, login.text
         api.headers["Authorization"] = f"Bearer {login.json()['token']}"
         api.cookies.clear()
