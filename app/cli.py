@@ -130,8 +130,10 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
         args.enroll_token,
         args.control_plane_ca,
     )
+    credential = args.credential_file.read_text().strip() if args.credential_file else None
     if args.bundle:
         bundle = ClusterBundle.load(args.bundle)
+        credential = credential or bundle.worker_credential
         cluster, control_plane = bundle.cluster, args.control_plane or bundle.control_plane_url
         folder = folder or args.bundle  # the switch keeps its identity beside the bundle
         enroll_token = enroll_token or bundle.enrollment_token
@@ -150,6 +152,7 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
         metrics_address=(args.worker_host, args.metrics_port) if args.metrics_port else None,
         crl_grace_s=args.crl_grace_s,
         control_plane_ca=control_plane_ca,
+        credential=credential,
     )
     return 0
 
@@ -159,6 +162,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
 
     from workers.celery_app import make_celery, queue_for
     from workers.control_plane import ClusterClient, ControlPlaneError
+    from workers.presence import PresenceReporter
     from workers.runner import ClusterSide
     from workers.worker_state import credential_path, set_side
 
@@ -211,22 +215,30 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     app = make_celery(broker_url, settings.var_dir)
     import workers.tasks  # noqa: F401  (registers the task)
 
-    app.worker_main(
-        [
-            "worker",
-            "--queues",
-            queue_for(cluster),
-            "--concurrency",
-            str(args.concurrency),
-            "--hostname",
-            f"{cluster}@%h",
-            "--loglevel",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ]
-    )
+    reporter = PresenceReporter(
+        ClusterClient(control_plane, credential=credential, ca_path=control_plane_ca),
+        kind="worker",
+        cluster=cluster,
+    ).start()
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--queues",
+                queue_for(cluster),
+                "--concurrency",
+                str(args.concurrency),
+                "--hostname",
+                f"{cluster}@%h",
+                "--loglevel",
+                "INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
+    finally:
+        reporter.stop()
     return 0
 
 
@@ -400,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--metrics-port", type=int, default=0)
     switch.add_argument("--shape-mbit", type=float, default=None, help="link rate to peers")
     switch.add_argument("--shape-delay-ms", type=float, default=None, help="added delay to peers")
+    switch.add_argument(
+        "--credential-file", type=Path, default=None, help="worker credential, to report in"
+    )
     switch.set_defaults(run=_switch, cluster_side=True)
 
     worker = sub.add_parser("worker", help="a Celery worker on a cluster's queue")

@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = 20.0  # a role silent this long is presumed dead
     role_heartbeat_s: float = 2.0  # how often a role beats through the cluster API
     job_token_ttl_s: float = 300.0  # a job token's life; every heartbeat renews it
+    presence_report_s: float = 10.0  # how often switches and workers report in
+    presence_timeout_s: float = 30.0  # one silent this long counts as offline
     log_level: str = "INFO"
 
     @property

@@ -240,6 +240,7 @@ def up(settings: Settings, *, host: str, port: int) -> int:
                 str(plan.peer_port),
                 *[a for o in others for a in ("--peer", f"{o.name}=127.0.0.1:{o.peer_port}")],
             )
+            argv += ["--credential-file", str(plan.credential_file)]
             if plan.enroll_token:
                 argv += ["--enroll-token", plan.enroll_token]
             supervisor.start(f"switch-{plan.name}", argv, cluster_env)

@@ -145,6 +145,15 @@ class ClusterClient:
         _raise_for(answer)
         return str(answer.json()["cluster"])
 
+    def report_presence(self, *, kind: str, instance: str, version: str, online: bool) -> float:
+        """Report this switch or worker in (or leaving); how long until the next report."""
+        answer = self.http.post(
+            "/presence",
+            json={"kind": kind, "instance": instance, "version": version, "online": online},
+        )
+        _raise_for(answer)
+        return float(answer.json()["report_every_s"])
+
     def claim(self, *, job_id: str, role: str, attempt: int, worker: str) -> RoleSession:
         """Start the role's attempt; Fenced if it is stale, final or held."""
         answer = self.http.post(

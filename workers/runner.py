@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,6 +30,7 @@ from workers.control_plane import (
     RoleSession,
     retrying,
 )
+from workers.presence import instance_name
 from workers.switch.link import Link
 from workers.training.runtime import Hooks, RoleResult
 
@@ -50,6 +50,7 @@ class ClusterSide:
     control_plane: str = "http://127.0.0.1:8000"
     credential: str = field(default="", repr=False)
     control_plane_ca: Path | None = None  # trust for an https control plane; None: the system's
+    main_pid: int = field(default_factory=os.getpid)  # the worker's main process (pre-fork)
 
     def client(self) -> ClusterClient:
         """A client of the cluster API with this cluster's worker credential."""
@@ -273,7 +274,8 @@ def run_role(*, job_id: str, role: str, attempt: int, side: ClusterSide) -> str:
     Raises CredentialRefused when the cluster's credential is refused, so that the worker
     stops taking tasks.
     """
-    worker = f"{socket.gethostname()}:{side.cluster}:{os.getpid()}"
+    # the pool child names itself after its worker (the process that reports in)
+    worker = f"{instance_name(side.cluster, side.main_pid)}/{os.getpid()}"
     client = side.client()
     try:
         try:

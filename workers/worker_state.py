@@ -5,13 +5,11 @@ Celery's prefork pool forks after `set_side`, so the pool processes inherit it.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from workers.runner import ClusterSide
 
 _side: ClusterSide | None = None
-_main_pid = os.getpid()
 
 
 def switch_state_path(var_dir: Path, cluster: str) -> Path:
@@ -26,8 +24,8 @@ def credential_path(var_dir: Path, cluster: str) -> Path:
 
 def set_side(side: ClusterSide) -> None:
     """Tell this process which cluster it serves (before the pool forks)."""
-    global _side, _main_pid
-    _side, _main_pid = side, os.getpid()
+    global _side
+    _side = side
 
 
 def current_side() -> ClusterSide:
@@ -39,4 +37,4 @@ def current_side() -> ClusterSide:
 
 def main_pid() -> int:
     """The worker's main process (the pool's parent), to stop the whole worker."""
-    return _main_pid
+    return current_side().main_pid

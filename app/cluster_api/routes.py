@@ -25,7 +25,10 @@ from app.cluster_api.schemas import (
     MetricBatchIn,
     MetricBatchOut,
     OutputOut,
+    PresenceAnswer,
+    PresenceIn,
 )
+from app.clusters import service as clusters
 from app.clusters.models import Cluster
 from app.deps import API_PREFIX, SessionDep, SettingsDep
 from app.errors import Invalid, NotAuthenticated
@@ -76,6 +79,23 @@ ROLE = "/jobs/{job_id}/roles/{role}"
 def whoami(cluster: WorkerClusterDep) -> dict[str, str]:
     """The cluster a worker credential belongs to (workers check it when they start)."""
     return {"cluster": cluster.name}
+
+
+@router.post("/presence", response_model=PresenceAnswer)
+def presence(
+    body: PresenceIn, cluster: WorkerClusterDep, db: SessionDep, settings: SettingsDep
+) -> PresenceAnswer:
+    """A switch or worker of this cluster reports in (or leaves); how often to report."""
+    clusters.report_presence(
+        db,
+        cluster=cluster,
+        kind=body.kind,
+        instance=body.instance,
+        version=body.version,
+        online=body.online,
+    )
+    db.commit()
+    return PresenceAnswer(report_every_s=settings.presence_report_s)
 
 
 @router.post(f"{ROLE}/claim", response_model=ClaimOut)

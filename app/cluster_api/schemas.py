@@ -77,3 +77,14 @@ class FinishIn(Strict):
 
 class FinishOut(BaseModel):
     job_status: str
+
+
+class PresenceIn(Strict):
+    kind: Literal["switch", "worker"]
+    instance: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
+    version: str = Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")
+    online: bool = True  # false: the process is leaving
+
+
+class PresenceAnswer(BaseModel):
+    report_every_s: float

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, LargeBinary, String, Text
+from sqlalchemy import JSON, ForeignKey, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, new_id, utcnow
@@ -75,3 +75,19 @@ class WorkerCredential(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+
+
+class ClusterPresence(Base):
+    """A switch or worker process of a cluster that reported in, and when it last did."""
+
+    __tablename__ = "cluster_presence"
+    __table_args__ = (UniqueConstraint("cluster_id", "kind", "instance"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # switch or worker
+    instance: Mapped[str] = mapped_column(String(255))  # host:cluster:pid
+    version: Mapped[str] = mapped_column(String(64))
+    details: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)

@@ -21,6 +21,8 @@ from app.clusters.schemas import (
     EnrollmentTokenIn,
     EnrollmentTokenOut,
     IssuedOut,
+    PresenceList,
+    PresenceOut,
     RenewIn,
     RevokeIn,
     WorkerCredentialIssued,
@@ -34,10 +36,20 @@ from app.settings import Settings
 router = APIRouter(prefix=API_PREFIX, tags=["clusters"])
 
 
-def _out(db: Session, cluster: Cluster) -> ClusterOut:
+def _out(db: Session, cluster: Cluster, settings: Settings) -> ClusterOut:
+    health = service.health(db, cluster=cluster, timeout=_presence_timeout(settings))
     return ClusterOut.model_validate(cluster).model_copy(
-        update={"has_valid_certificate": pki.has_valid_certificate(db, cluster_id=cluster.id)}
+        update={
+            "has_valid_certificate": pki.has_valid_certificate(db, cluster_id=cluster.id),
+            "switch_online": health.switch_online,
+            "workers_online": health.workers_online,
+            "running_jobs": health.running_jobs,
+        }
     )
+
+
+def _presence_timeout(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.presence_timeout_s)
 
 
 def _issued(db: Session, settings: Settings, certificate: Certificate) -> IssuedOut:
@@ -64,20 +76,38 @@ def create_cluster(
     )
     db.commit()
     provision_broker_user(settings, cluster.name)
-    return _out(db, cluster)
+    return _out(db, cluster, settings)
 
 
 @router.get("/clusters", response_model=ClusterList)
-def list_clusters(caller: CallerDep, db: SessionDep, page: PageDep) -> ClusterList:
-    """Every cluster (any signed-in user may place jobs on them)."""
+def list_clusters(
+    caller: CallerDep, db: SessionDep, page: PageDep, settings: SettingsDep
+) -> ClusterList:
+    """Every cluster with its health (any signed-in user may place jobs on them)."""
     items, total = service.list_all(db, limit=page.limit, offset=page.offset)
-    return ClusterList(items=[_out(db, c) for c in items], total=total)
+    return ClusterList(items=[_out(db, c, settings) for c in items], total=total)
 
 
 @router.get("/clusters/{cluster_id}", response_model=ClusterOut)
-def get_cluster(cluster_id: str, caller: CallerDep, db: SessionDep) -> ClusterOut:
-    """One cluster."""
-    return _out(db, service.get(db, cluster_id=cluster_id))
+def get_cluster(
+    cluster_id: str, caller: CallerDep, db: SessionDep, settings: SettingsDep
+) -> ClusterOut:
+    """One cluster with its health."""
+    return _out(db, service.get(db, cluster_id=cluster_id), settings)
+
+
+@router.get("/clusters/{cluster_id}/presence", response_model=PresenceList)
+def list_presence(
+    cluster_id: str, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> PresenceList:
+    """The cluster's switch and worker processes online now, with the roles each runs."""
+    cluster = service.get(db, cluster_id=cluster_id)
+    rows = service.presences(db, cluster=cluster, timeout=_presence_timeout(settings))
+    items = [
+        PresenceOut.model_validate(p).model_copy(update={"running_roles": roles})
+        for p, roles in rows
+    ]
+    return PresenceList(items=items, total=len(items))
 
 
 @router.delete("/clusters/{cluster_id}", status_code=status.HTTP_204_NO_CONTENT)

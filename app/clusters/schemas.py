@@ -29,6 +29,25 @@ class ClusterOut(BaseModel):
     switch_port: int
     created_at: datetime
     has_valid_certificate: bool = False
+    switch_online: bool = False  # its switch reported in lately
+    workers_online: int = 0  # worker processes that reported in lately
+    running_jobs: int = 0  # jobs with a running role there
+
+
+class PresenceOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    kind: str
+    instance: str
+    version: str
+    started_at: datetime
+    last_seen: datetime
+    running_roles: list[str] = []  # job/role
+
+
+class PresenceList(BaseModel):
+    items: list[PresenceOut]
+    total: int
 
 
 class ClusterList(BaseModel):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import timedelta
+
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -9,7 +12,13 @@ from sqlalchemy.orm import Session
 from app.accounts import tokens
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.clusters.models import Certificate, Cluster, EnrollmentToken, WorkerCredential
+from app.clusters.models import (
+    Certificate,
+    Cluster,
+    ClusterPresence,
+    EnrollmentToken,
+    WorkerCredential,
+)
 from app.db import newest_first, utcnow
 from app.errors import Conflict, NotFound
 
@@ -126,3 +135,100 @@ def revoke_worker_credential(
         details={"credential_id": row.id},
     )
     return row
+
+
+# ------------------------------------------------------------------------------ health
+
+PRESENCE_KINDS = ("switch", "worker")
+
+
+def report_presence(
+    db: Session, *, cluster: Cluster, kind: str, instance: str, version: str, online: bool
+) -> None:
+    """A switch or worker reports in (or, with `online` false, says it is leaving)."""
+    row = db.scalar(
+        select(ClusterPresence).where(
+            ClusterPresence.cluster_id == cluster.id,
+            ClusterPresence.kind == kind,
+            ClusterPresence.instance == instance,
+        )
+    )
+    if not online:
+        if row is not None:
+            db.delete(row)
+        return
+    if row is None:
+        db.add(
+            ClusterPresence(cluster_id=cluster.id, kind=kind, instance=instance, version=version)
+        )
+        return
+    row.version, row.last_seen = version, utcnow()
+
+
+@dataclass(frozen=True)
+class ClusterHealth:
+    """What is live on a cluster now."""
+
+    switch_online: bool
+    workers_online: int
+    running_jobs: int
+
+
+def _online(db: Session, *, cluster_id: str, timeout: timedelta) -> list[ClusterPresence]:
+    return list(
+        db.scalars(
+            select(ClusterPresence)
+            .where(
+                ClusterPresence.cluster_id == cluster_id,
+                ClusterPresence.last_seen > utcnow() - timeout,
+            )
+            .order_by(ClusterPresence.kind, ClusterPresence.instance)
+        )
+    )
+
+
+def health(db: Session, *, cluster: Cluster, timeout: timedelta) -> ClusterHealth:
+    """Whether the cluster's switch is online, how many workers are, how many jobs run there."""
+    from app.jobs.models import FINAL_STATUSES, Job, JobRole, RoleStatus
+
+    online = _online(db, cluster_id=cluster.id, timeout=timeout)
+    running = db.scalar(
+        select(func.count(func.distinct(JobRole.job_id)))
+        .join(Job, Job.id == JobRole.job_id)
+        .where(
+            JobRole.cluster == cluster.name,
+            JobRole.status == RoleStatus.running,
+            JobRole.attempt == Job.attempt,
+            Job.status.not_in(FINAL_STATUSES),
+        )
+    )
+    return ClusterHealth(
+        switch_online=any(p.kind == "switch" for p in online),
+        workers_online=sum(p.kind == "worker" for p in online),
+        running_jobs=int(running or 0),
+    )
+
+
+def presences(
+    db: Session, *, cluster: Cluster, timeout: timedelta
+) -> list[tuple[ClusterPresence, list[str]]]:
+    """The online processes of a cluster, each with the roles (job/role) it runs now."""
+    from app.jobs.models import Job, JobRole, RoleStatus
+
+    online = _online(db, cluster_id=cluster.id, timeout=timeout)
+    rows = db.execute(
+        select(JobRole.worker, JobRole.job_id, JobRole.role)
+        .join(Job, Job.id == JobRole.job_id)
+        .where(
+            JobRole.cluster == cluster.name,
+            JobRole.status == RoleStatus.running,
+            JobRole.attempt == Job.attempt,
+        )
+    ).all()
+    result = []
+    for presence in online:
+        # a pool child names its worker as instance/pid
+        prefix = f"{presence.instance}/"
+        roles = [f"{job}/{role}" for worker, job, role in rows if (worker or "").startswith(prefix)]
+        result.append((presence, roles))
+    return result

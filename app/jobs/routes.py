@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
-from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, WriterDep
 from app.jobs import dispatch, service
 from app.jobs.models import FINAL_STATUSES, Job
 from app.jobs.schemas import (
@@ -21,6 +21,8 @@ from app.jobs.schemas import (
     JobAccepted,
     JobList,
     JobOut,
+    JobOverviewList,
+    JobOverviewOut,
     JobSubmitIn,
     MetricsOut,
 )
@@ -48,6 +50,17 @@ def submit_job(
     db.commit()
     dispatch.dispatch_job(db, settings=request.app.state.settings, job_id=job.id)
     return JobAccepted(id=job.id, status=job.status.value)
+
+
+@router.get("/admin/jobs", response_model=JobOverviewList)
+def list_active_jobs(caller: AdminDep, db: SessionDep, page: PageDep) -> JobOverviewList:
+    """Queued and running jobs across tenants: metadata only, no data and no metrics."""
+    rows, total = service.list_active(db, limit=page.limit, offset=page.offset)
+    items = [
+        JobOverviewOut.model_validate(job).model_copy(update={"owner_email": email})
+        for job, email in rows
+    ]
+    return JobOverviewList(items=items, total=total)
 
 
 @router.get("/workspaces/{workspace_id}/jobs", response_model=JobList)

@@ -190,3 +190,28 @@ class ArtifactOut(BaseModel):
 class ArtifactList(BaseModel):
     items: list[ArtifactOut]
     total: int
+
+
+class JobOverviewOut(BaseModel):
+    """A job as an admin sees it across tenants: who, what, where, how far; never its data."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    kind: str
+    status: str
+    owner_id: str
+    owner_email: str = ""
+    workspace_id: str
+    placement: dict[str, str]
+    progress: float
+    step: int
+    total_steps: int
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+
+
+class JobOverviewList(BaseModel):
+    items: list[JobOverviewOut]
+    total: int

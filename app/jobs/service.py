@@ -137,6 +137,15 @@ def get_owned(db: Session, *, actor: Actor, user: User, job_id: str) -> Job:
     return job
 
 
+def list_active(db: Session, *, limit: int, offset: int) -> tuple[list[tuple[Job, str]], int]:
+    """Queued and running jobs of every tenant, newest first, with their owners' emails."""
+    jobs, total = newest_first(db, Job, Job.status.in_(ACTIVE_STATUSES), limit=limit, offset=offset)
+    emails = dict(
+        db.execute(select(User.id, User.email).where(User.id.in_({j.owner_id for j in jobs}))).all()
+    )
+    return [(job, emails.get(job.owner_id, "")) for job in jobs], total
+
+
 def list_for_workspace(
     db: Session, *, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Job], int]:

@@ -25,7 +25,8 @@ import httpx
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from workers.control_plane import check_control_plane_url, tls_verify
+from workers.control_plane import ClusterClient, check_control_plane_url, tls_verify
+from workers.presence import PresenceReporter
 from workers.switch.server import Address, Switch, SwitchConfig
 from workers.switch.shaper import ShaperConfig
 from workers.switch.tls import make_switch_key_and_csr, write_private_file
@@ -137,6 +138,7 @@ def run(
     crl_refresh_s: float = 30.0,
     crl_grace_s: float = 300.0,
     control_plane_ca: Path | None = None,
+    credential: str | None = None,
     stop: threading.Event | None = None,
 ) -> None:
     """Enroll if needed, start the switch, write its state file, serve until stopped."""
@@ -183,6 +185,10 @@ def run(
         switch.worker_address,
         switch.peer_address,
     )
+    reporter = None
+    if credential:  # the cluster's worker credential: the switch reports in with it
+        client = ClusterClient(control_plane, credential=credential, ca_path=control_plane_ca)
+        reporter = PresenceReporter(client, kind="switch", cluster=cluster).start()
     stop = stop or threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
@@ -192,4 +198,6 @@ def run(
     try:
         stop.wait()
     finally:
+        if reporter is not None:
+            reporter.stop()
         switch.stop()

@@ -546,3 +546,103 @@ def test_metric_batches_sent_during_an_outage_arrive_once_afterwards(quick_site:
         rows = db.execute(select(JobMetric.step, JobMetric.value).order_by(JobMetric.step)).all()
     assert [tuple(r) for r in rows] == [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert not hooks.stopped
+
+
+# ------------------------------------------------------------------------ cluster health
+
+
+def _clusters(site: Site) -> dict[str, dict]:
+    items = site.client.get(f"{API}/clusters", headers=site.alice.headers).json()["items"]
+    return {c["name"]: c for c in items}
+
+
+def _report(site: Site, cluster: str, kind: str, instance: str, online: bool = True) -> int:
+    answer = site.client.post(
+        f"{CLUSTER_API}/presence",
+        json={"kind": kind, "instance": instance, "version": "0.1.0", "online": online},
+        headers=site.headers(cluster),
+    )
+    return answer.status_code
+
+
+def test_cluster_health_follows_what_reports_in_and_what_runs(site: Site) -> None:
+    # the site's roles were claimed: a job runs on each cluster, nothing reported in yet
+    before = _clusters(site)
+    assert before["cluster-a"]["running_jobs"] == 1
+    assert (before["cluster-a"]["switch_online"], before["cluster-a"]["workers_online"]) == (
+        False,
+        0,
+    )
+    assert _report(site, "cluster-a", "switch", "host-a:cluster-a:10") == 200
+    assert _report(site, "cluster-a", "worker", "host-a:cluster-a:11") == 200
+    assert _report(site, "cluster-a", "worker", "host-a:cluster-a:12") == 200
+    assert _report(site, "cluster-a", "worker", "host-a:cluster-a:12") == 200  # again: still one
+    online = _clusters(site)["cluster-a"]
+    assert (online["switch_online"], online["workers_online"]) == (True, 2)
+    assert _clusters(site)["cluster-b"]["workers_online"] == 0
+
+    # a worker that leaves is offline at once; one that falls silent after the timeout
+    assert _report(site, "cluster-a", "worker", "host-a:cluster-a:12", online=False) == 200
+    assert _clusters(site)["cluster-a"]["workers_online"] == 1
+    from app.clusters.models import ClusterPresence
+
+    with site.platform.factory() as db:
+        for row in db.scalars(select(ClusterPresence).where(ClusterPresence.kind == "switch")):
+            row.last_seen = utcnow() - timedelta(seconds=site.settings.presence_timeout_s + 1)
+        db.commit()
+    assert _clusters(site)["cluster-a"]["switch_online"] is False
+
+    # cancel the job: nothing runs on either cluster any more
+    site.client.post(f"{API}/jobs/{site.job_id}/cancel", headers=site.alice.headers)
+    assert all(c["running_jobs"] == 0 for c in _clusters(site).values())
+
+
+def test_an_admin_sees_which_process_runs_which_role(site: Site) -> None:
+    assert _report(site, "cluster-b", "worker", "host-b:cluster-b:20") == 200
+    from app.jobs.models import JobRole
+
+    with site.platform.factory() as db:
+        row = db.scalar(
+            select(JobRole).where(JobRole.job_id == site.job_id, JobRole.role == "discriminator")
+        )
+        assert row is not None
+        row.worker = "host-b:cluster-b:20/21"  # a pool child of that worker
+        db.commit()
+    cluster_b = _clusters(site)["cluster-b"]["id"]
+    listed = site.client.get(f"{API}/clusters/{cluster_b}/presence", headers=site.admin.headers)
+    assert listed.status_code == 200
+    (worker,) = listed.json()["items"]
+    assert worker["instance"] == "host-b:cluster-b:20"
+    assert worker["running_roles"] == [f"{site.job_id}/discriminator"]
+    assert (
+        site.client.get(
+            f"{API}/clusters/{cluster_b}/presence", headers=site.alice.headers
+        ).status_code
+        == 403
+    )
+
+
+def test_presence_reports_need_the_clusters_credential_and_sound_fields(site: Site) -> None:
+    answer = site.client.post(
+        f"{CLUSTER_API}/presence", json={"kind": "worker", "instance": "x", "version": "1"}
+    )
+    assert answer.status_code == 401
+    for body in (
+        {"kind": "database", "instance": "x", "version": "1"},
+        {"kind": "worker", "instance": "has space", "version": "1"},
+        {"kind": "worker", "instance": "x" * 256, "version": "1"},
+    ):
+        bad = site.client.post(
+            f"{CLUSTER_API}/presence", json=body, headers=site.headers("cluster-a")
+        )
+        assert bad.status_code == 422
+
+
+def test_admins_see_running_jobs_across_tenants_without_their_data(site: Site) -> None:
+    answer = site.client.get(f"{API}/admin/jobs", headers=site.admin.headers)
+    assert answer.status_code == 200
+    (job,) = answer.json()["items"]
+    assert job["id"] == site.job_id and job["owner_email"] == site.alice.email
+    assert job["placement"] == CLUSTER_OF
+    assert not {"config", "inputs", "metrics", "error"} & set(job)
+    assert site.client.get(f"{API}/admin/jobs", headers=site.alice.headers).status_code == 403

@@ -139,11 +139,13 @@ def running(
         argon2_parallelism=1,
         reaper_interval_s=0.5,
         heartbeat_timeout_s=8.0,
+        presence_report_s=1.0,
+        presence_timeout_s=4.0,
     )
     engine = make_engine(url)
     factory = make_sessionmaker(engine)
     ports = {name: (free_port(), free_port()) for name in CLUSTERS}
-    tokens = {}
+    tokens, credentials = {}, {}
     with factory() as db:
         for name, (peer_port, _) in ports.items():
             cluster = clusters.create(
@@ -154,6 +156,7 @@ def running(
             )
             _cred, secret = clusters.create_worker_credential(db, actor=SYSTEM, cluster=cluster)
             write_private_file(credential_path(var, name), secret.encode())
+            credentials[name] = secret
         db.commit()
     with LiveServer(settings) as server:
         # what a cluster host has: the control plane's URL, its broker, its own credentials;
@@ -181,6 +184,7 @@ def running(
                     peers={other: ("127.0.0.1", ports[other][0])},
                     shaper=None,
                     metrics_address=None,
+                    credential=credentials[name],
                     stop=stop,
                 ),
                 daemon=True,

@@ -204,7 +204,7 @@ def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
     )
     generator = _roles(running, job)["generator"]
     assert generator.worker is not None
-    os.kill(int(generator.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    os.kill(int(generator.worker.rsplit("/", 1)[1]), signal.SIGKILL)  # host:cluster:main/pid
     done = wait_until(
         lambda: _finished(scientist, job), "the job to finish after the kill", timeout=240
     )
@@ -258,9 +258,36 @@ def test_a_role_that_keeps_failing_ends_the_job_with_a_clear_error(
     )
 
 
+def test_cluster_health_shows_a_stopped_worker_go_offline_and_come_back(
+    running: RunningPlatform,
+) -> None:
+    viewer = running.user("ivan")
+
+    def health(name: str) -> dict[str, Any]:
+        clusters = viewer.call("GET", "/clusters", 200)["items"]
+        return next(c for c in clusters if c["name"] == name)
+
+    wait_until(
+        lambda: all(
+            health(n)["switch_online"] and health(n)["workers_online"] == 1
+            for n in ("cluster-a", "cluster-b")
+        ),
+        lambda: f"both clusters online: {health('cluster-a')}, {health('cluster-b')}",
+        timeout=60,
+    )
+    worker = running.workers["cluster-a"]
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    wait_until(lambda: health("cluster-a")["workers_online"] == 0, "cluster-a's worker offline", 30)
+    assert health("cluster-a")["switch_online"] and health("cluster-b")["workers_online"] == 1
+    running.start_worker("cluster-a")
+    wait_until(lambda: health("cluster-a")["workers_online"] == 1, "cluster-a's worker back", 60)
+
+
 def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_resumes(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
+    # last in the module: cluster-b's switch keeps reporting in with the revoked credential
     from app.clusters import service as clusters
     from app.clusters.models import WorkerCredential
     from workers.switch.tls import write_private_file
