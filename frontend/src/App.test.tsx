@@ -94,7 +94,7 @@ describe("navigation by role", () => {
     mockApi({ ...emptyLists, "GET /me": admin });
     renderApp("/workspaces");
     const nav = await screen.findByRole("navigation", { name: "Primary" });
-    for (const name of ["Users", "Clusters", "Quotas", "Audit log"]) expect(within(nav).getByRole("link", { name })).toBeInTheDocument();
+    for (const name of ["Users", "Clusters", "Running jobs", "Quotas", "Audit log"]) expect(within(nav).getByRole("link", { name })).toBeInTheDocument();
   });
 
   it("offers Audit but not Admin to auditors", async () => {
@@ -110,7 +110,7 @@ describe("navigation by role", () => {
     expect(navItemsFor({ role: "member" }).admin).toEqual([]);
     expect(navItemsFor({ role: "member" }).audit).toEqual([]);
     expect(navItemsFor({ role: "auditor" }).audit.map((i) => i.to)).toEqual(["/audit"]);
-    expect(navItemsFor({ role: "admin" }).admin.map((i) => i.to)).toEqual(["/admin/users", "/admin/clusters", "/admin/quotas"]);
+    expect(navItemsFor({ role: "admin" }).admin.map((i) => i.to)).toEqual(["/admin/users", "/admin/clusters", "/admin/jobs", "/admin/quotas"]);
   });
 
   it("toggles the phone menu with an accessible button", async () => {

@@ -7,6 +7,7 @@ import { AccessPage } from "./pages/AccessPage";
 import { AccountPage } from "./pages/AccountPage";
 import { ClustersPage } from "./pages/admin/ClustersPage";
 import { QuotasPage } from "./pages/admin/QuotasPage";
+import { RunningJobsPage } from "./pages/admin/RunningJobsPage";
 import { UsersPage } from "./pages/admin/UsersPage";
 import { AuditPage } from "./pages/AuditPage";
 import { CatalogPage } from "./pages/CatalogPage";
@@ -51,6 +52,7 @@ export function AppRoutes() {
             <Route path="/admin/users" element={<UsersPage />} />
             <Route path="/admin/clusters" element={<ClustersPage />} />
             <Route path="/admin/quotas" element={<QuotasPage />} />
+            <Route path="/admin/jobs" element={<RunningJobsPage />} />
           </>
         ) : null}
         {canAudit(user.role) ? <Route path="/audit" element={<AuditPage />} /> : null}

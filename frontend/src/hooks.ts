@@ -78,3 +78,15 @@ export function useDocumentTitle(title: string): void {
     document.title = title ? `${title} · Nebula` : "Nebula";
   }, [title]);
 }
+
+/** Calls `tick` every `ms` while the page is shown (live views that poll the API). */
+export function usePoll(tick: () => void, ms: number): void {
+  const tickRef = useRef(tick);
+  tickRef.current = tick;
+  useEffect(() => {
+    const timer = setInterval(() => {
+      if (typeof document === "undefined" || document.visibilityState !== "hidden") tickRef.current();
+    }, ms);
+    return () => clearInterval(timer);
+  }, [ms]);
+}

@@ -204,7 +204,8 @@ def test_submit_a_tiny_electra_job_and_watch_it_finish(site: Any, story: Story) 
     site.screenshot(page, "new-job")
     form.get_by_role("button", name="Submit job").click()
 
-    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"))
+    # the first submission of a server process validates the config with the training code
+    expect(page).to_have_url(re.compile(r"/jobs/[0-9a-f-]{36}$"), timeout=60_000)
     story.job_id = page.url.rsplit("/", 1)[1]
     progress = page.get_by_role("progressbar", name="Job progress")
     expect(progress).to_be_visible()
@@ -312,3 +313,50 @@ def test_admin_pages_and_a_phone_screen(site: Any, story: Story) -> None:
     phone.get_by_role("button", name="Menu").click()
     expect(phone.get_by_role("link", name="Catalog")).to_be_visible()
     site.screenshot(phone, "phone-menu")
+
+
+def test_an_admin_watches_cluster_health_and_running_jobs_across_tenants(
+    site: Any, story: Story
+) -> None:
+    admin = site.sign_in(site.admin)
+    admin.get_by_role("link", name="Clusters").click()
+    for name in ("cluster-a", "cluster-b"):
+        health = admin.get_by_label(f"Health of {name}")
+        expect(health.get_by_text("switch online")).to_be_visible(timeout=30_000)
+        expect(health.get_by_text("1 worker online")).to_be_visible(timeout=30_000)
+        expect(health.get_by_text("0 running jobs")).to_be_visible()
+
+    # Bob starts a long job: the clusters page shows it running, live, without a reload
+    bob = site.bearer(story.bob)
+    workspace = site.api.get("/workspaces", headers=bob).json()["items"][0]["id"]
+    job = site.api.post(
+        f"/workspaces/{workspace}/jobs",
+        headers=bob,
+        json={
+            "kind": "electra_pretrain",
+            "config": {"preset": "tiny", "steps": 100_000},
+            "inputs": {"text": story.dataset_id},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )
+    assert job.status_code == 202, job.text
+    job_id = job.json()["id"]
+    try:
+        expect(
+            admin.get_by_label("Health of cluster-a").get_by_text("1 running job")
+        ).to_be_visible(timeout=60_000)
+        admin.get_by_label("Cluster cluster-a").get_by_text("Processes", exact=True).click()
+        expect(
+            admin.get_by_label("Cluster cluster-a").get_by_text(f"{job_id}/generator")
+        ).to_be_visible(timeout=30_000)
+        site.screenshot(admin, "admin-cluster-health")
+
+        admin.get_by_role("link", name="Running jobs").click()
+        table = admin.get_by_role("table", name="Active jobs across tenants")
+        expect(table).to_contain_text(story.bob.email)
+        expect(table).to_contain_text("generator on cluster-a, discriminator on cluster-b")
+        expect(table.get_by_role("progressbar")).to_have_count(1)
+        site.screenshot(admin, "admin-running-jobs")
+    finally:
+        site.api.post(f"/jobs/{job_id}/cancel", headers=bob)
+    expect(admin.get_by_text("No job is queued or running.")).to_be_visible(timeout=30_000)

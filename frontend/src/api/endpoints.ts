@@ -13,12 +13,15 @@ import type {
   EnrollmentToken,
   Job,
   JobMetrics,
+  JobOverview,
   JobSubmission,
   NewApiToken,
   Page,
+  Presence,
   Role,
   SignedCertificate,
   User,
+  WorkerCredential,
   Workspace,
 } from "./types";
 
@@ -122,6 +125,13 @@ export const clusters = {
   signCsr: (id: string, csr_pem: string) => api.post<SignedCertificate>(`/clusters/${enc(id)}/csr`, { csr_pem }),
   revokeCertificate: (serial: string, reason: string) =>
     api.post<Certificate>(`/certificates/${enc(serial)}/revoke`, { reason }),
+  presence: (id: string) => page<Presence>(`/clusters/${enc(id)}/presence`),
+  workerCredential: (id: string) => api.post<WorkerCredential>(`/clusters/${enc(id)}/worker-credentials`),
+};
+
+// Across tenants (admins)
+export const overview = {
+  activeJobs: () => page<JobOverview>("/admin/jobs", { limit: 500 }),
 };
 
 // Jobs

@@ -86,6 +86,49 @@ export interface Cluster {
   created_at?: string;
   /** The switch holds an unexpired, unrevoked certificate from the platform CA. */
   has_valid_certificate?: boolean;
+  /** Its switch reported in lately. */
+  switch_online?: boolean;
+  /** Worker processes that reported in lately. */
+  workers_online?: number;
+  /** Jobs with a running role on this cluster. */
+  running_jobs?: number;
+}
+
+/** A switch or worker process of a cluster that reports in. */
+export interface Presence {
+  kind: "switch" | "worker";
+  instance: string;
+  version: string;
+  started_at: string;
+  last_seen: string;
+  /** job/role pairs it runs now */
+  running_roles: string[];
+}
+
+export interface WorkerCredential {
+  id: string;
+  cluster_id: string;
+  created_at: string;
+  revoked_at: string | null;
+  /** Only in the answer that made it. */
+  token?: string;
+}
+
+/** An active job as an admin sees it across tenants: metadata, no data. */
+export interface JobOverview {
+  id: string;
+  kind: JobKind;
+  status: JobStatus;
+  owner_id: string;
+  owner_email: string;
+  workspace_id: string;
+  placement: Record<string, string>;
+  progress: number;
+  step: number;
+  total_steps: number;
+  attempt: number;
+  created_at: string;
+  started_at: string | null;
 }
 
 export interface Certificate {

@@ -22,6 +22,7 @@ export function navItemsFor(user: Pick<User, "role">): { main: NavItem[]; admin:
     ? [
         { to: "/admin/users", label: "Users" },
         { to: "/admin/clusters", label: "Clusters" },
+        { to: "/admin/jobs", label: "Running jobs" },
         { to: "/admin/quotas", label: "Quotas" },
       ]
     : [];

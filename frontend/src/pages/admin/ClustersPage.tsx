@@ -1,10 +1,14 @@
-/** Admin: clusters, their enrollment tokens and certificates (expiry, revoke, sign a CSR). */
+/** Admin: clusters, their health (switch, workers, jobs: live), enrollment tokens, worker
+ * credentials and certificates (expiry, revoke, sign a CSR). */
 import { useState, type FormEvent } from "react";
 import { clusters } from "../../api/endpoints";
-import type { Certificate, Cluster, EnrollmentToken, SignedCertificate } from "../../api/types";
+import type { Certificate, Cluster, EnrollmentToken, SignedCertificate, WorkerCredential } from "../../api/types";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, SecretOnce } from "../../components/ui";
 import { daysUntil, formatDate } from "../../format";
-import { useAction, useLoad } from "../../hooks";
+import { useAction, useLoad, usePoll } from "../../hooks";
+
+/** How often the page asks for the clusters' health. */
+export const HEALTH_POLL_MS = 5000;
 
 const EXPIRY_WARNING_DAYS = 30;
 
@@ -159,8 +163,67 @@ function Certificates({ cluster }: { cluster: Cluster }) {
   );
 }
 
+/** The cluster's health in one line: its switch, its workers, what runs there. */
+export function ClusterHealth({ cluster }: { cluster: Cluster }) {
+  if (cluster.switch_online === undefined) return null;
+  const workers = cluster.workers_online ?? 0;
+  const jobs = cluster.running_jobs ?? 0;
+  return (
+    <p className="button-row" aria-label={`Health of ${cluster.name}`}>
+      <Badge status={cluster.switch_online ? "active" : "failed"}>{cluster.switch_online ? "switch online" : "switch offline"}</Badge>
+      <Badge status={workers > 0 ? "active" : "failed"}>
+        {workers} worker{workers === 1 ? "" : "s"} online
+      </Badge>
+      <Badge status={jobs > 0 ? "running" : "queued"}>
+        {jobs} running job{jobs === 1 ? "" : "s"}
+      </Badge>
+    </p>
+  );
+}
+
+function Processes({ cluster }: { cluster: Cluster }) {
+  const list = useLoad(() => clusters.presence(cluster.id), [cluster.id, cluster.workers_online, cluster.switch_online, cluster.running_jobs]);
+  const items = list.data?.items ?? [];
+  return (
+    <details>
+      <summary>Processes</summary>
+      <ErrorMessage error={list.error} />
+      {items.length === 0 ? (
+        <p className="muted small">Nothing of this cluster reported in lately.</p>
+      ) : (
+        <div className="table-wrap">
+          <table>
+            <caption className="sr-only">Processes of {cluster.name}</caption>
+            <thead>
+              <tr>
+                <th scope="col">Kind</th>
+                <th scope="col">Instance</th>
+                <th scope="col">Version</th>
+                <th scope="col">Last seen</th>
+                <th scope="col">Running roles</th>
+              </tr>
+            </thead>
+            <tbody>
+              {items.map((p) => (
+                <tr key={`${p.kind}-${p.instance}`}>
+                  <td>{p.kind}</td>
+                  <td className="mono break">{p.instance}</td>
+                  <td className="mono">{p.version}</td>
+                  <td>{formatDate(p.last_seen)}</td>
+                  <td className="mono small">{p.running_roles.length ? p.running_roles.join(", ") : "none"}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+    </details>
+  );
+}
+
 function ClusterCard({ cluster, onDeleted }: { cluster: Cluster; onDeleted: () => void }) {
   const [token, setToken] = useState<EnrollmentToken | null>(null);
+  const [credential, setCredential] = useState<WorkerCredential | null>(null);
   const action = useAction();
 
   return (
@@ -177,6 +240,7 @@ function ClusterCard({ cluster, onDeleted }: { cluster: Cluster; onDeleted: () =
         Switch <span className="mono">{cluster.switch_host}:{cluster.switch_port}</span>
         {cluster.created_at ? ` · added ${formatDate(cluster.created_at)}` : ""}
       </p>
+      <ClusterHealth cluster={cluster} />
       <div className="button-row">
         <button
           type="button"
@@ -189,6 +253,18 @@ function ClusterCard({ cluster, onDeleted }: { cluster: Cluster; onDeleted: () =
           }}
         >
           New enrollment token
+        </button>
+        <button
+          type="button"
+          className="btn"
+          disabled={action.busy}
+          aria-label={`New worker credential for ${cluster.name}`}
+          onClick={async () => {
+            const c = await action.run(() => clusters.workerCredential(cluster.id));
+            if (c) setCredential(c);
+          }}
+        >
+          New worker credential
         </button>
         <ConfirmButton
           label={`Delete cluster ${cluster.name}`}
@@ -210,6 +286,14 @@ function ClusterCard({ cluster, onDeleted }: { cluster: Cluster; onDeleted: () =
           note={`Give it to the switch operator. It expires ${formatDate(token.expires_at)} and will not be shown again.`}
         />
       ) : null}
+      {credential?.token ? (
+        <SecretOnce
+          label={`Worker credential for ${cluster.name}`}
+          value={credential.token}
+          note="For `nebula worker --credential-file` on the cluster's hosts. It will not be shown again."
+        />
+      ) : null}
+      <Processes cluster={cluster} />
       <Certificates cluster={cluster} />
     </li>
   );
@@ -217,6 +301,7 @@ function ClusterCard({ cluster, onDeleted }: { cluster: Cluster; onDeleted: () =
 
 export function ClustersPage() {
   const list = useLoad(() => clusters.list(), []);
+  usePoll(() => void list.reload(), HEALTH_POLL_MS);
   const [name, setName] = useState("");
   const [host, setHost] = useState("");
   const [port, setPort] = useState("7443");

@@ -1,10 +1,11 @@
-import { screen, waitFor, within } from "@testing-library/react";
+import { act, screen, waitFor, within } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { admin, member, mockApi, page, reply } from "../../test/mockApi";
 import { renderPage } from "../../test/render";
-import { certificateState, ClustersPage } from "./ClustersPage";
+import { certificateState, ClustersPage, HEALTH_POLL_MS } from "./ClustersPage";
 import { QuotasPage } from "./QuotasPage";
+import { RunningJobsPage } from "./RunningJobsPage";
 import { UsersPage } from "./UsersPage";
 
 afterEach(() => vi.unstubAllGlobals());
@@ -55,6 +56,58 @@ describe("UsersPage", () => {
     await waitFor(() => expect(fake.find("PATCH", "/users/u-member")[0]?.body).toEqual({ role: "admin" }));
     expect(screen.queryByRole("button", { name: "Suspend ada@example.org" })).toBeNull();
     expect(screen.queryByRole("button", { name: "Delete ada@example.org" })).toBeNull();
+  });
+});
+
+describe("cluster health", () => {
+  it("shows each cluster's switch, workers and jobs, the processes, and follows changes live", async () => {
+    vi.useFakeTimers({ shouldAdvanceTime: true });
+    let workers = 2;
+    const fake = mockApi({
+      "GET /me": admin,
+      "GET /clusters": () =>
+        page([{ id: "c1", name: "alpha", switch_host: "10.0.0.5", switch_port: 7443, switch_online: true, workers_online: workers, running_jobs: 1 }]),
+      "GET /clusters/c1/certificates": page([]),
+      "GET /clusters/c1/presence": page([
+        { kind: "worker", instance: "h1:alpha:10", version: "0.1.0", started_at: "2030-01-01T00:00:00Z", last_seen: "2030-01-01T00:00:05Z", running_roles: ["job-1/generator"] },
+      ]),
+      "POST /clusters/c1/worker-credentials": reply(201, { id: "w1", cluster_id: "c1", created_at: "2030-01-01T00:00:00Z", revoked_at: null, token: "nbw_secret" }),
+    });
+    renderPage(<ClustersPage />, { path: "/admin/clusters", route: "/admin/clusters" });
+    const health = await screen.findByLabelText("Health of alpha");
+    expect(within(health).getByText("switch online")).toBeInTheDocument();
+    expect(within(health).getByText("2 workers online")).toBeInTheDocument();
+    expect(within(health).getByText("1 running job")).toBeInTheDocument();
+    expect(await screen.findByText("job-1/generator")).toBeInTheDocument();
+    const user = userEvent.setup({ advanceTimers: vi.advanceTimersByTime });
+    await user.click(screen.getByRole("button", { name: "New worker credential for alpha" }));
+    expect(await screen.findByLabelText("Worker credential for alpha")).toHaveValue("nbw_secret");
+    workers = 0; // a worker stops: the next poll shows it
+    await act(() => vi.advanceTimersByTimeAsync(HEALTH_POLL_MS + 100));
+    expect(await within(health).findByText("0 workers online")).toBeInTheDocument();
+    expect(fake.find("GET", "/clusters").length).toBeGreaterThanOrEqual(2);
+    vi.useRealTimers();
+  });
+});
+
+describe("RunningJobsPage", () => {
+  it("lists every tenant's active jobs with owner and clusters, and says so when there are none", async () => {
+    mockApi({
+      "GET /me": admin,
+      "GET /admin/jobs": page([
+        { id: "0123456789abcdef", kind: "electra_pretrain", status: "running", owner_id: "u1", owner_email: "bob@example.org", workspace_id: "w", placement: { generator: "alpha", discriminator: "beta" }, progress: 0.5, step: 5, total_steps: 10, attempt: 2, created_at: "2030-01-01T00:00:00Z", started_at: "2030-01-01T00:00:01Z" },
+      ]),
+    });
+    renderPage(<RunningJobsPage />, { path: "/admin/jobs", route: "/admin/jobs" });
+    expect(await screen.findByText("bob@example.org")).toBeInTheDocument();
+    expect(screen.getByText("generator on alpha, discriminator on beta")).toBeInTheDocument();
+    expect(screen.getByText("attempt 2")).toBeInTheDocument();
+  });
+
+  it("shows an empty state", async () => {
+    mockApi({ "GET /me": admin, "GET /admin/jobs": page([]) });
+    renderPage(<RunningJobsPage />, { path: "/admin/jobs", route: "/admin/jobs" });
+    expect(await screen.findByText("No job is queued or running.")).toBeInTheDocument();
   });
 });
 
