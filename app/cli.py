@@ -180,7 +180,8 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     if not cluster:
         raise SystemExit("name the cluster with --cluster or --bundle")
     if args.switch:
-        switch, ca_path = _address(args.switch), args.ca
+        bundle_ca = args.bundle / "ca.pem" if args.bundle else None
+        switch, ca_path = _address(args.switch), args.ca or bundle_ca
     else:
         state = json.loads((state_dir / "switch.json").read_text())
         host, port = state["worker_address"]
