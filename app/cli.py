@@ -182,6 +182,8 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     if args.switch:
         bundle_ca = args.bundle / "ca.pem" if args.bundle else None
         switch, ca_path = _address(args.switch), args.ca or bundle_ca
+        if ca_path is None:
+            raise SystemExit("--switch needs --ca (the platform CA) or --bundle")
     else:
         state = json.loads((state_dir / "switch.json").read_text())
         host, port = state["worker_address"]
