@@ -3,6 +3,7 @@ two switches enrolled through the CA, and one real Celery worker process per clu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -128,11 +129,18 @@ def running(
     except Exception as exc:
         service_unavailable("Redis", exc)
     url = pg_templates.fresh()
-    var = tmp_path_factory.mktemp("platform") / "var"
+    with platform_on(url, REDIS_URL, tmp_path_factory.mktemp("platform") / "var") as platform:
+        yield platform
+    pg_templates.drop(url)
+
+
+@contextlib.contextmanager
+def platform_on(url: str, broker_url: str, var: Path) -> Iterator[RunningPlatform]:
+    """The control plane on database `url` (migrated) and the broker, two switches, two workers."""
     settings = Settings(
         var_dir=var,
         database_url=url,
-        broker_url=REDIS_URL,
+        broker_url=broker_url,
         secret_key="orchestration-test-secret",  # type: ignore[arg-type]
         argon2_time_cost=1,
         argon2_memory_kib=1024,
@@ -164,7 +172,7 @@ def running(
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")},
             "NEBULA_VAR_DIR": str(var),
-            "NEBULA_BROKER_URL": REDIS_URL,
+            "NEBULA_BROKER_URL": broker_url,
             "NEBULA_CONTROL_PLANE_URL": server.url,
             "OMP_NUM_THREADS": "1",
         }
@@ -222,4 +230,3 @@ def running(
             for thread in switches:
                 thread.join(timeout=20)
     engine.dispose()
-    pg_templates.drop(url)

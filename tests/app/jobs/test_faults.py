@@ -1,0 +1,209 @@
+"""Faults during a running job, on a PostgreSQL and a Redis of the test's own.
+
+The control plane's database restarts, then the broker restarts, each while an ELECTRA
+job runs across two switches and two worker processes. The roles keep training through
+the outage (their cluster API calls are retried within the heartbeat grace), the job
+succeeds, no metric point is applied twice, and the audit chain verifies. Servers of
+the test's own mean a failing test never leaves the machine's services down.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import service_unavailable
+from sqlalchemy import select
+
+from app.audit import service as audit
+from app.jobs.models import JobMetric
+from app.migrate import upgrade
+from app.up import free_port
+
+from .conftest import RunningPlatform, User, platform_on, wait_until
+from .test_orchestration import ELECTRA_FAST, _finished, _job, _upload
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def _postgres_bin() -> Path | None:
+    root = Path("/usr/lib/postgresql")
+    versions = sorted(root.iterdir(), key=lambda p: p.name) if root.is_dir() else []
+    return versions[-1] / "bin" if versions else None
+
+
+class OwnPostgres:
+    """A PostgreSQL cluster made with initdb in a temporary folder, on a free port."""
+
+    def __init__(self, folder: Path) -> None:
+        binary = _postgres_bin()
+        if binary is None or os.geteuid() != 0 or shutil.which("runuser") is None:
+            raise RuntimeError("needs PostgreSQL's binaries, root and runuser")
+        self.bin, self.folder, self.port = binary, folder, free_port()
+        folder.mkdir(parents=True)
+        shutil.chown(folder, "postgres", "postgres")
+        self._as_postgres(
+            "initdb", "-D", str(folder / "data"), "-A", "trust", "-U", "postgres", "--no-sync"
+        )
+        self.start()
+        self._as_postgres(
+            "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "nebula"
+        )
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/nebula"
+
+    def _as_postgres(self, tool: str, *args: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", str(self.bin / tool), *args],
+            check=True,
+            capture_output=True,
+            timeout=120,
+            cwd=self.folder,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        log = str(self.folder / "server.log")  # the server must not hold our pipes
+        self._as_postgres(
+            "pg_ctl", "-D", str(self.folder / "data"), "-l", log, "-o", options, "-w", "start"
+        )
+
+    def stop(self) -> None:
+        self._as_postgres("pg_ctl", "-D", str(self.folder / "data"), "-m", "fast", "-w", "stop")
+
+
+class OwnRedis:
+    """A redis-server of the test's own on a free port, keeping nothing on disk."""
+
+    def __init__(self) -> None:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not installed")
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv += ["--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: _listening(self.port), "redis-server to listen", timeout=30)
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def own(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RunningPlatform, OwnPostgres, OwnRedis]]:
+    root = tmp_path_factory.mktemp("faults")
+    # pytest's folders are root's alone; the server runs as postgres, in a folder it can reach
+    pg_root = Path(tempfile.mkdtemp(prefix="nebula-pg-"))
+    pg_root.chmod(0o755)
+    try:
+        postgres = OwnPostgres(pg_root / "pg")
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        service_unavailable("a PostgreSQL of the test's own (initdb)", exc)
+        raise AssertionError("unreachable") from None
+    try:
+        redis = OwnRedis()
+    except (RuntimeError, OSError) as exc:
+        postgres.stop()
+        service_unavailable("a redis-server of the test's own", exc)
+        raise AssertionError("unreachable") from None
+    try:
+        upgrade(postgres.url)
+        with platform_on(postgres.url, redis.url, root / "var") as platform:
+            yield platform, postgres, redis
+    finally:
+        redis.stop()
+        postgres.stop()
+        shutil.rmtree(pg_root, ignore_errors=True)
+
+
+def _electra_running(
+    platform: RunningPlatform, corpus: dict[str, Path], name: str
+) -> tuple[User, str]:
+    user = platform.user(name)
+    text = _upload(user, corpus["text"], "text", lines=400)
+    job = user.call(
+        "POST",
+        f"/workspaces/{user.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": {**ELECTRA_FAST, "steps": 40, "ckpt_every": 4},
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    wait_until(lambda: _job(user, job)["step"] >= 3, "the job to make progress", timeout=120)
+    return user, job
+
+
+def _each_point_once(platform: RunningPlatform, job: str) -> None:
+    with platform.factory() as db:
+        rows = db.execute(
+            select(JobMetric.role, JobMetric.name, JobMetric.step).where(JobMetric.job_id == job)
+        ).all()
+    counts = Counter(tuple(r) for r in rows)
+    assert counts and max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from workers.training.data import write_demo_corpus
+
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _outage(stop: Callable[[], None], start: Callable[[], None], seconds: float) -> None:
+    stop()
+    threading.Event().wait(seconds)  # the outage itself, not a synchronisation
+    start()
+
+
+def test_the_database_restarts_mid_job_and_the_job_succeeds(
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
+) -> None:
+    platform, postgres, _redis = own
+    user, job = _electra_running(platform, corpus, "pat")
+    _outage(postgres.stop, postgres.start, 2.0)
+    done = wait_until(lambda: _finished(user, job), "the job after the restart", timeout=240)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["step"] == 40
+    _each_point_once(platform, job)
+    with platform.factory() as db:
+        assert audit.verify(db).ok
+
+
+def test_the_broker_restarts_mid_job_and_the_job_succeeds(
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
+) -> None:
+    platform, _postgres, redis = own
+    user, job = _electra_running(platform, corpus, "quinn")
+    _outage(redis.stop, redis.start, 2.0)
+    done = wait_until(lambda: _finished(user, job), "the job after the restart", timeout=240)
+    assert done["status"] == "succeeded", done["error"]
+    _each_point_once(platform, job)
+    # and the platform still takes new work through the restarted broker
+    _user, second = _electra_running(platform, corpus, "ruth")
+    finished = wait_until(
+        lambda: _finished(_user, second), "a job after the broker came back", timeout=240
+    )
+    assert finished["status"] == "succeeded", finished["error"]
