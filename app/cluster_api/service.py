@@ -12,8 +12,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.accounts import tokens
-from app.audit import service as audit
-from app.audit.service import SYSTEM
 from app.clusters.models import Cluster, WorkerCredential
 from app.clusters.service import WORKER_CREDENTIAL_PREFIX
 from app.db import utcnow
@@ -21,7 +19,7 @@ from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound
 from app.grants import service as grants
 from app.grants.models import AccessRequest
 from app.jobs import service as jobs
-from app.jobs.models import FINAL_STATUSES, Job, JobRole, JobStatus
+from app.jobs.models import FINAL_STATUSES, Job, JobRole
 from app.jobs.outputs import store_job_output
 from app.jobs.schemas import KINDS, role_reads
 from app.pki import service as pki
@@ -215,18 +213,11 @@ def _fail_on_lost_input(db: Session, *, job: Job, name: str, dataset_id: str) ->
     job = db.get(Job, job.id, populate_existing=True) or job
     if job.status in FINAL_STATUSES:
         return
-    jobs.finish_job(
+    jobs.fail_job(
         db,
         job,
-        JobStatus.failed,
-        f"input {name!r} (dataset {dataset_id}) is no longer usable: access grant {grant} ended",
-    )
-    audit.record(
-        db,
-        actor=SYSTEM,
-        action="job.fail",
-        subject_type="job",
-        subject_id=job.id,
+        error=f"input {name!r} (dataset {dataset_id}) is no longer usable: "
+        f"access grant {grant} ended",
         details={"reason": "input_unusable", "dataset_id": dataset_id, "access_request_id": grant},
     )
     db.commit()

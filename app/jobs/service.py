@@ -171,6 +171,14 @@ def finish_job(db: Session, job: Job, status: JobStatus, error: str | None = Non
     )
 
 
+def fail_job(db: Session, job: Job, *, error: str, details: dict[str, Any]) -> None:
+    """End a job as failed with `error`, audited as `job.fail` with `details`."""
+    finish_job(db, job, JobStatus.failed, error)
+    audit.record(
+        db, actor=SYSTEM, action="job.fail", subject_type="job", subject_id=job.id, details=details
+    )
+
+
 def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
     """Stop a job; its roles see it at their next check and stop within seconds."""
     if job.status in FINAL_STATUSES:
@@ -190,18 +198,10 @@ def fail_jobs_using_grant(
     failed = []
     for job in jobs:
         if dataset_id in job.inputs.values():
-            finish_job(
+            fail_job(
                 db,
                 job,
-                JobStatus.failed,
-                f"access grant {request_id} to dataset {dataset_id} was revoked",
-            )
-            audit.record(
-                db,
-                actor=SYSTEM,
-                action="job.fail",
-                subject_type="job",
-                subject_id=job.id,
+                error=f"access grant {request_id} to dataset {dataset_id} was revoked",
                 details={"reason": "grant_revoked", "access_request_id": request_id},
             )
             failed.append(job.id)
@@ -363,17 +363,8 @@ def finish_role(
 def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
     """Fence the current attempt out and start a new one from the last checkpoints, or fail."""
     if job.attempt >= job.max_attempts:
-        finish_job(
-            db, job, JobStatus.failed, f"gave up after {job.attempt} attempts; last: {reason}"
-        )
-        audit.record(
-            db,
-            actor=SYSTEM,
-            action="job.fail",
-            subject_type="job",
-            subject_id=job.id,
-            details={"reason": reason[:500]},
-        )
+        error = f"gave up after {job.attempt} attempts; last: {reason}"
+        fail_job(db, job, error=error, details={"reason": reason[:500]})
         return
     job.attempt += 1
     db.execute(

@@ -379,9 +379,10 @@ def test_an_output_over_the_owners_quota_is_413(site: Site) -> None:
     assert datasets.json()["total"] == 1
 
 
-def test_a_revoked_grant_refuses_the_input_and_fails_the_job_naming_the_grant(
+def _grantee_site(
     client: TestClient, platform: Platform, settings: Settings
-) -> None:
+) -> tuple[Site, Account, Account, dict]:
+    """Bob's claimed job on Alice's text through an approved grant; (site, alice, bob, grant)."""
     alice, bob = platform.user(), platform.user()
     site = _site(client, platform, settings, bob)
     text = _upload(client, alice, discoverable=True)
@@ -391,6 +392,13 @@ def test_a_revoked_grant_refuses_the_input_and_fails_the_job_naming_the_grant(
     client.post(f"{API}/access-requests/{request['id']}/approve", json={}, headers=alice.headers)
     site.job_id = _submit(client, bob, text)
     site.tokens = {role: _claim(site, role) for role in CLUSTER_OF}
+    return site, alice, bob, request
+
+
+def test_a_revoked_grant_refuses_the_input_and_fails_the_job_naming_the_grant(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    site, alice, bob, request = _grantee_site(client, platform, settings)
     assert site.call("GET", "generator", "inputs/text")[0] == 200
 
     client.post(f"{API}/access-requests/{request['id']}/revoke", headers=alice.headers)
@@ -409,15 +417,7 @@ def test_a_revoked_grant_refuses_the_input_and_fails_the_job_naming_the_grant(
 def test_an_input_whose_grant_expired_fails_the_running_job(
     client: TestClient, platform: Platform, settings: Settings
 ) -> None:
-    alice, bob = platform.user(), platform.user()
-    site = _site(client, platform, settings, bob)
-    text = _upload(client, alice, discoverable=True)
-    request = client.post(
-        f"{API}/access-requests", json={"dataset_id": text, "purpose": "t"}, headers=bob.headers
-    ).json()
-    client.post(f"{API}/access-requests/{request['id']}/approve", json={}, headers=alice.headers)
-    site.job_id = _submit(client, bob, text)
-    site.tokens = {role: _claim(site, role) for role in CLUSTER_OF}
+    site, _alice, _bob, request = _grantee_site(client, platform, settings)
     with platform.factory() as db:
         row = db.get(AccessRequest, request["id"])
         assert row is not None

@@ -29,7 +29,7 @@ from app.migrate import upgrade
 from app.up import free_port
 
 from .conftest import RunningPlatform, User, platform_on, wait_until
-from .test_orchestration import ELECTRA_FAST, _finished, _job, _upload
+from .test_orchestration import _finished, _job, electra_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -139,24 +139,16 @@ def own(
 def _electra_running(
     platform: RunningPlatform, corpus: dict[str, Path], name: str
 ) -> tuple[User, str]:
-    user = platform.user(name)
-    text = _upload(user, corpus["text"], "text", lines=400)
-    job = user.call(
-        "POST",
-        f"/workspaces/{user.workspace}/jobs",
-        202,
-        json={
-            "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, "steps": 40, "ckpt_every": 4},
-            "inputs": {"text": text},
-            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
-        },
-    )["id"]
+    user, job = electra_job(platform, corpus, name, steps=40)
     wait_until(lambda: _job(user, job)["step"] >= 3, "the job to make progress", timeout=120)
     return user, job
 
 
-def _each_point_once(platform: RunningPlatform, job: str) -> None:
+def _succeeds(platform: RunningPlatform, user: User, job: str) -> None:
+    """The job ends well, all 40 steps, with every metric point stored exactly once."""
+    done = wait_until(lambda: _finished(user, job), f"job {job} to finish", timeout=240)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["step"] == 40
     with platform.factory() as db:
         rows = db.execute(
             select(JobMetric.role, JobMetric.name, JobMetric.step).where(JobMetric.job_id == job)
@@ -184,10 +176,7 @@ def test_the_database_restarts_mid_job_and_the_job_succeeds(
     platform, postgres, _redis = own
     user, job = _electra_running(platform, corpus, "pat")
     _outage(postgres.stop, postgres.start, 2.0)
-    done = wait_until(lambda: _finished(user, job), "the job after the restart", timeout=240)
-    assert done["status"] == "succeeded", done["error"]
-    assert done["step"] == 40
-    _each_point_once(platform, job)
+    _succeeds(platform, user, job)
     with platform.factory() as db:
         assert audit.verify(db).ok
 
@@ -198,12 +187,6 @@ def test_the_broker_restarts_mid_job_and_the_job_succeeds(
     platform, _postgres, redis = own
     user, job = _electra_running(platform, corpus, "quinn")
     _outage(redis.stop, redis.start, 2.0)
-    done = wait_until(lambda: _finished(user, job), "the job after the restart", timeout=240)
-    assert done["status"] == "succeeded", done["error"]
-    _each_point_once(platform, job)
+    _succeeds(platform, user, job)
     # and the platform still takes new work through the restarted broker
-    _user, second = _electra_running(platform, corpus, "ruth")
-    finished = wait_until(
-        lambda: _finished(_user, second), "a job after the broker came back", timeout=240
-    )
-    assert finished["status"] == "succeeded", finished["error"]
+    _succeeds(platform, *_electra_running(platform, corpus, "ruth"))

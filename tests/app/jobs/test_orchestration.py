@@ -42,6 +42,26 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+def electra_job(
+    running: RunningPlatform, corpus: dict[str, Path], name: str, *, steps: int
+) -> tuple[User, str]:
+    """A new user's ELECTRA job of `steps` steps on their own text, checkpointing every 4."""
+    user = running.user(name)
+    text = _upload(user, corpus["text"], "text", lines=400)
+    job = user.call(
+        "POST",
+        f"/workspaces/{user.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": {**ELECTRA_FAST, "steps": steps, "ckpt_every": 4},
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    return user, str(job)
+
+
 def _job(user: User, job_id: str) -> dict[str, Any]:
     return dict(user.call("GET", f"/jobs/{job_id}", 200))
 
@@ -185,19 +205,7 @@ def test_revoking_the_grant_fails_the_running_job(
 def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
-    scientist = running.user("frank")
-    text = _upload(scientist, corpus["text"], "text", lines=400)
-    job = scientist.call(
-        "POST",
-        f"/workspaces/{scientist.workspace}/jobs",
-        202,
-        json={
-            "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, "steps": 200, "ckpt_every": 4},
-            "inputs": {"text": text},
-            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
-        },
-    )["id"]
+    scientist, job = electra_job(running, corpus, "frank", steps=200)
     wait_until(
         lambda: all(r.checkpoint_step >= 4 for r in _roles(running, job).values()),
         lambda: f"both roles to checkpoint step 4: {_describe(running, scientist, job)}",
@@ -293,19 +301,7 @@ def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_res
     from workers.switch.tls import write_private_file
     from workers.worker_state import credential_path
 
-    scientist = running.user("heidi")
-    text = _upload(scientist, corpus["text"], "text", lines=400)
-    job = scientist.call(
-        "POST",
-        f"/workspaces/{scientist.workspace}/jobs",
-        202,
-        json={
-            "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, "steps": 120, "ckpt_every": 4},
-            "inputs": {"text": text},
-            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
-        },
-    )["id"]
+    scientist, job = electra_job(running, corpus, "heidi", steps=120)
     wait_until(
         lambda: all(r.checkpoint_step >= 4 for r in _roles(running, job).values()),
         lambda: f"both roles to checkpoint: {_describe(running, scientist, job)}",

@@ -132,6 +132,21 @@ def test_switches_enroll_with_the_control_plane_and_carry_a_job(
         assert all(t.used_at is not None for t in db.scalars(select(EnrollmentToken)))
 
 
+def _start_unenrolled(folder: Path, control_plane: str) -> None:
+    """`nebula switch` without an enrollment token (it must refuse before serving)."""
+    agent.run(
+        cluster="cluster-a",
+        folder=folder,
+        control_plane=control_plane,
+        enroll_token=None,
+        worker_address=("127.0.0.1", 0),
+        peer_address=("127.0.0.1", 0),
+        peers={},
+        shaper=None,
+        metrics_address=None,
+    )
+
+
 def test_the_job_token_key_is_pinned_at_enrollment_and_never_fetched_again(
     settings: Settings, platform: Platform, tmp_path: Path
 ) -> None:
@@ -153,17 +168,7 @@ def test_the_job_token_key_is_pinned_at_enrollment_and_never_fetched_again(
     # a switch whose pinned key is gone is not enrolled: it fetches no key from anywhere
     files.job_key.unlink()
     with pytest.raises(SystemExit, match="not enrolled"):
-        agent.run(
-            cluster="cluster-a",
-            folder=files.folder,
-            control_plane="http://127.0.0.1:9",
-            enroll_token=None,
-            worker_address=("127.0.0.1", 0),
-            peer_address=("127.0.0.1", 0),
-            peers={},
-            shaper=None,
-            metrics_address=None,
-        )
+        _start_unenrolled(files.folder, "http://127.0.0.1:9")
 
 
 @pytest.mark.parametrize(
@@ -173,17 +178,7 @@ def test_switch_and_worker_refuse_plain_http_to_a_remote_control_plane(url: str)
     with pytest.raises(ValueError):
         check_control_plane_url(url)
     with pytest.raises(SystemExit, match="http"):
-        agent.run(
-            cluster="cluster-a",
-            folder=Path("/nonexistent"),
-            control_plane=url,
-            enroll_token=None,
-            worker_address=("127.0.0.1", 0),
-            peer_address=("127.0.0.1", 0),
-            peers={},
-            shaper=None,
-            metrics_address=None,
-        )
+        _start_unenrolled(Path("/nonexistent"), url)
 
 
 @pytest.mark.parametrize(
