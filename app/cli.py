@@ -150,7 +150,7 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
         peers=peers,
         shaper=shaper,
         metrics_address=(args.worker_host, args.metrics_port) if args.metrics_port else None,
-        crl_grace_s=args.crl_grace_s,
+        crl_grace_s=args.crl_grace_s if args.crl_grace_s is not None else settings.crl_grace_s,
         control_plane_ca=control_plane_ca,
         credential=credential,
     )
@@ -403,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--control-plane", default=None, help="its URL (https unless on loopback)")
     switch.add_argument("--control-plane-ca", type=Path, default=None, help="CA of its HTTPS")
     switch.add_argument(
-        "--crl-grace-s", type=float, default=300.0, help="serve this long without a fresh CRL"
+        "--crl-grace-s",
+        type=float,
+        default=None,
+        help="serve this long without a fresh CRL (default NEBULA_CRL_GRACE_S, 300)",
     )
     switch.add_argument("--enroll-token", default=None)
     switch.add_argument("--state-dir", type=Path, default=None)

@@ -25,6 +25,8 @@ class ClusterSettings(BaseSettings):
     var_dir: Path = Path("./var")
     broker_url: str = ""  # empty: the embedded filesystem broker under var_dir
     control_plane_url: str = "http://127.0.0.1:8000"
+    # a switch without a fresh CRL for this long stops serving (fails closed)
+    crl_grace_s: float = 300.0
     log_level: str = "INFO"
 
 

@@ -51,6 +51,7 @@ CP_A, A_CP = "10.231.1.1", "10.231.1.2"
 CP_B, B_CP = "10.231.2.1", "10.231.2.2"
 A_WAN, B_WAN = "10.231.3.1", "10.231.3.2"
 PEER_PORT, WORKER_PORT, AMQP_PORT = 7101, 7201, 5672
+WORKERS_PER_CLUSTER = 2
 
 
 @dataclass
@@ -243,15 +244,16 @@ def deployment(
             )
         for site in sites.values():
             _wait((site.bundle / "switch.json").exists, f"the switch of {site.name}", 60)
-            site.processes.append(
-                start(
-                    f"worker-{site.name}",
-                    site.host.exec_argv(
-                        *_nebula("worker", "--bundle", str(site.bundle), "--concurrency", "1")
-                    ),
-                    {**base_env, "NEBULA_VAR_DIR": str(root / site.name)},
+            for number in range(WORKERS_PER_CLUSTER):  # a pool of worker processes
+                site.processes.append(
+                    start(
+                        f"worker-{site.name}-{number}",
+                        site.host.exec_argv(
+                            *_nebula("worker", "--bundle", str(site.bundle), "--concurrency", "1")
+                        ),
+                        {**base_env, "NEBULA_VAR_DIR": str(root / site.name)},
+                    )
                 )
-            )
         yield Deployment(api=api, api_port=api_port, sites=sites)
     finally:
         for process in reversed(processes):
@@ -340,6 +342,15 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
         assert not _connects(site.host, site.control_plane_ip, 5432)
         assert not _connects(site.host, site.control_plane_ip, 6379)
         assert _connects(site.host, site.control_plane_ip, deployment.api_port)
+
+    # both clusters report in: their switch and their pool of workers
+    def healthy() -> bool:
+        clusters = api.get("/clusters").json()["items"]
+        return all(
+            c["switch_online"] and c["workers_online"] == WORKERS_PER_CLUSTER for c in clusters
+        )
+
+    _wait(healthy, "both clusters' switches and workers online", timeout=90)
 
     corpus = write_demo_corpus(tmp_path / "corpus")
     workspace = api.get("/workspaces").json()["items"][0]["id"]
