@@ -213,6 +213,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
             control_plane=control_plane,
             credential=credential,
             control_plane_ca=control_plane_ca,
+            rendezvous_host=args.rendezvous_host,
         )
     )
     app = make_celery(broker_url, settings.var_dir)
@@ -437,7 +438,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the cluster's worker credential (default var/clusters/NAME/worker-credential)",
     )
-    worker.add_argument("--scratch-dir", type=Path, default=None, help="cluster-local disk")
+    worker.add_argument(
+        "--scratch-dir", type=Path, default=None, help="cluster disk, shared by its workers"
+    )
+    worker.add_argument(
+        "--rendezvous-host",
+        default="127.0.0.1",
+        help="this host's address for the cluster's other workers (discriminator replicas)",
+    )
     worker.set_defaults(run=_worker, cluster_side=True)
 
     clusters = sub.add_parser("clusters", help="clusters (on the control plane)").add_subparsers(

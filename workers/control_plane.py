@@ -13,12 +13,14 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+
+from workers.training.rendezvous import Rendezvous
 
 log = logging.getLogger("nebula.cluster")
 
@@ -238,6 +240,18 @@ class RoleSession:
         _raise_for(answer)
         result: dict[str, Any] = answer.json()
         return result
+
+    def publish_rendezvous(self, rendezvous: Rendezvous) -> None:
+        """Tell this attempt's replicas where to join (the root discriminator)."""
+        self._post("rendezvous", asdict(rendezvous))
+
+    def read_rendezvous(self) -> Rendezvous | None:
+        """Where to join the discriminator's group (a replica); None until it is published."""
+        answer = self.client.http.get(f"{self._path}/rendezvous", headers=self._headers())
+        if answer.status_code == 404:
+            return None
+        _raise_for(answer)
+        return Rendezvous(**answer.json())
 
     def finish(
         self, outcome: str, *, error: str | None = None, report: dict[str, Any] | None = None

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from app.jobs.schemas import REPLICA_OF, replica_rank
 from app.workspaces.storage import split_lines
 from workers.control_plane import (
     ClusterClient,
@@ -32,6 +33,7 @@ from workers.control_plane import (
 )
 from workers.presence import instance_name
 from workers.switch.link import Link
+from workers.training.rendezvous import Rendezvous
 from workers.training.runtime import Hooks, RoleResult
 
 log = logging.getLogger("nebula.runner")
@@ -51,6 +53,7 @@ class ClusterSide:
     credential: str = field(default="", repr=False)
     control_plane_ca: Path | None = None  # trust for an https control plane; None: the system's
     main_pid: int = field(default_factory=os.getpid)  # the worker's main process (pre-fork)
+    rendezvous_host: str = "127.0.0.1"  # where the cluster's other workers reach this host
 
     def client(self) -> ClusterClient:
         """A client of the cluster API with this cluster's worker credential."""
@@ -298,28 +301,72 @@ class _Outcome:
     refused: Refused | None = None
 
 
-def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
+def _await_rendezvous(session: RoleSession, hooks: RoleHooks, timeout_s: float) -> Rendezvous:
+    """Wait for the root discriminator to publish where this replica joins."""
+    deadline = time.monotonic() + timeout_s
+    tick = threading.Event()
+    while not hooks.stopped:
+        found = session.read_rendezvous()
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            break
+        tick.wait(0.5)
+    raise Fenced(409, "no rendezvous from the discriminator (stopped or timed out)")
+
+
+def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> RoleResult:
+    """A discriminator replica: no input, no link; the root's process group is its channel."""
+    from workers.training.configs import training_config
+    from workers.training.replicas import run_discriminator_replica
+
+    claim = session.claim
+    rank = replica_rank(claim.role)
+    assert rank is not None
+    cfg = training_config(claim.kind, claim.config)
+    rendezvous = _await_rendezvous(session, hooks, cfg.recv_timeout_s)
+    # the root's checkpoints: the cluster's workers share its scratch folder
+    ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / REPLICA_OF
+    seed = int(claim.config.get("seed", 0))
+    return run_discriminator_replica(cfg, rank, rendezvous, ckpt_dir, seed=seed)
+
+
+def _run_trainer(
+    session: RoleSession, side: ClusterSide, hooks: RoleHooks, links: list[Link]
+) -> RoleResult:
+    """A role that trains with its peer through the switch, on the inputs it reads."""
     from workers.switch.client import SwitchLink
     from workers.training.configs import training_config
 
     claim = session.claim
+    inputs = _read_inputs(session)
+    cfg = training_config(claim.kind, claim.config)
+    link = SwitchLink(
+        side.switch_address,
+        ca_path=side.ca_path,
+        token=session.token,
+        job_id=f"{claim.job_id}.{claim.attempt}",
+        role=claim.role,
+        peer_role=claim.peer_role,
+    )
+    links.append(link)
+    hooks.on_stop = link.close
+    ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
+    seed = int(claim.config.get("seed", 0))
+    return _train(claim.role, cfg, seed, link, inputs, ckpt_dir, hooks)
+
+
+def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
+    claim = session.claim
     hooks = RoleHooks(session)
-    link: Link | None = None
+    hooks.publish_rendezvous = session.publish_rendezvous
+    hooks.rendezvous_host = side.rendezvous_host
+    links: list[Link] = []
     try:
-        inputs = _read_inputs(session)
-        cfg = training_config(claim.kind, claim.config)
-        link = SwitchLink(
-            side.switch_address,
-            ca_path=side.ca_path,
-            token=session.token,
-            job_id=f"{claim.job_id}.{claim.attempt}",
-            role=claim.role,
-            peer_role=claim.peer_role,
-        )
-        hooks.on_stop = link.close
-        ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
-        seed = int(claim.config.get("seed", 0))
-        result = _train(claim.role, cfg, seed, link, inputs, ckpt_dir, hooks)
+        if replica_rank(claim.role) is not None:
+            result = _run_replica(session, side, hooks)
+        else:
+            result = _run_trainer(session, side, hooks, links)
     except Exception as exc:
         hooks.close()
         if isinstance(exc, Fenced | Refused):
@@ -332,7 +379,7 @@ def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
         _finish(session, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
         return _Outcome("failed")
     finally:
-        if link is not None:
+        for link in links:
             link.close()
     hooks.close()
     if result.stopped or hooks.stopped:

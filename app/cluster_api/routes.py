@@ -7,7 +7,7 @@ a running role also carries its job token as `Authorization: Bearer`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated
 
 import anyio.from_thread
 from fastapi import APIRouter, Depends, Header, Path, Request, status
@@ -27,6 +27,7 @@ from app.cluster_api.schemas import (
     OutputOut,
     PresenceAnswer,
     PresenceIn,
+    Rendezvous,
 )
 from app.clusters import service as clusters
 from app.clusters.models import Cluster
@@ -36,7 +37,9 @@ from app.errors import Invalid, NotAuthenticated
 router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
 
 WORKER_HEADER = "X-Nebula-Worker"
-RoleName = Literal["generator", "discriminator", "encoder", "decoder"]
+RoleName = Annotated[
+    str, Path(pattern=r"^(generator|discriminator|encoder|decoder|replica-[1-9][0-9]?)$")
+]
 JobIdPath = Annotated[str, Path(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$")]
 InputName = Annotated[str, Path(pattern=r"^[a-z_]{1,32}$")]
 WorkerHeader = Annotated[str, Header(alias=WORKER_HEADER, max_length=200)]
@@ -186,6 +189,19 @@ async def store_artifact(
         service.store_output, db, call=call, chunks=_body_chunks(request), settings=settings
     )
     return OutputOut(dataset_id=dataset_id, name=name, size_bytes=size)
+
+
+@router.post(f"{ROLE}/rendezvous", response_model=Rendezvous)
+def publish_rendezvous(call: RoleCallDep, body: Rendezvous, db: SessionDep) -> Rendezvous:
+    """The root discriminator says where its replicas join its process group."""
+    service.publish_rendezvous(db, call=call, rendezvous=body.model_dump())
+    return body
+
+
+@router.get(f"{ROLE}/rendezvous", response_model=Rendezvous)
+def read_rendezvous(call: RoleCallDep, db: SessionDep) -> Rendezvous:
+    """Where a replica joins its discriminator's process group; 404 until it is published."""
+    return Rendezvous.model_validate(service.read_rendezvous(db, call=call))
 
 
 @router.post(f"{ROLE}/finish", response_model=FinishOut)

@@ -88,3 +88,12 @@ class PresenceIn(Strict):
 
 class PresenceAnswer(BaseModel):
     report_every_s: float
+
+
+class Rendezvous(Strict):
+    """Where the discriminator's replicas join its torch.distributed process group."""
+
+    address: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]{1,255}:[0-9]{1,5}$")  # host:port
+    world_size: int = Field(ge=2, le=16)
+    vocab_size: int = Field(ge=1, le=10_000_000)
+    start_step: int = Field(ge=0, le=10**9)

@@ -21,7 +21,7 @@ from app.grants.models import AccessRequest
 from app.jobs import service as jobs
 from app.jobs.models import FINAL_STATUSES, Job, JobRole
 from app.jobs.outputs import store_job_output
-from app.jobs.schemas import KINDS, role_reads
+from app.jobs.schemas import REPLICA_OF, replica_rank, role_reads, role_spec
 from app.pki import service as pki
 from app.settings import Settings
 from workers.switch.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
@@ -136,14 +136,13 @@ def claim(
     token, expires_at = _token(
         db, settings=settings, job=job, role=role, cluster=cluster.name, attempt=attempt
     )
-    spec = KINDS[job.kind]
     return {
         "token": token,
         "token_expires_at": expires_at,
         "job_id": job.id,
         "attempt": attempt,
         "role": role,
-        "peer_role": spec.roles[role].peer,
+        "peer_role": role_spec(job.kind, role).peer,
         "kind": job.kind,
         "config": dict(job.config),
         "inputs": sorted(set(role_reads(job.kind, role, job.config)) & set(job.inputs)),
@@ -287,7 +286,7 @@ def store_output(
     artifact, inputs whose grants ended, and over the owner's quota (413).
     """
     job = _live(db, call)
-    artifact = KINDS[job.kind].roles[call.role].artifact
+    artifact = role_spec(job.kind, call.role).artifact
     if artifact is None:
         raise NotFound("this role stores no artifact")
     _check_inputs_still_usable(db, job=job)
@@ -319,6 +318,26 @@ def store_output(
     )
     db.commit()
     return dataset_id, name, size
+
+
+def publish_rendezvous(db: Session, *, call: RoleCall, rendezvous: dict[str, Any]) -> None:
+    """The root discriminator's process-group address for this attempt's replicas."""
+    if call.role != REPLICA_OF:
+        raise Forbidden("only the discriminator publishes a rendezvous")
+    job = _live(db, call)
+    job.rendezvous = {**rendezvous, "attempt": call.attempt}
+    db.commit()
+
+
+def read_rendezvous(db: Session, *, call: RoleCall) -> dict[str, Any]:
+    """The rendezvous of this attempt, for one of its replicas; 404 until published."""
+    if replica_rank(call.role) is None:
+        raise Forbidden("only replicas read the rendezvous")
+    job = _live(db, call)
+    published = dict(job.rendezvous or {})
+    if published.pop("attempt", None) != call.attempt:
+        raise NotFound("no rendezvous published for this attempt yet")
+    return published
 
 
 def finish(

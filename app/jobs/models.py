@@ -60,6 +60,8 @@ class Job(Base):
     step: Mapped[int] = mapped_column(default=0)
     total_steps: Mapped[int] = mapped_column(default=0)
     metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    # where this attempt's discriminator replicas join its process group (ELECTRA, n > 1)
+    rendezvous: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]

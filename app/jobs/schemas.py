@@ -24,13 +24,14 @@ class ElectraJobConfig(Strict):
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=2, le=4096)
     n_discriminators: int | None = Field(default=None, ge=1, le=16)
+    dropout: float | None = Field(default=None, ge=0.0, le=0.5)
     ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
     # When the discriminator's cluster may read the same text, only masked positions cross.
     discriminator_reads_text: bool = True
 
     def overrides(self) -> dict[str, Any]:
         """The training-config fields this job sets on top of its preset."""
-        keys = ("steps", "batch_size", "n_discriminators", "ckpt_every")
+        keys = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout")
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
@@ -124,9 +125,42 @@ KINDS: dict[str, JobKindSpec] = {
 }
 
 
+# The discriminator's data-parallel replicas 1..n-1 are roles of their own, each a task on
+# the discriminator's cluster (its own worker process); they join the discriminator's
+# process group at the rendezvous it publishes, read no input and store nothing.
+REPLICA_PREFIX = "replica-"
+REPLICA_OF = "discriminator"
+MAX_REPLICAS = 16
+REPLICA = RoleSpec(peer=REPLICA_OF, reads={})
+
+
+def replica_rank(role: str) -> int | None:
+    """The rank of a replica role (`replica-2` -> 2), None for any other role."""
+    if role.startswith(REPLICA_PREFIX) and role[len(REPLICA_PREFIX) :].isdigit():
+        rank = int(role[len(REPLICA_PREFIX) :])
+        return rank if 1 <= rank < MAX_REPLICAS else None
+    return None
+
+
+def role_spec(kind: str, role: str) -> RoleSpec:
+    """One role of a job kind, replicas included; KeyError for a role the kind has not."""
+    if kind == "electra_pretrain" and replica_rank(role) is not None:
+        return REPLICA
+    return KINDS[kind].roles[role]
+
+
+def job_roles(kind: str, config: dict[str, Any], placement: dict[str, str]) -> dict[str, str]:
+    """Every role of a job and its cluster: the placed ones and the replicas they imply."""
+    roles = {role: placement[role] for role in KINDS[kind].roles}
+    if kind == "electra_pretrain":
+        for rank in range(1, int(config.get("n_discriminators") or 1)):
+            roles[f"{REPLICA_PREFIX}{rank}"] = placement[REPLICA_OF]
+    return roles
+
+
 def role_reads(kind: str, role: str, config: dict[str, Any]) -> dict[str, int | None]:
     """The inputs one role of a job may read, with the column it gets of each."""
-    reads = dict(KINDS[kind].roles[role].reads)
+    reads = dict(role_spec(kind, role).reads)
     if role == "discriminator" and not config.get("discriminator_reads_text", True):
         reads.pop("text")
     return reads

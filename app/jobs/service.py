@@ -26,7 +26,7 @@ from app.jobs.models import (
     JobStatus,
     RoleStatus,
 )
-from app.jobs.schemas import KINDS, JobSubmitIn
+from app.jobs.schemas import KINDS, JobSubmitIn, job_roles
 from app.pki import service as pki
 from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
@@ -116,8 +116,8 @@ def submit(
     )
     db.add(job)
     db.flush()
-    for role in KINDS[body.kind].roles:
-        db.add(JobRole(job_id=job.id, role=role, cluster=body.placement[role], attempt=1))
+    for role, cluster in job_roles(body.kind, config, body.placement).items():
+        db.add(JobRole(job_id=job.id, role=role, cluster=cluster, attempt=1))
     audit.record(
         db,
         actor=actor,
@@ -367,6 +367,7 @@ def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
         fail_job(db, job, error=error, details={"reason": reason[:500]})
         return
     job.attempt += 1
+    job.rendezvous = None
     db.execute(
         update(JobRole)
         .where(JobRole.job_id == job.id)

@@ -665,7 +665,7 @@ def run_electra_discriminator(
 
     from workers.training.replicas import discriminator_replicas  # it imports this module
 
-    with discriminator_replicas(cfg, seed, device, ckpt_dir, V, start) as group:
+    with discriminator_replicas(cfg, seed, device, ckpt_dir, V, start, hooks) as group:
         side = DiscriminatorSide(cfg, V, seed, group.device)
         if start:
             tensors, meta = store.load(start)

@@ -1,8 +1,11 @@
 """The discriminator's data-parallel replicas inside its cluster (Scenario-I, n > 1).
 
 The root discriminator (the role that talks to the generator) is replica 0.
-It starts replicas 1..n-1 as local processes, joins them in a
-torch.distributed process group (gloo on CPU, nccl on GPU) and drives them
+Its replicas 1..n-1 run either as roles of their own (each a task in a worker
+process of the cluster, which joins at the rendezvous the root publishes through
+its hooks: `run_discriminator_replica`) or, without a publisher, as local processes
+it starts itself. They join a torch.distributed process group (gloo on CPU, nccl
+on GPU) and the root drives them
 with a broadcast control word per action: train on the micro-batch scattered
 to you, hand over your dropout stream for a checkpoint, compare weights, stop.
 Gradients are averaged with one all-reduce, after which every replica holds
@@ -15,6 +18,7 @@ import contextlib
 import socket
 from collections.abc import Iterator
 from dataclasses import asdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from workers.training.electra import CorruptedBatch, DiscriminatorSide, ElectraConfig
-from workers.training.runtime import CheckpointStore, restore_training_state
+from workers.training.rendezvous import Rendezvous
+from workers.training.runtime import CheckpointStore, Hooks, RoleResult, restore_training_state
 
 
 class ReplicaGroup:
@@ -103,9 +108,9 @@ def _replica_train(
     return float(stats[0]) / n, float(stats[1]) / n, int(stats[2])
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -117,28 +122,41 @@ def discriminator_replicas(
     ckpt_dir: Path,
     vocab_size: int,
     start: int,
+    hooks: Hooks | None = None,
 ) -> Iterator[ReplicaGroup]:
-    """Start replicas 1..n-1 as local processes and join them in a process group with the root."""
+    """Join replicas 1..n-1 in a process group with the root (rank 0).
+
+    With `hooks.publish_rendezvous`, the replicas are other processes that join at the
+    published address; otherwise they are started here as local processes.
+    """
     n = cfg.n_discriminators
     group = ReplicaGroup(n, device)
     if n == 1:
         yield group
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    ctx = mp.get_context("spawn")
-    procs = [
-        ctx.Process(
-            target=_replica_main,
-            args=(rank, n, backend, init, asdict(cfg), seed, device, str(ckpt_dir), vocab_size),
-            kwargs={"start": start, "threads": torch.get_num_threads()},
-            daemon=True,
-        )
-        for rank in range(1, n)
-    ]
-    for p in procs:
-        p.start()
-    dist.init_process_group(backend, init_method=init, rank=0, world_size=n)
+    publish = hooks.publish_rendezvous if hooks is not None else None
+    host = hooks.rendezvous_host if hooks is not None else "127.0.0.1"
+    address = f"{host}:{_free_port(host)}"
+    init = f"tcp://{address}"
+    procs = []
+    if publish is not None:
+        publish(Rendezvous(address, n, vocab_size, start))
+    else:
+        ctx = mp.get_context("spawn")
+        procs = [
+            ctx.Process(
+                target=_replica_main,
+                args=(rank, n, backend, init, asdict(cfg), seed, device, str(ckpt_dir), vocab_size),
+                kwargs={"start": start, "threads": torch.get_num_threads()},
+                daemon=True,
+            )
+            for rank in range(1, n)
+        ]
+        for p in procs:
+            p.start()
+    timeout = timedelta(seconds=cfg.recv_timeout_s)
+    dist.init_process_group(backend, init_method=init, rank=0, world_size=n, timeout=timeout)
     try:
         yield group
         dist.broadcast(torch.tensor([0, 0], dtype=torch.long, device=group.device), 0)
@@ -151,6 +169,41 @@ def discriminator_replicas(
     bad = [p.exitcode for p in procs if p.exitcode != 0]
     if bad:
         raise RuntimeError(f"discriminator replicas exited with {bad}")
+
+
+def run_discriminator_replica(
+    cfg: ElectraConfig,
+    rank: int,
+    rendezvous: Rendezvous,
+    ckpt_dir: Path,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+) -> RoleResult:
+    """Replica `rank` as a role of its own: join the root's group, train until it says stop.
+
+    It resumes from the root's checkpoint folder, which the cluster's workers share.
+    """
+    if not 1 <= rank < rendezvous.world_size or rendezvous.world_size != cfg.n_discriminators:
+        raise ValueError(
+            f"replica {rank} does not fit a group of {rendezvous.world_size} "
+            f"({cfg.n_discriminators} discriminators configured)"
+        )
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    _replica_main(
+        rank,
+        rendezvous.world_size,
+        backend,
+        f"tcp://{rendezvous.address}",
+        asdict(cfg),
+        seed,
+        device,
+        str(ckpt_dir),
+        rendezvous.vocab_size,
+        start=rendezvous.start_step,
+        threads=torch.get_num_threads(),
+    )
+    return RoleResult(start_step=rendezvous.start_step, last_step=0, stopped=False)
 
 
 def _replica_main(
@@ -171,7 +224,8 @@ def _replica_main(
     torch.set_num_threads(threads)
     cfg = ElectraConfig.from_dict(cfg_dict)
     dev = f"cuda:{rank}" if device.startswith("cuda") else device
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=n)
+    timeout = timedelta(seconds=cfg.recv_timeout_s)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=n, timeout=timeout)
     try:
         side = DiscriminatorSide(cfg, vocab_size, seed, dev, rank=rank)
         if start:

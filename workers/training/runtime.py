@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from workers.compression import parse_spec
 from workers.switch.link import Link, Payload
+from workers.training.rendezvous import Rendezvous
 
 # ---------------------------------------------------------------- hooks and results
 
@@ -36,6 +37,10 @@ class Hooks:
     on_metrics: Callable[[int, dict[str, float]], None] | None = None
     should_stop: Callable[[], bool] | None = None
     on_checkpoint: Callable[[int, Path], None] | None = None
+    # With replicas in other processes (roles of their own): publish(rendezvous) tells them
+    # where to join; None: the role starts its replicas itself, as local processes.
+    publish_rendezvous: Callable[[Rendezvous], None] | None = None
+    rendezvous_host: str = "127.0.0.1"  # the address other processes reach this one at
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """Report the metrics of one finished step."""

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from sqlalchemy import select
 
 from app.audit.service import SYSTEM as SYSTEM_ACTOR
@@ -290,6 +291,52 @@ def test_cluster_health_shows_a_stopped_worker_go_offline_and_come_back(
     assert health("cluster-a")["switch_online"] and health("cluster-b")["workers_online"] == 1
     running.start_worker("cluster-a")
     wait_until(lambda: health("cluster-a")["workers_online"] == 1, "cluster-a's worker back", 60)
+
+
+def test_discriminator_replicas_in_two_worker_processes_equal_the_single_process_reference(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    """n = 2 discriminators: the root and its replica are two tasks in two worker processes
+    of cluster-b, joined at the rendezvous the root publishes through the cluster API; with
+    dropout off, the trained model equals one process training on both micro-batches."""
+    from workers.training.configs import training_config
+    from workers.training.electra import load_pretrained, train_electra_local
+
+    scientist = running.user("judy")
+    lines = corpus["text"].read_text().splitlines()[:400]
+    text = _upload(scientist, corpus["text"], "text", lines=400)
+    config = {**ELECTRA_FAST, "n_discriminators": 2, "dropout": 0.0}
+    job = scientist.call(
+        "POST",
+        f"/workspaces/{scientist.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": config,
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    done = wait_until(lambda: _finished(scientist, job), "the job with two discriminators")
+    assert done["status"] == "succeeded", done["error"]
+    roles = _roles(running, job)
+    assert set(roles) == {"generator", "discriminator", "replica-1"}
+    assert roles["replica-1"].cluster == "cluster-b"
+    root_worker, replica_worker = roles["discriminator"].worker, roles["replica-1"].worker
+    assert root_worker and replica_worker and root_worker != replica_worker  # two processes
+
+    model = next(
+        a
+        for a in scientist.call("GET", f"/jobs/{job}/artifacts", 200)["items"]
+        if a["kind"] == "model"
+    )
+    blob = scientist.client.get(f"/api/v1/datasets/{model['dataset_id']}/content").content
+    trained = load_pretrained(blob)
+    cfg = training_config("electra_pretrain", {"preset": "tiny", **config})
+    reference = train_electra_local(cfg, lines, seed=0, tokenizer=trained.tokenizer)
+    expected = reference.discriminator.model.state_dict()
+    for name, tensor in trained.discriminator.state_dict().items():
+        assert torch.allclose(tensor, expected[name], atol=1e-5), name
 
 
 def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_resumes(
