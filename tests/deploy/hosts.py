@@ -218,3 +218,25 @@ def write_server_certificate(folder: Path, ips: list[str]) -> tuple[Path, Path, 
         )
     )
     return paths
+
+
+def main(argv: list[str]) -> None:
+    """`python hosts.py relay LISTEN_HOST:PORT TARGET_HOST:PORT`: a relay as a process of its
+    own, to run inside a namespace (`ip netns exec NS python hosts.py relay ...`)."""
+    _command, listen, target = argv
+
+    def split(text: str) -> tuple[str, int]:
+        host, _, port = text.rpartition(":")
+        return host, int(port)
+
+    relay = Relay(split(listen), split(target))
+    try:
+        threading.Event().wait()  # until the test terminates this process
+    finally:
+        relay.close()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

@@ -1,13 +1,13 @@
-"""A deployment across three network hosts: the control plane and two clusters.
+"""A deployment across separate network hosts: the control plane and two clusters.
 
-The control plane (API over HTTPS, PostgreSQL, RabbitMQ) is the root namespace; each
-cluster is a network namespace of its own, linked to the control-plane host and, by
-a WAN link, to the other cluster. The control-plane host exposes to the clusters only
-the API's port and the broker's port (PostgreSQL listens on its loopback alone). The
-clusters are registered, bundled and started from their bundles exactly as the
-README's multi-site steps say; ELECTRA and then ABNet run end to end; and every TCP
-connection of each cluster host, sampled from its own kernel table during the run,
-goes only to the API, the broker, or the peer switch.
+Four hosts, each a network namespace: the services host (the root namespace:
+PostgreSQL and RabbitMQ, which it forwards to the control plane's link only), the
+control plane (the API over HTTPS and the broker's port, forwarded), and two clusters,
+each linked to the control plane and, by a WAN link, to each other; nothing is routed
+between links. The clusters are registered, bundled and started from their bundles as
+docs/deploy.md says; ELECTRA and then ABNet run end to end; and every TCP connection
+of each cluster host, sampled from its own kernel table during the run, goes only to
+the API, the broker, or the peer switch. The database answers nothing from a cluster.
 """
 
 from __future__ import annotations
@@ -46,11 +46,13 @@ from .hosts import (
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-# addresses of the test's own: link to cluster A, link to cluster B, the WAN between them
+# addresses of the test's own: services to control plane, control plane to cluster A and to
+# cluster B, the WAN between the clusters
+SERVICES_CP, CP_SERVICES = "10.231.0.1", "10.231.0.2"
 CP_A, A_CP = "10.231.1.1", "10.231.1.2"
 CP_B, B_CP = "10.231.2.1", "10.231.2.2"
 A_WAN, B_WAN = "10.231.3.1", "10.231.3.2"
-PEER_PORT, WORKER_PORT, AMQP_PORT = 7101, 7201, 5672
+PEER_PORT, WORKER_PORT, AMQP_PORT, PG_PORT = 7101, 7201, 5672, 5432
 WORKERS_PER_CLUSTER = 2
 
 
@@ -60,7 +62,7 @@ class Site:
 
     name: str
     host: Namespace
-    control_plane_ip: str
+    control_plane_ip: str  # the control plane's address on this cluster's link
     wan_ip: str
     peer_wan_ip: str
     bundle: Path
@@ -72,6 +74,7 @@ class Site:
 class Deployment:
     api: httpx.Client
     api_port: int
+    control_plane: Namespace
     sites: dict[str, Site]
 
 
@@ -120,21 +123,23 @@ def deployment(
         return process
 
     try:
-        host_a, host_b = network.host("a"), network.host("b")
-        network.link_to_root(host_a, CP_A, A_CP, "ca")
-        network.link_to_root(host_b, CP_B, B_CP, "cb")
+        cp, host_a, host_b = network.host("cp"), network.host("a"), network.host("b")
+        network.link_to_root(cp, SERVICES_CP, CP_SERVICES, "sv")
+        network.link_hosts(cp, CP_A, host_a, A_CP, "ca")
+        network.link_hosts(cp, CP_B, host_b, B_CP, "cb")
         network.link_hosts(host_a, A_WAN, host_b, B_WAN, "wan")
-        # the broker's port on the control-plane host's outside addresses (a port forward)
-        relays = [Relay((ip, AMQP_PORT), ("127.0.0.1", AMQP_PORT)) for ip in (CP_A, CP_B)]
-        ca_path, cert, key = write_server_certificate(root, [CP_A, CP_B, "127.0.0.1"])
+        # the services host forwards PostgreSQL and RabbitMQ to the control plane's link alone
+        relays = [Relay((SERVICES_CP, port), ("127.0.0.1", port)) for port in (PG_PORT, AMQP_PORT)]
+        ca_path, cert, key = write_server_certificate(root, [CP_A, CP_B, CP_SERVICES])
 
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
         base_env["OMP_NUM_THREADS"] = "1"
+        services_db = database.replace("127.0.0.1:5432", f"{SERVICES_CP}:{PG_PORT}")
         cp_env = {
             **base_env,
             "NEBULA_VAR_DIR": str(root / "control-plane"),
-            "NEBULA_DATABASE_URL": database,
-            "NEBULA_BROKER_URL": f"amqp://guest:guest@127.0.0.1:{AMQP_PORT}/{vhost}",
+            "NEBULA_DATABASE_URL": services_db,
+            "NEBULA_BROKER_URL": f"amqp://guest:guest@{SERVICES_CP}:{AMQP_PORT}/{vhost}",
             "NEBULA_SECRET_KEY": "deploy-test-secret",
             "NEBULA_ARGON2_TIME_COST": "1",
             "NEBULA_ARGON2_MEMORY_KIB": "1024",
@@ -142,38 +147,49 @@ def deployment(
             "NEBULA_REAPER_INTERVAL_S": "0.5",
             "NEBULA_HEARTBEAT_TIMEOUT_S": "10",
         }
+        # the control plane forwards the broker's port to its cluster links (as a DNAT would)
+        start(
+            "broker-forward",
+            cp.exec_argv(
+                sys.executable,
+                str(Path(__file__).with_name("hosts.py")),
+                "relay",
+                f"0.0.0.0:{AMQP_PORT}",
+                f"{SERVICES_CP}:{AMQP_PORT}",
+            ),
+            base_env,
+        )
         api_port = free_port()
         start(
             "api",
-            _nebula(
-                "serve",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                str(api_port),
-                "--tls-cert",
-                str(cert),
-                "--tls-key",
-                str(key),
+            cp.exec_argv(
+                *_nebula(
+                    "serve",
+                    "--host",
+                    "0.0.0.0",
+                    "--port",
+                    str(api_port),
+                    "--tls-cert",
+                    str(cert),
+                    "--tls-key",
+                    str(key),
+                )
             ),
             cp_env,
         )
-        api = httpx.Client(
-            base_url=f"https://127.0.0.1:{api_port}/api/v1", verify=tls_verify(ca_path), timeout=60
-        )
+        url = f"https://{CP_SERVICES}:{api_port}"
+        api = httpx.Client(base_url=f"{url}/api/v1", verify=tls_verify(ca_path), timeout=60)
 
         def healthy() -> bool:
             try:
-                answer = httpx.get(
-                    f"https://127.0.0.1:{api_port}/healthz", verify=tls_verify(ca_path), timeout=5
-                )
+                answer = httpx.get(f"{url}/healthz", verify=tls_verify(ca_path), timeout=5)
                 return answer.status_code == 200
             except httpx.TransportError:
                 return False
 
         _wait(healthy, "the control plane")
         subprocess.run(
-            _nebula("users", "create-admin", "admin@deploy.example.org"),
+            cp.exec_argv(*_nebula("users", "create-admin", "admin@deploy.example.org")),
             input=PASSWORD + "\n",
             text=True,
             env=cp_env,
@@ -197,7 +213,8 @@ def deployment(
                 json={"name": site.name, "switch_host": site.wan_ip, "switch_port": PEER_PORT},
             )
             assert created.status_code == 201, created.text
-            # on the control plane: one command writes what the cluster host needs
+            # on the broker's host (rabbitmqctl runs there): one command writes what the
+            # cluster host needs
             subprocess.run(
                 _nebula(
                     "clusters",
@@ -254,7 +271,7 @@ def deployment(
                         {**base_env, "NEBULA_VAR_DIR": str(root / site.name)},
                     )
                 )
-        yield Deployment(api=api, api_port=api_port, sites=sites)
+        yield Deployment(api=api, api_port=api_port, control_plane=cp, sites=sites)
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -277,10 +294,11 @@ def deployment(
 
 
 class Sampler:
-    """Reads each cluster host's TCP table while the jobs run."""
+    """Reads each cluster host's and the control plane's TCP tables while the jobs run."""
 
-    def __init__(self, sites: dict[str, Site]) -> None:
-        self.sites = sites
+    def __init__(self, sites: dict[str, Site], control_plane: Namespace) -> None:
+        self.sites, self.control_plane = sites, control_plane
+        self.control_plane_seen: set[tuple[str, int, str, int]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -294,6 +312,9 @@ class Sampler:
                 for lip, lport, rip, rport, state in site.host.tcp_table():
                     if state in (TCP_ESTABLISHED, TCP_SYN_SENT):
                         site.seen.add((lip, lport, rip, rport))
+            for lip, lport, rip, rport, state in self.control_plane.tcp_table():
+                if state in (TCP_ESTABLISHED, TCP_SYN_SENT):
+                    self.control_plane_seen.add((lip, lport, rip, rport))
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -339,7 +360,8 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
     api, sites = deployment.api, deployment.sites
     # what a cluster host cannot reach: the database, or the control plane's loopback services
     for site in sites.values():
-        assert not _connects(site.host, site.control_plane_ip, 5432)
+        assert not _connects(site.host, site.control_plane_ip, PG_PORT)
+        assert not _connects(site.host, SERVICES_CP, PG_PORT)  # no route to the services host
         assert not _connects(site.host, site.control_plane_ip, 6379)
         assert _connects(site.host, site.control_plane_ip, deployment.api_port)
 
@@ -356,7 +378,7 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
     workspace = api.get("/workspaces").json()["items"][0]["id"]
     text = _upload(api, workspace, corpus["text"], "text", lines=600)
     pairs = _upload(api, workspace, corpus["parallel.train"], "parallel", lines=300)
-    with Sampler(sites):
+    with Sampler(sites, deployment.control_plane) as sampler:
         electra = _run_job(
             api,
             workspace,
@@ -411,3 +433,16 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
             (site.control_plane_ip, AMQP_PORT),
         }, outbound
         assert (site.peer_wan_ip, PEER_PORT) in outbound or inbound, (outbound, inbound)
+
+    # the control plane reaches out only to the database and the broker on the services
+    # host; everything else is someone connecting to its API or broker port
+    served = {deployment.api_port, AMQP_PORT}
+    strays = [
+        c
+        for c in sampler.control_plane_seen
+        if not (c[0] == c[2] == "127.0.0.1")
+        and c[1] not in served
+        and (c[2], c[3]) not in {(SERVICES_CP, PG_PORT), (SERVICES_CP, AMQP_PORT)}
+    ]
+    assert not strays, f"the control plane connected elsewhere: {strays}"
+    assert any((c[2], c[3]) == (SERVICES_CP, PG_PORT) for c in sampler.control_plane_seen)
