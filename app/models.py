@@ -6,6 +6,7 @@ from app.clusters.models import Certificate, Cluster, EnrollmentToken, PlatformK
 from app.db import Base
 from app.grants.models import AccessRequest
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole
+from app.releases.models import DatasetSource, ReleaseApproval, ReleaseRequest
 from app.workspaces.models import Dataset, Workspace
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "Certificate",
     "Cluster",
     "Dataset",
+    "DatasetSource",
     "EnrollmentToken",
     "Job",
     "JobArtifact",
@@ -23,6 +25,8 @@ __all__ = [
     "JobRole",
     "LoginFailure",
     "PlatformKey",
+    "ReleaseApproval",
+    "ReleaseRequest",
     "User",
     "Workspace",
 ]

@@ -11,6 +11,7 @@ from app.clusters.routes import router as clusters_router
 from app.grants.routes import router as grants_router
 from app.jobs.routes import router as jobs_router
 from app.ops.routes import router as ops_router
+from app.releases.routes import router as releases_router
 from app.workspaces.routes import router as workspaces_router
 
 
@@ -20,6 +21,7 @@ def routers() -> list[APIRouter]:
         accounts_router,
         workspaces_router,
         grants_router,
+        releases_router,
         clusters_router,
         jobs_router,
         cluster_api_router,

@@ -66,6 +66,14 @@ class Platform:
         return token
 
 
+def model_file_bytes(tag: str = "test") -> bytes:
+    """A small safetensors file that passes the `model` dataset check (Nebula metadata)."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({"w": np.zeros((2, 2), dtype=np.float32)}, metadata={"nebula": tag})
+
+
 class LiveServer:
     """The control plane served by uvicorn on a free loopback port, in a thread."""
 

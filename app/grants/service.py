@@ -8,7 +8,7 @@ Only the dataset's owner approves, denies and revokes; only the requester withdr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -23,6 +23,7 @@ from app.audit.service import Actor
 from app.db import utcnow
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.grants.models import AccessRequest, AccessStatus
+from app.releases import provenance
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset, Workspace
@@ -148,10 +149,86 @@ def _usability(db: Session, *, user_id: str, dataset: Dataset | None) -> Usabili
     return Usability.hidden
 
 
+@dataclass(frozen=True)
+class EndedGrant:
+    """A grant that a derived dataset's use rests on, and that no longer holds."""
+
+    grant_id: str | None
+    dataset_id: str  # the source the grant was for
+    state: str  # revoked, expired, withdrawn; `missing` if no grant was ever recorded
+
+    def describe(self) -> str:
+        """What ended, for an error message and a failed job."""
+        verb = {EXPIRED: "expired", "missing": "is missing"}.get(self.state, f"was {self.state}")
+        return f"access grant {self.grant_id} to dataset {self.dataset_id} {verb}"
+
+
+def ended_grant_behind(db: Session, *, user_id: str, dataset: Dataset) -> EndedGrant | None:
+    """For the user's own unreleased derived dataset: the first source grant that ended."""
+    if dataset.owner_id != user_id:
+        return None
+    for binding in provenance.bindings(db, dataset):
+        if active_grant_ids_for(db, dataset_id=binding.source_id, user_id=user_id):
+            continue
+        request = db.get(AccessRequest, binding.grant_id) if binding.grant_id else None
+        state = status_of(request) if request is not None else "missing"
+        return EndedGrant(grant_id=binding.grant_id, dataset_id=binding.source_id, state=state)
+    return None
+
+
+def ended_grant_for_inputs(
+    db: Session, *, user_id: str, dataset_ids: Iterable[str]
+) -> EndedGrant | None:
+    """The first grant a job of `user_id` on these inputs rests on that no longer holds.
+
+    For another owner's input, the user's own grant on it; for the user's own derived
+    input, the grants of its unreleased sources (`ended_grant_behind`).
+    """
+    for dataset_id in dict.fromkeys(dataset_ids):
+        dataset = db.get(Dataset, dataset_id)
+        if dataset is None:
+            continue
+        if dataset.owner_id == user_id:
+            ended = ended_grant_behind(db, user_id=user_id, dataset=dataset)
+            if ended is not None:
+                return ended
+        elif not active_grant_ids_for(db, dataset_id=dataset_id, user_id=user_id):
+            latest = db.scalar(
+                select(AccessRequest)
+                .where(
+                    AccessRequest.dataset_id == dataset_id,
+                    AccessRequest.requester_id == user_id,
+                    AccessRequest.decided_at.is_not(None),
+                    AccessRequest.status != AccessStatus.denied,
+                )
+                .order_by(AccessRequest.decided_at.desc())
+                .limit(1)
+            )
+            return EndedGrant(
+                grant_id=latest.id if latest is not None else None,
+                dataset_id=dataset_id,
+                state=status_of(latest) if latest is not None else "missing",
+            )
+    return None
+
+
+def _terms_refusal(db: Session, *, user_id: str, dataset: Dataset) -> str | None:
+    """Why derived-data terms keep `user_id` from using the dataset in a job now, or None."""
+    if dataset.owner_id != user_id:
+        if provenance.needs_release(db, dataset):
+            return "this dataset derives from data its sources' owners have not released"
+        return None
+    ended = ended_grant_behind(db, user_id=user_id, dataset=dataset)
+    if ended is None:
+        return None
+    return f"this dataset derives from data used under {ended.describe()}"
+
+
 def check_dataset_usable(db: Session, *, user_id: str, dataset_id: str) -> Dataset:
     """The dataset if `user_id` owns it or holds an active grant (for job submission; no audit).
 
-    NotFound when the user cannot see it; Forbidden when visible without an active grant.
+    NotFound when the user cannot see it; Forbidden when visible without an active grant,
+    or when it derives from others' data whose grant has ended (named in the message).
     """
     dataset = _live_dataset(db, dataset_id)
     usability = _usability(db, user_id=user_id, dataset=dataset)
@@ -159,6 +236,9 @@ def check_dataset_usable(db: Session, *, user_id: str, dataset_id: str) -> Datas
         raise NotFound()
     if usability == Usability.visible:
         raise Forbidden("no active grant for this dataset")
+    refusal = _terms_refusal(db, user_id=user_id, dataset=dataset)
+    if refusal is not None:
+        raise Forbidden(refusal)
     return dataset
 
 
@@ -174,8 +254,16 @@ def open_dataset_for_job(
     actor = Actor(user_id=user_id)
     dataset = _live_dataset(db, dataset_id)
     usability = _usability(db, user_id=user_id, dataset=dataset)
-    if usability in (Usability.hidden, Usability.visible) or dataset is None:
-        status = 404 if usability == Usability.hidden else 403
+    refusal = None
+    if usability == Usability.visible:
+        refusal = "no active grant for this dataset"
+    elif dataset is not None and usability != Usability.hidden:
+        refusal = _terms_refusal(db, user_id=user_id, dataset=dataset)
+    if usability == Usability.hidden or dataset is None or refusal is not None:
+        status = 404 if refusal is None else 403
+        details: dict[str, Any] = {"job_id": job_id, "status": status}
+        if refusal is not None:
+            details["reason"] = refusal
         db.rollback()
         audit.record(
             db,
@@ -184,12 +272,12 @@ def open_dataset_for_job(
             subject_type="dataset",
             subject_id=dataset_id,
             outcome="denied",
-            details={"job_id": job_id, "status": status},
+            details=details,
         )
         db.commit()
-        if status == 404:
+        if refusal is None:
             raise NotFound()
-        raise Forbidden("no active grant for this dataset")
+        raise Forbidden(refusal)
     workspace = db.get(Workspace, dataset.workspace_id) if dataset.workspace_id else None
     if workspace is None:
         raise NotFound()
@@ -338,8 +426,13 @@ def approve(
         who=_Party.owner,
         allowed_from=(AccessStatus.pending.value,),
     )
-    if _live_dataset(db, request.dataset_id) is None:
+    dataset = _live_dataset(db, request.dataset_id)
+    if dataset is None:
         raise Conflict("the dataset was deleted")
+    if provenance.needs_release(db, dataset):
+        raise Conflict(
+            "the dataset derives from other owners' data: it cannot be shared until they release it"
+        )
     request.status = AccessStatus.approved
     request.decided_at = now
     request.expires_at = expires_at

@@ -61,6 +61,7 @@ def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
 def reap_once(db: Session, *, settings: Settings) -> None:
     """Restart attempts whose roles stopped beating, and dispatch whatever is pending."""
     timeout = timedelta(seconds=settings.heartbeat_timeout_s)
+    service.fail_jobs_whose_grants_ended(db)
     for job, role in service.stale_roles(db, older_than=timeout):
         log.warning("role %s of job %s stopped beating; restarting the attempt", role.role, job.id)
         service.restart_attempt(db, job=job, reason=f"role {role.role} stopped (no heartbeat)")

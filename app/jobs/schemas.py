@@ -90,6 +90,9 @@ class JobKindSpec(BaseModel):
     inputs: dict[str, str]
     optional_inputs: dict[str, str] = {}
     primary_role: str  # the role whose steps measure the job's progress
+    # roles that must run on different clusters: ABNet's encoder gets only the source
+    # column and its decoder only the target, so that no cluster holds a sentence pair
+    apart: tuple[str, ...] = ()
 
 
 KINDS: dict[str, JobKindSpec] = {
@@ -121,6 +124,7 @@ KINDS: dict[str, JobKindSpec] = {
         inputs={"parallel": "parallel", "source_model": "model", "target_model": "model"},
         optional_inputs={"eval": "parallel"},
         primary_role="decoder",
+        apart=("encoder", "decoder"),
     ),
 }
 

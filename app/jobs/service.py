@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Engine, func, select, update
+from sqlalchemy import Connection, Engine, func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts.models import User
@@ -70,9 +70,16 @@ def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str])
 
 
 def _check_placement(db: Session, *, kind: str, placement: dict[str, str]) -> None:
-    roles = KINDS[kind].roles
+    spec = KINDS[kind]
+    roles = spec.roles
     if set(placement) != set(roles):
         raise Invalid(f"placement must map exactly the roles {list(roles)} to clusters")
+    apart = [placement[role] for role in spec.apart]
+    if len(set(apart)) < len(apart):
+        raise Invalid(
+            f"placement: {' and '.join(spec.apart)} of {kind} must run on different clusters,"
+            " so that no cluster sees both sides of a sentence pair"
+        )
     for role, name in placement.items():
         cluster = clusters.by_name(db, name=name)
         if cluster is None:
@@ -188,24 +195,55 @@ def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
     return job
 
 
+def fail_for_ended_grant(db: Session, *, job: Job, ended: grants.EndedGrant) -> None:
+    """Fail a live job whose inputs lost a grant they rest on; audited, not committed."""
+    fail_job(
+        db,
+        job,
+        error=ended.describe(),
+        details={
+            "reason": f"grant_{ended.state}",
+            "access_request_id": ended.grant_id,
+            "dataset_id": ended.dataset_id,
+        },
+    )
+
+
+def _fail_jobs_that_lost_a_grant(
+    db: Session, *, where: Any, revoked: grants.EndedGrant | None = None
+) -> list[str]:
+    failed = []
+    for job in db.scalars(select(Job).where(Job.status.in_(ACTIVE_STATUSES), where)).all():
+        if revoked is not None and revoked.dataset_id in job.inputs.values():
+            ended: grants.EndedGrant | None = revoked
+        else:
+            ended = grants.ended_grant_for_inputs(
+                db, user_id=job.owner_id, dataset_ids=job.inputs.values()
+            )
+        if ended is not None:
+            fail_for_ended_grant(db, job=job, ended=ended)
+            failed.append(job.id)
+    return failed
+
+
 def fail_jobs_using_grant(
     db: Session, *, requester_id: str, dataset_id: str, request_id: str
 ) -> list[str]:
-    """Fail the requester's live jobs that use a dataset whose grant was just revoked."""
-    jobs = db.scalars(
-        select(Job).where(Job.owner_id == requester_id, Job.status.in_(ACTIVE_STATUSES))
-    ).all()
-    failed = []
-    for job in jobs:
-        if dataset_id in job.inputs.values():
-            fail_job(
-                db,
-                job,
-                error=f"access grant {request_id} to dataset {dataset_id} was revoked",
-                details={"reason": "grant_revoked", "access_request_id": request_id},
-            )
-            failed.append(job.id)
-    return failed
+    """Fail the requester's live jobs that use a dataset whose grant was just revoked.
+
+    A job using the dataset itself, or an unreleased output derived from it, fails.
+    """
+    revoked = grants.EndedGrant(grant_id=request_id, dataset_id=dataset_id, state="revoked")
+    return _fail_jobs_that_lost_a_grant(db, where=Job.owner_id == requester_id, revoked=revoked)
+
+
+def fail_jobs_whose_grants_ended(db: Session) -> list[str]:
+    """Fail every live job whose inputs rest on a grant that expired or ended; not committed.
+
+    The reaper calls this each pass: expiry has no moment at which to act, and a
+    revocation whose hook failed is caught here too.
+    """
+    return _fail_jobs_that_lost_a_grant(db, where=true())
 
 
 def stop_jobs_on_revoked_grant(bind: Engine | Connection, request_id: str) -> None:

@@ -3,7 +3,9 @@
 Who sees what: the owner sees and changes a dataset; the holder of an active grant sees
 its metadata and uses it in jobs (app/grants/service.open_dataset_for_job), never its
 bytes; anyone else gets 404 as if it did not exist. The catalog shows metadata of the
-datasets their owners made discoverable.
+datasets their owners made discoverable. What a job derived from other owners' data
+stays use-only, neither downloadable nor shareable, until they release it
+(app/releases).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -22,8 +25,9 @@ from app.accounts.models import User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import new_id, newest_first, utcnow
-from app.errors import Invalid, NotFound, QuotaExceeded
+from app.errors import Conflict, Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
+from app.releases import provenance
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.formats import Validator, validator_for
@@ -195,9 +199,19 @@ def parse_fields(fields: dict[str, str]) -> UploadFields:
 
 
 def finish_upload(
-    db: Session, *, actor: Actor, plan: UploadPlan, incoming: IncomingFile, fields: UploadFields
+    db: Session,
+    *,
+    actor: Actor,
+    plan: UploadPlan,
+    incoming: IncomingFile,
+    fields: UploadFields,
+    also: Callable[[Dataset], None] | None = None,
 ) -> Dataset:
-    """One transaction under the workspace row lock: quota, dataset row, audit, file in place."""
+    """One transaction under the workspace row lock: quota, dataset row, audit, file in place.
+
+    `also` writes more rows about the new dataset in the same transaction (a job output's
+    provenance), so that it never exists without them.
+    """
     workspace = workspaces.lock(db, workspace_id=plan.workspace_id)
     if workspace is None or workspace.owner_id != plan.owner_id:
         db.rollback()
@@ -218,6 +232,8 @@ def finish_upload(
     )
     db.add(dataset)
     db.flush()
+    if also is not None:
+        also(dataset)
     audit.record(
         db,
         actor=actor,
@@ -307,6 +323,11 @@ def update(
     if name is not None and check_name(name) != dataset.name:
         dataset.name = changes["name"] = check_name(name)
     if discoverable is not None and discoverable != dataset.discoverable:
+        if discoverable and provenance.needs_release(db, dataset):
+            raise Conflict(
+                "the dataset derives from other owners' data: it cannot be listed in the"
+                " catalog until they release it"
+            )
         dataset.discoverable = changes["discoverable"] = discoverable
     audit.record(
         db,
@@ -344,9 +365,25 @@ def delete(db: Session, *, actor: Actor, dataset: Dataset, settings: Settings) -
 def open_for_download(
     db: Session, *, actor: Actor, dataset: Dataset, settings: Settings
 ) -> DatasetReader:
-    """A decrypting reader for the owner's download; audited and committed before streaming."""
+    """A decrypting reader for the owner's download; audited and committed before streaming.
+
+    Forbidden (audited) while the dataset derives from other owners' data they have not
+    released.
+    """
     if dataset.workspace_id is None:
         raise NotFound()
+    if provenance.needs_release(db, dataset):
+        audit.deny(
+            db,
+            actor=actor,
+            action="dataset.download",
+            subject_type="dataset",
+            subject_id=dataset.id,
+            forbidden=(
+                "this dataset derives from other owners' data and is use-only until they"
+                f" release it: ask with POST /api/v1/datasets/{dataset.id}/release-requests"
+            ),
+        )
     workspace = db.get(Workspace, dataset.workspace_id)
     if workspace is None:
         raise NotFound()

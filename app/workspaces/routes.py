@@ -7,14 +7,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from app.accounts.models import Role
+from app.accounts.models import Role, User
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Forbidden, Invalid
+from app.releases import service as releases
 from app.workspaces import datasets, service
-from app.workspaces.models import DatasetKind
+from app.workspaces.models import Dataset, DatasetKind
 from app.workspaces.schemas import (
     DatasetList,
     DatasetOut,
@@ -91,6 +93,22 @@ def set_quota(workspace_id: str, body: QuotaIn, caller: AdminDep, db: SessionDep
 
 
 # ----------------------------------------------------------------------------- datasets
+
+
+def _datasets_out(db: Session, viewer: User, items: list[Dataset]) -> list[DatasetOut]:
+    """Datasets with what `viewer` may see of their provenance and release."""
+    found = releases.derivations(db, viewer=viewer, items=items)
+    return [
+        DatasetOut.model_validate(d).model_copy(
+            update={
+                "derived_from": found[d.id].derived_from,
+                "release": found[d.id].release.value,
+                "derived_by_job_id": found[d.id].job_id,
+            }
+        )
+        for d in items
+    ]
+
 
 UPLOAD_BATCH_BYTES = 1024 * 1024  # body bytes handed to the worker thread at a time
 UPLOAD_BODY: dict[str, Any] = {
@@ -175,14 +193,14 @@ def list_datasets(
         limit=page.limit,
         offset=page.offset,
     )
-    return DatasetList(items=[DatasetOut.model_validate(d) for d in items], total=total)
+    return DatasetList(items=_datasets_out(db, caller.user, items), total=total)
 
 
 @router.get("/datasets/{dataset_id}", response_model=DatasetOut)
 def get_dataset(dataset_id: str, caller: CallerDep, db: SessionDep) -> DatasetOut:
-    """Metadata, for the owner or the holder of an active grant."""
+    """Metadata with provenance and release state, for the owner or an active grantee."""
     dataset = datasets.get_visible(db, actor=caller.actor, user=caller.user, dataset_id=dataset_id)
-    return DatasetOut.model_validate(dataset)
+    return _datasets_out(db, caller.user, [dataset])[0]
 
 
 @router.get(
@@ -241,7 +259,7 @@ def update_dataset(
         db, actor=caller.actor, dataset=dataset, name=body.name, discoverable=body.discoverable
     )
     db.commit()
-    return DatasetOut.model_validate(dataset)
+    return _datasets_out(db, caller.user, [dataset])[0]
 
 
 @router.delete("/datasets/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -271,7 +289,9 @@ def get_catalog(
     """Metadata of the datasets their owners made discoverable, to request access to."""
     rows, total = datasets.catalog(db, q=q, kind=kind, limit=page.limit, offset=page.offset)
     items = [
-        DatasetOut.model_validate(d).model_copy(update={"owner_display_name": owner})
-        for d, owner in rows
+        out.model_copy(update={"owner_display_name": owner})
+        for out, (_d, owner) in zip(
+            _datasets_out(db, caller.user, [d for d, _ in rows]), rows, strict=True
+        )
     ]
     return DatasetList(items=items, total=total)

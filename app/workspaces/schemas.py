@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +54,11 @@ class DatasetOut(BaseModel):
     discoverable: bool
     created_at: datetime
     owner_display_name: str | None = None
+    # what a job derived it from (source ids the caller may know of), and whether its
+    # sources' owners must release it before it downloads
+    derived_from: list[str] = []
+    release: Literal["not_needed", "required", "pending", "released"] = "not_needed"
+    derived_by_job_id: str | None = None
 
 
 class DatasetList(BaseModel):

@@ -180,15 +180,31 @@ def lines_digest(lines: Sequence[str]) -> str:
 # ---------------------------------------------------------------- tokenizer
 
 
-def train_tokenizer(lines: Sequence[str], vocab_size: int) -> Tokenizer:
-    """A WordPiece tokenizer trained on a job's own text (case and accents kept)."""
+MIN_TOKEN_FREQUENCY = 5
+
+
+def train_tokenizer(
+    lines: Sequence[str], vocab_size: int, min_frequency: int = MIN_TOKEN_FREQUENCY
+) -> Tokenizer:
+    """A WordPiece tokenizer trained on a job's own text (case and accents kept).
+
+    Pieces seen fewer than `min_frequency` times are not learnt: the vocabulary travels
+    with the trained model, and a rare word (a name, an ID number) on a single line
+    must not come out of the text verbatim. Such words are spelt from smaller pieces,
+    down to single characters, which are always kept.
+    """
+    if min_frequency < 1:
+        raise ValueError("min_frequency must be at least 1")
     tok = Tokenizer(models.WordPiece(unk_token=UNK))
     # case and accents are kept: translations are scored on them
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, min_frequency=1, show_progress=False
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        min_frequency=min_frequency,
+        show_progress=False,
     )
     tok.train_from_iterator(lines, trainer)
     return tok

@@ -6,12 +6,19 @@ corrupted sequences to the discriminator D (a larger BERT trained to tell
 which tokens were replaced). The two models share no embeddings, so only token
 indices cross the link, packed in the narrowest unsigned integer type:
 
-- `full` mode (D's cluster cannot read the text): the whole corrupted
-  sequence and a bit per position saying whether it was replaced;
-- `shared` mode (D's cluster reads the same text, as its owner or through a
-  grant; the roles compare SHA-256 digests of their lines at hello): the
-  example indices and only the replaced positions with their sampled ids; D
-  rebuilds the rest from its own copy of the text.
+- `shared` mode (the default, `discriminator_reads_text`: D's cluster reads
+  the same text, as its owner or through a grant; the roles compare SHA-256
+  digests of their lines at hello): the example indices and only the replaced
+  positions with their sampled ids; D rebuilds the rest from its own copy of
+  the text;
+- `full` mode (D's cluster is not given the text): the whole corrupted
+  sequence and a bit per position saying whether it was replaced.
+
+Neither mode hides the text from D's cluster. In `shared` mode it holds the
+text itself; in `full` mode it receives every sequence with about 85% of its
+tokens unchanged, and the tokenizer (at hello) to decode them, so it can read
+the text nearly verbatim. What `full` mode spares is a copy of the dataset at
+rest on D's cluster, not its contents.
 
 G does not wait for D: it may run `max_lag` steps ahead of the last small
 sync tensor D sends after each optimizer step, and its sends go out on a
@@ -54,6 +61,7 @@ from workers.training.bert import (
 )
 from workers.training.data import (
     MASK,
+    MIN_TOKEN_FREQUENCY,
     PAD,
     SPECIAL_TOKENS,
     batch_indices,
@@ -92,6 +100,9 @@ class ElectraConfig:
 
     # data
     vocab_size: int = 2048  # WordPiece vocabulary trained on the job's own text
+    # pieces rarer than this stay out of the vocabulary, which ships with the model: a
+    # name or number on one line of someone's text must not come out verbatim
+    min_token_frequency: int = MIN_TOKEN_FREQUENCY
     seq_len: int = 24  # the demo sentences are at most 17 WordPiece tokens
     batch_size: int = 32  # sequences per micro-batch, i.e. per discriminator replica
     n_discriminators: int = 1  # data-parallel replicas on the discriminator's cluster
@@ -124,6 +135,8 @@ class ElectraConfig:
             raise ValueError("n_discriminators, batch_size and steps must be at least 1")
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError("mask_prob must lie strictly between 0 and 1")
+        if self.min_token_frequency < 1:
+            raise ValueError("min_token_frequency must be at least 1")
         if self.seq_len < 3 or self.ckpt_every < 1 or self.max_lag < 1:
             raise ValueError("seq_len must be at least 3, ckpt_every and max_lag at least 1")
         for d, h in ((self.gen_d_model, self.gen_heads), (self.disc_d_model, self.disc_heads)):
@@ -473,7 +486,7 @@ def job_tokenizer(cfg: ElectraConfig, lines: list[str], ckpt_dir: Path | None) -
     path = ckpt_dir / "tokenizer.json" if ckpt_dir is not None else None
     if path is not None and path.exists():
         return Tokenizer.from_file(str(path))
-    tok = train_tokenizer(lines, cfg.vocab_size)
+    tok = train_tokenizer(lines, cfg.vocab_size, cfg.min_token_frequency)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tok.save(str(path))

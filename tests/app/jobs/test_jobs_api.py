@@ -13,7 +13,7 @@ from app.audit.service import SYSTEM
 from app.clusters import service as clusters
 from app.jobs.models import Job, JobRole
 from app.settings import Settings
-from support import Account, Platform, register_clusters
+from support import Account, Platform, model_file_bytes, register_clusters
 
 API = "/api/v1"
 TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()
@@ -217,3 +217,30 @@ def test_cancel_and_the_event_stream_of_a_finished_job(
         text = "".join(stream.iter_text())
     event = json.loads(text.split("data: ", 1)[1].split("\n", 1)[0])
     assert text.startswith("event: status") and event["status"] == "cancelled"
+
+
+@pytest.mark.usefixtures("clusters_ready")
+def test_abnet_with_encoder_and_decoder_on_one_cluster_is_refused(
+    client: TestClient, platform: Platform
+) -> None:
+    alice = platform.user()
+    workspace = _workspace(client, alice)
+    uploads = {}
+    for kind, data in (("parallel", b"hola\thello\nadios\tbye\n"), ("model", model_file_bytes())):
+        uploads[kind] = client.post(
+            f"{API}/workspaces/{workspace}/datasets",
+            data={"name": kind, "kind": kind},
+            files={"file": (kind, data)},
+            headers=alice.headers,
+        ).json()["id"]
+    model = uploads["model"]
+    body = {
+        "kind": "abnet_finetune",
+        "config": {},
+        "inputs": {"parallel": uploads["parallel"], "source_model": model, "target_model": model},
+        "placement": {"encoder": "cluster-a", "decoder": "cluster-a"},
+    }
+    status, answer = _submit(client, alice, body)
+    assert status == 422 and "different clusters" in answer["detail"]
+    with platform.factory() as db:
+        assert db.scalars(select(Job)).all() == [] and db.scalars(select(JobRole)).all() == []
