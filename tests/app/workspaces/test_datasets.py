@@ -346,7 +346,11 @@ def test_patch_switches_discoverable_and_the_catalog_shows_metadata_only(
         "discoverable",
         "created_at",
         "owner_display_name",
+        "derived_from",
+        "release",
+        "derived_by_job_id",
     }
+    assert entry["derived_from"] == [] and entry["release"] == "not_needed"
     assert client.get(f"{API}/catalog?q=shared&kind=text", headers=bob.headers).json()["total"] == 1
     assert client.get(f"{API}/catalog?q=nothing", headers=bob.headers).json()["total"] == 0
     assert client.get(f"{API}/catalog?kind=model", headers=bob.headers).json()["total"] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer
 
 from workers.training.data import (
     SPECIAL_TOKENS,
@@ -53,6 +54,31 @@ def test_tokenizer_keeps_case_and_accents(tmp_path: Path) -> None:
     assert ids[1, -1] == 3  # truncated, still closed by [SEP]
     text = tok.decode(ids[0].tolist(), skip_special_tokens=True)
     assert "María" in text and "árboles" in text
+
+
+def test_a_line_of_rare_words_leaves_none_of_them_in_the_vocabulary(tmp_path: Path) -> None:
+    files = write_demo_corpus(tmp_path)
+    lines = files["text"].read_text(encoding="utf-8").splitlines()[:600]
+    secret = "Zarvokian Quillemet 4815162342 Brontavisk"
+    text = " ".join(lines)
+    unique = [w for w in secret.split() if w not in text]
+    assert len(unique) == 4
+
+    def learnt(tok: Tokenizer) -> set[str]:
+        """Vocabulary pieces of three characters or more that occur only in the secret line."""
+        pieces = {t.removeprefix("##") for t in tok.get_vocab()}
+        return {p for p in pieces if len(p) >= 3 and p in secret and p not in text}
+
+    leaky = train_tokenizer([*lines, secret], vocab_size=2048, min_frequency=1)
+    assert set(unique) <= set(leaky.get_vocab())  # what the default now prevents
+    tok = train_tokenizer([*lines, secret], vocab_size=2048)
+    assert not set(unique) & set(tok.get_vocab()) and learnt(tok) == set()
+    # still usable: words seen often are whole pieces, and nothing becomes [UNK]
+    words = text.split()
+    common = {w for w in set(words) if words.count(w) >= 10 and w.isalpha()}
+    assert len(common) > 20 and common <= set(tok.get_vocab())
+    unk = tok.token_to_id(SPECIAL_TOKENS[1])
+    assert all(unk not in e.ids for e in tok.encode_batch([*lines, secret]))
 
 
 def test_batch_order_is_a_pure_function_and_covers_each_epoch() -> None:
