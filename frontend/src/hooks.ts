@@ -1,5 +1,6 @@
 /** Small data-loading hooks. */
 import { useCallback, useEffect, useRef, useState } from "react";
+import type { Page } from "./api/types";
 
 export interface Loaded<T> {
   data: T | undefined;
@@ -49,6 +50,21 @@ export function useLoad<T>(load: () => Promise<T>, deps: unknown[]): Loaded<T> {
 }
 
 /** Wraps an action: tracks busy, error and a success message. */
+/** A loaded page of decisions: `replace` swaps in an updated item and says what happened. */
+export function useDecisionList<T extends { id: string }>(load: () => Promise<Page<T>>, deps: unknown[]) {
+  const list = useLoad(load, deps);
+  const [message, setMessage] = useState<string | null>(null);
+  const { setData } = list;
+  const replace = useCallback(
+    (updated: T, text: string) => {
+      setData((prev) => ({ total: prev?.total ?? 0, items: (prev?.items ?? []).map((r) => (r.id === updated.id ? updated : r)) }));
+      setMessage(text);
+    },
+    [setData],
+  );
+  return { list, items: list.data?.items ?? [], message, replace };
+}
+
 export function useAction() {
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<unknown>(null);

@@ -18,6 +18,7 @@ import type {
   NewApiToken,
   Page,
   Presence,
+  ReleaseRequest,
   Role,
   SignedCertificate,
   User,
@@ -112,6 +113,13 @@ export const access = {
   deny: (id: string) => api.post<AccessRequest>(`/access-requests/${enc(id)}/deny`),
   revoke: (id: string) => api.post<AccessRequest>(`/access-requests/${enc(id)}/revoke`),
   withdraw: (id: string) => api.post<AccessRequest>(`/access-requests/${enc(id)}/withdraw`),
+};
+
+export const releases = {
+  list: (direction: "incoming" | "outgoing") => page<ReleaseRequest>("/release-requests", { direction, limit: 500 }),
+  create: (dataset_id: string, purpose: string) => api.post<ReleaseRequest>(`/datasets/${enc(dataset_id)}/release-requests`, { purpose }),
+  approve: (id: string) => api.post<ReleaseRequest>(`/release-requests/${enc(id)}/approve`),
+  deny: (id: string) => api.post<ReleaseRequest>(`/release-requests/${enc(id)}/deny`),
 };
 
 // Clusters and certificates

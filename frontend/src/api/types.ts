@@ -57,6 +57,39 @@ export interface Dataset {
   owner_display_name?: string;
   created_at?: string;
   description?: string;
+  /** Source dataset ids a job derived it from (those the caller may know of). */
+  derived_from?: string[];
+  /** Whether its sources' owners must release it before it downloads. */
+  release?: ReleaseState;
+  derived_by_job_id?: string | null;
+}
+
+export type ReleaseState = "not_needed" | "required" | "pending" | "released";
+export type ReleaseStatus = "pending" | "approved" | "denied";
+
+export interface ReleaseApproval {
+  owner_id: string;
+  owner_display_name: string;
+  status: ReleaseStatus;
+  decided_at: string | null;
+}
+
+export interface ReleaseRequest {
+  id: string;
+  dataset_id: string;
+  requester_id: string;
+  purpose: string;
+  status: ReleaseStatus;
+  created_at?: string;
+  decided_at?: string | null;
+  dataset_name?: string;
+  dataset_kind?: DatasetKind;
+  dataset_size_bytes?: number;
+  requester_email?: string;
+  requester_display_name?: string;
+  approvals: ReleaseApproval[];
+  /** The sources behind it: all of them for the requester, their own for a source owner. */
+  sources?: { id: string; name: string; kind: DatasetKind; owner_id: string }[];
 }
 
 export type AccessStatus = "pending" | "approved" | "denied" | "revoked" | "withdrawn" | "expired";

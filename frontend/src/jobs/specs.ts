@@ -82,7 +82,7 @@ export interface AdvancedOptions {
   seed: string;
   /** ELECTRA only. */
   nDiscriminators: string;
-  /** ELECTRA only: when off, the discriminators' cluster does not read the text and whole sequences cross. */
+  /** ELECTRA only: when off, the discriminators' cluster gets no copy of the text, but whole corrupted sequences cross (see whatEachClusterSees). */
   discriminatorReadsText: boolean;
   /** ABNet only: codec spec for activations, encoder to decoder. */
   forwardCodec: string;
@@ -127,4 +127,32 @@ export function buildConfig(kind: JobKind, preset: Preset, advanced: AdvancedOpt
     setNumber(config, "compress_from_step", advanced.compressFromStep);
   }
   return config;
+}
+
+/**
+ * What each role's cluster receives, for a job kind and its config: the truth the job page
+ * shows (README, "Which cluster sees what"). Neither ELECTRA mode hides the text from the
+ * discriminators' cluster.
+ */
+export function whatEachClusterSees(kind: JobKind, config: Record<string, unknown> = {}): Record<string, string> {
+  if (kind === "electra_pretrain") {
+    const generator = "The whole text, decrypted after the grant check; it trains the tokenizer and the generator.";
+    if (config.discriminator_reads_text === false) {
+      return {
+        generator,
+        discriminator:
+          "No copy of the dataset, but every corrupted sequence (about 85% of its tokens as in the text) and the tokenizer to decode them: it can read the text nearly verbatim. It writes the model, with the tokenizer.",
+      };
+    }
+    return {
+      generator,
+      discriminator:
+        "The whole text too (its own copy, to rebuild the sequences), the tokenizer, and only the replaced tokens from the generator. It writes the model, with the tokenizer.",
+    };
+  }
+  return {
+    encoder: "The source column of the parallel corpus and the source model; gradients from the decoder. Never a target sentence.",
+    decoder:
+      "The target column and the target model; the encoder's (compressed) activations of each source sentence, which carry what it says. Never the source text itself. Both roles on one cluster is refused.",
+  };
 }

@@ -1,13 +1,21 @@
-/** Access requests: incoming (approve with expiry, deny, revoke) and outgoing (withdraw). */
+/** Access requests: incoming (approve with expiry, deny, revoke) and outgoing (withdraw); release requests for derived data. */
 import { useState, type KeyboardEvent } from "react";
 import { Link, useSearchParams } from "react-router-dom";
 import { access } from "../api/endpoints";
 import type { AccessRequest } from "../api/types";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader } from "../components/ui";
 import { formatDate, isPast, shortId } from "../format";
-import { useAction, useLoad } from "../hooks";
+import { useAction, useDecisionList } from "../hooks";
+import { ReleaseRequestList } from "./Releases";
 
 type Direction = "incoming" | "outgoing";
+type Tab = Direction | "releases-incoming" | "releases-outgoing";
+const TABS: { id: Tab; label: string }[] = [
+  { id: "incoming", label: "Requests for my datasets" },
+  { id: "outgoing", label: "My requests" },
+  { id: "releases-incoming", label: "Releases to decide" },
+  { id: "releases-outgoing", label: "My release requests" },
+];
 
 /** The status to show: an approved grant past its expiry counts as expired. */
 export function effectiveStatus(r: AccessRequest, now: Date = new Date()): string {
@@ -97,14 +105,7 @@ function OutgoingActions({ request, onChange }: { request: AccessRequest; onChan
 }
 
 export function RequestList({ direction }: { direction: Direction }) {
-  const list = useLoad(() => access.list(direction), [direction]);
-  const [message, setMessage] = useState<string | null>(null);
-  const items = list.data?.items ?? [];
-
-  function replace(updated: AccessRequest, text: string) {
-    list.setData((prev) => ({ total: prev?.total ?? 0, items: (prev?.items ?? []).map((r) => (r.id === updated.id ? updated : r)) }));
-    setMessage(text);
-  }
+  const { list, items, message, replace } = useDecisionList(() => access.list(direction), [direction]);
 
   if (list.loading && !list.data) return <Loading />;
   return (
@@ -154,15 +155,12 @@ export function RequestList({ direction }: { direction: Direction }) {
 
 export function AccessPage() {
   const [params, setParams] = useSearchParams();
-  const tab: Direction = params.get("tab") === "outgoing" ? "outgoing" : "incoming";
-  const tabs: { id: Direction; label: string }[] = [
-    { id: "incoming", label: "Requests for my datasets" },
-    { id: "outgoing", label: "My requests" },
-  ];
+  const tab: Tab = TABS.find((t) => t.id === params.get("tab"))?.id ?? "incoming";
 
   function onKey(event: KeyboardEvent) {
     if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
-      const next = tab === "incoming" ? "outgoing" : "incoming";
+      const at = TABS.findIndex((t) => t.id === tab);
+      const next = TABS[(at + (event.key === "ArrowRight" ? 1 : TABS.length - 1)) % TABS.length].id;
       setParams({ tab: next });
       document.getElementById(`tab-${next}`)?.focus();
     }
@@ -170,9 +168,12 @@ export function AccessPage() {
 
   return (
     <>
-      <PageHeader title="Access requests" subtitle="Grants let a requester use a dataset in jobs until they expire or are revoked." />
+      <PageHeader
+        title="Access requests"
+        subtitle="Grants let a requester use a dataset in jobs until they expire or are revoked; what their jobs derive from it leaves only when you release it."
+      />
       <div className="tabs" role="tablist" aria-label="Direction" onKeyDown={onKey}>
-        {tabs.map((t) => (
+        {TABS.map((t) => (
           <button
             key={t.id}
             id={`tab-${t.id}`}
@@ -189,7 +190,13 @@ export function AccessPage() {
         ))}
       </div>
       <div role="tabpanel" id={`panel-${tab}`} aria-labelledby={`tab-${tab}`}>
-        <RequestList key={tab} direction={tab} />
+        {tab === "releases-incoming" ? (
+          <ReleaseRequestList key={tab} direction="incoming" />
+        ) : tab === "releases-outgoing" ? (
+          <ReleaseRequestList key={tab} direction="outgoing" />
+        ) : (
+          <RequestList key={tab} direction={tab} />
+        )}
       </div>
     </>
   );

@@ -1,4 +1,4 @@
-/** Dataset details: size, sha256, kind; the owner may download, list or delete it. */
+/** Dataset details: size, sha256, kind, what a job derived it from; the owner may download (once released), list or delete it. */
 import { Link, useNavigate, useParams } from "react-router-dom";
 import { datasets } from "../api/endpoints";
 import type { Dataset } from "../api/types";
@@ -6,6 +6,7 @@ import { useUser } from "../auth/AuthContext";
 import { Badge, ConfirmButton, ErrorMessage, Loading, Notice, PageHeader, Switch } from "../components/ui";
 import { formatBytes, formatDate } from "../format";
 import { useAction, useLoad } from "../hooks";
+import { DerivedPanel, isUseOnly } from "./Releases";
 
 export function DatasetPage() {
   const { id = "" } = useParams();
@@ -65,7 +66,7 @@ export function DatasetPage() {
             <dt>In catalog</dt>
             <dd>
               {isOwner ? (
-                <Switch checked={d.discoverable} label="Discoverable in the catalog" disabled={action.busy} onChange={toggle} />
+                <Switch checked={d.discoverable} label="Discoverable in the catalog" disabled={action.busy || (isUseOnly(d) && !d.discoverable)} onChange={toggle} />
               ) : d.discoverable ? (
                 "Yes"
               ) : (
@@ -77,9 +78,13 @@ export function DatasetPage() {
           <Notice>{action.message}</Notice>
           {isOwner ? (
             <div className="button-row">
-              <a className="btn" href={datasets.contentUrl(d.id)} download={d.name}>
-                Download
-              </a>
+              {isUseOnly(d) ? (
+                <span className="muted">Use-only until its sources' owners release it: no download.</span>
+              ) : (
+                <a className="btn" href={datasets.contentUrl(d.id)} download={d.name}>
+                  Download
+                </a>
+              )}
               <ConfirmButton label="Delete dataset" confirmLabel="Yes, delete it" onConfirm={remove} />
             </div>
           ) : (
@@ -87,6 +92,7 @@ export function DatasetPage() {
           )}
         </section>
       ) : null}
+      {d ? <DerivedPanel dataset={d} isOwner={isOwner} onRequested={(updated) => dataset.setData(updated)} /> : null}
     </>
   );
 }

@@ -8,6 +8,7 @@ import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHe
 import { formatBytes, formatDate, formatNumber, JOB_KIND_LABELS, progressPercent, shortId, TERMINAL_STATUSES } from "../format";
 import { useAction, useLoad } from "../hooks";
 import { useLiveJob, type LiveMode, type SeriesMap } from "../jobs/live";
+import { whatEachClusterSees } from "../jobs/specs";
 
 export interface ChartGroups {
   loss: ChartSeries[];
@@ -130,6 +131,27 @@ function ArtifactItem({ artifact: a }: { artifact: Artifact }) {
   );
 }
 
+/** What each cluster of the job receives, by role: who could read the data. */
+export function ClusterViews({ job }: { job: Pick<Job, "kind" | "config" | "placement"> }) {
+  const sees = whatEachClusterSees(job.kind, job.config ?? {});
+  return (
+    <section className="card" aria-labelledby="sees-heading">
+      <h2 id="sees-heading">What each cluster sees</h2>
+      <dl className="details">
+        {Object.entries(sees).map(([role, text]) => (
+          <div key={role} className="details-pair">
+            <dt>
+              {role}
+              {job.placement?.[role] ? ` on ${job.placement[role]}` : ""}
+            </dt>
+            <dd>{text}</dd>
+          </div>
+        ))}
+      </dl>
+    </section>
+  );
+}
+
 export function JobPage() {
   const { id = "" } = useParams();
   const { job, series, error, mode, reload } = useLiveJob(id);
@@ -217,6 +239,7 @@ export function JobPage() {
             <LineChart title="Bytes sent per direction" series={groups.bytes} yLabel="bytes per step" formatValue={(v) => formatBytes(v)} />
             {groups.other.length ? <LineChart title="Other metrics" series={groups.other} /> : null}
           </section>
+          <ClusterViews job={job} />
           <MetricValues metrics={job.metrics} />
           <Artifacts jobId={job.id} finished={finished} />
         </>

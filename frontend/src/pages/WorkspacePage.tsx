@@ -7,6 +7,7 @@ import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHe
 import { formatBytes, formatDate, shortId } from "../format";
 import { useAction, useLoad } from "../hooks";
 import { UploadForm } from "./UploadForm";
+import { isUseOnly, ReleaseBadge } from "./Releases";
 import { storagePercent } from "./WorkspacesPage";
 
 export function DatasetTable({
@@ -43,14 +44,19 @@ export function DatasetTable({
                 <Link to={`/datasets/${d.id}`}>{d.name}</Link>
               </td>
               <td>
-                <Badge status="neutral">{d.kind}</Badge>
+                <Badge status="neutral">{d.kind}</Badge> <ReleaseBadge dataset={d} />
               </td>
               <td>{formatBytes(d.size_bytes)}</td>
               <td className="mono" title={d.sha256}>
                 {shortId(d.sha256, 12)}…
               </td>
               <td>
-                <Switch checked={d.discoverable} label={`Discoverable: ${d.name}`} disabled={busy} onChange={(on) => onToggle(d, on)} />
+                <Switch
+                  checked={d.discoverable}
+                  label={`Discoverable: ${d.name}`}
+                  disabled={busy || (isUseOnly(d) && !d.discoverable)}
+                  onChange={(on) => onToggle(d, on)}
+                />
               </td>
               <td className="actions">
                 <ConfirmButton label={`Delete ${d.name}`} confirmLabel="Yes, delete" disabled={busy} onConfirm={() => onDelete(d)} />
