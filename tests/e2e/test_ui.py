@@ -247,7 +247,7 @@ def test_submit_a_tiny_electra_job_and_watch_it_finish(site: Any, story: Story) 
     expect(
         page.get_by_role("heading", name=re.compile(r"discriminator\.safetensors$"))
     ).to_be_visible()
-    expect(page.locator("dl.details")).to_contain_text("model")
+    expect(page.locator("dl.details").first).to_contain_text("model")
 
 
 def test_the_auditor_sees_the_events_and_a_verified_chain(site: Any, story: Story) -> None:
