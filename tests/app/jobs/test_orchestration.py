@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +149,16 @@ def test_electra_then_abnet_on_its_model_through_the_switches(
     )
 
 
-def _long_electra(running: RunningPlatform, corpus: dict[str, Path]) -> tuple[User, User, str, str]:
+def _long_electra(
+    running: RunningPlatform, corpus: dict[str, Path], expires_at: datetime | None = None
+) -> tuple[User, User, str, str]:
     owner, scientist = running.user("carol"), running.user("dave")
     text = _upload(owner, corpus["text"], "text", discoverable=True, lines=400)
     request = scientist.call(
         "POST", "/access-requests", 201, json={"dataset_id": text, "purpose": "long run"}
     )
-    owner.call("POST", f"/access-requests/{request['id']}/approve", 200, json={})
+    approval = {"expires_at": expires_at.isoformat()} if expires_at else {}
+    owner.call("POST", f"/access-requests/{request['id']}/approve", 200, json=approval)
     job = scientist.call(
         "POST",
         f"/workspaces/{scientist.workspace}/jobs",
@@ -200,6 +204,19 @@ def test_revoking_the_grant_fails_the_running_job(
     owner.call("POST", f"/access-requests/{request}/revoke", 200)
     failed = wait_until(lambda: _finished(scientist, job), "the job to fail", timeout=30)
     assert failed["status"] == "failed" and request in failed["error"]
+    wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
+
+
+def test_an_expiring_grant_fails_the_running_job_once_it_passes(
+    running: RunningPlatform, corpus: dict[str, Path]
+) -> None:
+    expires_at = datetime.now(UTC) + timedelta(seconds=30)
+    _owner, scientist, job, request = _long_electra(running, corpus, expires_at=expires_at)
+    assert _job(scientist, job)["status"] == "running"
+    failed = wait_until(lambda: _finished(scientist, job), "the job to fail", timeout=120)
+    assert failed["status"] == "failed" and request in failed["error"]
+    assert "expired" in failed["error"]
+    assert datetime.fromisoformat(failed["finished_at"]) >= expires_at
     wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
 
 
