@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import delete
 
 from app.db import make_engine
 from app.migrate import downgrade, upgrade
 from app.models import Base
+from app.releases.models import DatasetSource
+from app.workspaces.models import Dataset, DatasetKind
+from support import Platform
 
 
 def _drift(url: str) -> list[object]:
@@ -26,5 +31,40 @@ def test_models_and_migrations_agree(database_url: str) -> None:
 def test_migrations_go_down_and_up_again(database_url: str) -> None:
     downgrade(database_url, "base")
     assert _drift(database_url) != []  # everything is gone
+    upgrade(database_url)
+    assert _drift(database_url) == []
+
+
+def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
+    database_url: str, platform: Platform
+) -> None:
+    alice, bob = platform.user(), platform.user()
+    with platform.factory() as db:
+        text, model = (
+            Dataset(owner_id=owner.id, name=name, kind=kind, size_bytes=1, sha256="0" * 64)
+            for owner, name, kind in (
+                (alice, "text", DatasetKind.text),
+                (bob, "m", DatasetKind.model),
+            )
+        )
+        db.add_all([text, model])
+        db.flush()
+        db.add(
+            DatasetSource(
+                dataset_id=model.id,
+                source_id=text.id,
+                source_owner_id=alice.id,
+                direct=True,
+                job_id="job",
+            )
+        )
+        db.commit()
+    with pytest.raises(RuntimeError, match="bind job outputs to other owners' data"):
+        downgrade(database_url, "0003")
+    assert _drift(database_url) == []  # nothing was dropped
+    with platform.factory() as db:
+        db.execute(delete(DatasetSource))
+        db.commit()
+    downgrade(database_url, "0003")
     upgrade(database_url)
     assert _drift(database_url) == []
