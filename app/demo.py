@@ -106,6 +106,18 @@ def _submit(user: Session, workspace: str, body: dict[str, Any]) -> str:
     return str(user.call("POST", f"/workspaces/{workspace}/jobs", 202, json=body)["id"])
 
 
+def _release(alice: Session, bob: Session, model: str) -> None:
+    """Bob's model derives from Alice's text: it downloads only once she releases it."""
+    before = bob.client.get(f"{API}/datasets/{model}/content").status_code
+    request = bob.call(
+        "POST", f"/datasets/{model}/release-requests", 201, json={"purpose": "publish it"}
+    )
+    alice.call("POST", f"/release-requests/{request['id']}/approve", 200)
+    after = bob.client.get(f"{API}/datasets/{model}/content").status_code
+    console.print(f"  bob downloading his model trained on alice's text: {before} (use-only)")
+    console.print(f"  after alice released it: {after}")
+
+
 def run_demo(
     url: str, admin_email: str, admin_password: str, *, electra_steps: int, abnet_steps: int
 ) -> int:
@@ -182,6 +194,7 @@ def run_demo(
     finished = _follow(bob, abnet, f"ABNet    S@{first} -> T@{second}")
     if finished["status"] != "succeeded":
         raise DemoError(f"ABNet job {finished['status']}: {finished['error']}")
+    _release(alice, bob, model)
 
     table = Table(title="Final metrics")
     table.add_column("job")

@@ -87,6 +87,8 @@ def test_nebula_up_then_demo_in_an_empty_folder(tmp_path: Path) -> None:
         assert "BLEU on the test split" in output
         assert "chain verified: True" in output
         assert "bob downloading alice's raw text: 403" in output
+        assert "bob downloading his model trained on alice's text: 403 (use-only)" in output
+        assert "after alice released it: 200" in output
 
     # two switches, two workers and their pool children ran the jobs
     assert len(seen) >= 4, seen
