@@ -208,7 +208,10 @@ def _ended_grant(db: Session, *, dataset_id: str, user_id: str) -> str | None:
 
 def _fail_on_lost_input(db: Session, *, job: Job, name: str, dataset_id: str) -> None:
     """The job's input stopped being usable: fail the job, naming the grant that ended."""
-    grant = _ended_grant(db, dataset_id=dataset_id, user_id=job.owner_id)
+    # for a derived input of the owner's own, the grant that ended is one of its sources'
+    ended = grants.ended_grant_for_inputs(db, user_id=job.owner_id, dataset_ids=[dataset_id])
+    grant = ended.grant_id if ended is not None else None
+    grant = grant or _ended_grant(db, dataset_id=dataset_id, user_id=job.owner_id)
     job = db.get(Job, job.id, populate_existing=True) or job
     if job.status in FINAL_STATUSES:
         return

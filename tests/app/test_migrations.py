@@ -60,11 +60,11 @@ def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
         )
         db.commit()
     with pytest.raises(RuntimeError, match="bind job outputs to other owners' data"):
-        downgrade(database_url, "0003")
+        downgrade(database_url, "0004")
     assert _drift(database_url) == []  # nothing was dropped
     with platform.factory() as db:
         db.execute(delete(DatasetSource))
         db.commit()
-    downgrade(database_url, "0003")
+    downgrade(database_url, "0004")
     upgrade(database_url)
     assert _drift(database_url) == []

@@ -429,6 +429,55 @@ def test_an_input_whose_grant_expired_fails_the_running_job(
     assert job is not None and job.status == JobStatus.failed and request["id"] in (job.error or "")
 
 
+def test_a_derived_input_whose_source_grant_expired_fails_the_job_naming_that_grant(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    site, _alice, bob, request = _grantee_site(client, platform, settings)
+    text = request["dataset_id"]
+    status, stored = site.call("PUT", "discriminator", "artifact", content=_model_file())
+    assert status == 201, stored
+    model = stored["dataset_id"]
+    shown = client.get(f"{API}/datasets/{model}", headers=bob.headers).json()
+    assert shown["derived_from"] == [text] and shown["release"] == "required"
+    for role in CLUSTER_OF:
+        site.call("POST", role, "finish", json={"outcome": "succeeded"})
+
+    pairs = client.post(
+        f"{API}/workspaces/{_workspace(client, bob)}/datasets",
+        data={"name": "p.tsv", "kind": "parallel"},
+        files={"file": ("p.tsv", b"uno\tone\ndos\ttwo\n")},
+        headers=bob.headers,
+    ).json()["id"]
+    abnet = client.post(
+        f"{API}/workspaces/{_workspace(client, bob)}/jobs",
+        json={
+            "kind": "abnet_finetune",
+            "inputs": {"parallel": pairs, "source_model": model, "target_model": model},
+            "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+        },
+        headers=bob.headers,
+    )
+    assert abnet.status_code == 202, abnet.text
+    job_id = abnet.json()["id"]
+    claimed = client.post(
+        f"{CLUSTER_API}/jobs/{job_id}/roles/encoder/claim",
+        json={"attempt": 1, "worker": "test:encoder"},
+        headers=site.headers("cluster-a"),
+    ).json()["token"]
+    with platform.factory() as db:
+        row = db.get(AccessRequest, request["id"])
+        assert row is not None
+        row.expires_at = utcnow() - timedelta(seconds=1)
+        db.commit()
+    answer = client.get(
+        f"{CLUSTER_API}/jobs/{job_id}/roles/encoder/inputs/source_model",
+        headers=site.headers("cluster-a", claimed),
+    )
+    assert answer.status_code == 403 and request["id"] in answer.json()["detail"]
+    job = client.get(f"{API}/jobs/{job_id}", headers=bob.headers).json()
+    assert job["status"] == "failed" and request["id"] in job["error"]
+
+
 def test_a_revoked_worker_credential_is_refused_at_the_next_call(site: Site) -> None:
     cluster_id = next(
         c["id"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,7 +18,7 @@ from app.jobs.dispatch import reap_once
 from app.jobs.models import Job, JobStatus
 from app.jobs.outputs import store_job_output
 from app.settings import Settings
-from support import Account, Platform, enroll_clusters, model_file_bytes
+from support import Account, Platform, model_file_bytes, register_clusters
 
 API = "/api/v1"
 TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()
@@ -29,8 +28,8 @@ ABNET_PLACEMENT = {"encoder": "cluster-a", "decoder": "cluster-b"}
 
 
 @pytest.fixture(autouse=True)
-def clusters_ready(platform: Platform) -> None:
-    enroll_clusters(platform)
+def clusters_ready(platform: Platform, settings: Settings) -> None:
+    register_clusters(platform.factory, settings, "cluster-a", "cluster-b")
 
 
 def workspace(client: TestClient, user: Account) -> str:
@@ -77,21 +76,19 @@ def submit(
     return answer.status_code, answer.json()
 
 
-def job_output(platform: Platform, settings: Settings, tmp_path: Path, job_id: str) -> str:
-    """What a job stores at its end: a model file, through the same function roles use."""
-    path = tmp_path / f"{job_id}.safetensors"
-    path.write_bytes(model_file_bytes(job_id))
+def job_output(platform: Platform, settings: Settings, job_id: str) -> str:
+    """What a job stores at its end: a model file, through the function the cluster API uses."""
     with platform.factory() as db:
         job = db.get(Job, job_id)
         assert job is not None
-        dataset_id = store_job_output(
+        dataset_id, _size = store_job_output(
             db,
             job_id=job.id,
             workspace_id=job.workspace_id,
             owner_id=job.owner_id,
             name="model.safetensors",
             kind="model",
-            path=path,
+            chunks=[model_file_bytes(job_id)],
             settings=settings,
         )
         # the job ends with its output, and leaves room in the workspace's job quota
@@ -111,14 +108,14 @@ class Derived:
 
 
 @pytest.fixture
-def derived(client: TestClient, platform: Platform, settings: Settings, tmp_path: Path) -> Derived:
+def derived(client: TestClient, platform: Platform, settings: Settings) -> Derived:
     """Bob's ELECTRA model, trained on Alice's text under a grant."""
     alice, bob = platform.user(), platform.user()
     text = upload(client, alice, "text", TEXT, discoverable=True)
     grant_id = grant(client, alice, bob, text)
     status, job = submit(client, bob, "electra_pretrain", {"text": text})
     assert status == 202, job
-    model = job_output(platform, settings, tmp_path, job["id"])
+    model = job_output(platform, settings, job["id"])
     return Derived(alice, bob, text, grant_id, job["id"], model)
 
 
@@ -241,12 +238,12 @@ def test_an_unreleased_model_cannot_be_shared(
 
 
 def test_own_data_needs_no_release(
-    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
+    client: TestClient, platform: Platform, settings: Settings
 ) -> None:
     bob = platform.user()
     text = upload(client, bob, "text", TEXT)
     _status, job = submit(client, bob, "electra_pretrain", {"text": text})
-    model = job_output(platform, settings, tmp_path, job["id"])
+    model = job_output(platform, settings, job["id"])
     shown = client.get(f"{API}/datasets/{model}", headers=bob.headers).json()
     assert shown["derived_from"] == [text] and shown["release"] == "not_needed"
     assert client.get(f"{API}/datasets/{model}/content", headers=bob.headers).status_code == 200
@@ -254,14 +251,14 @@ def test_own_data_needs_no_release(
 
 
 def test_a_model_trained_on_a_derived_model_derives_from_its_sources_too(
-    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path, derived: Derived
+    client: TestClient, platform: Platform, settings: Settings, derived: Derived
 ) -> None:
     bob = derived.bob
     pairs = upload(client, bob, "parallel", PAIRS)
     inputs = {"parallel": pairs, "source_model": derived.model, "target_model": derived.model}
     status, job = submit(client, bob, "abnet_finetune", inputs)
     assert status == 202, job
-    adapters = job_output(platform, settings, tmp_path, job["id"])
+    adapters = job_output(platform, settings, job["id"])
     shown = client.get(f"{API}/datasets/{adapters}", headers=bob.headers).json()
     assert set(shown["derived_from"]) == {pairs, derived.model, derived.text}
     assert shown["release"] == "required"
@@ -272,7 +269,7 @@ def test_a_model_trained_on_a_derived_model_derives_from_its_sources_too(
     decide(client, derived.alice, first["id"], "approve")
     status, job = submit(client, bob, "abnet_finetune", inputs)
     assert status == 202, job
-    later = job_output(platform, settings, tmp_path, job["id"])
+    later = job_output(platform, settings, job["id"])
     assert (
         client.get(f"{API}/datasets/{later}", headers=bob.headers).json()["release"] == "not_needed"
     )
@@ -353,13 +350,13 @@ def test_an_expired_grant_fails_the_jobs_that_rest_on_it_at_the_next_reaper_pass
 
 
 def test_outputs_are_not_stored_once_a_grant_behind_the_inputs_ended(
-    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path, derived: Derived
+    client: TestClient, platform: Platform, settings: Settings, derived: Derived
 ) -> None:
     bob = derived.bob
     _status, job = submit(client, bob, "electra_pretrain", {"text": derived.text})
     _expire(platform, derived.grant_id)  # no reaper pass in between: the store checks itself
     with pytest.raises(Forbidden, match=derived.grant_id):
-        job_output(platform, settings, tmp_path, job["id"])
+        job_output(platform, settings, job["id"])
     answer = client.get(f"{API}/jobs/{job['id']}", headers=bob.headers).json()
     assert answer["status"] == "failed" and derived.grant_id in answer["error"]
     listed = client.get(
