@@ -47,20 +47,21 @@ class Derivation:
     derived_from: list[str]  # source ids the viewer may know of
     release: Release
     job_id: str | None  # the job that derived it
+    source_names: dict[str, str]  # the names of those sources
 
 
 def derivations(db: Session, *, viewer: User, items: Sequence[Dataset]) -> dict[str, Derivation]:
     """The derivation of each dataset; sources the viewer has no way to know stay out."""
     derived = provenance.derived_ids(db, (d.id for d in items))
     answer = {
-        d.id: Derivation(derived_from=[], release=Release.not_needed, job_id=None)
+        d.id: Derivation(derived_from=[], release=Release.not_needed, job_id=None, source_names={})
         for d in items
         if d.id not in derived
     }
     if not derived:
         return answer
     rows = db.execute(
-        select(DatasetSource, Dataset.discoverable, Dataset.deleted_at)
+        select(DatasetSource, Dataset.discoverable, Dataset.deleted_at, Dataset.name)
         .join(Dataset, Dataset.id == DatasetSource.source_id)
         .where(DatasetSource.dataset_id.in_(derived))
         .order_by(DatasetSource.direct.desc(), DatasetSource.source_id)
@@ -74,21 +75,23 @@ def derivations(db: Session, *, viewer: User, items: Sequence[Dataset]) -> dict[
         )
     )
     by_dataset: dict[str, list[DatasetSource]] = {}
-    for row, discoverable, deleted_at in rows:
-        known = (
+    names = {row[0].source_id: row[3] for row in rows}
+    for row, discoverable, deleted_at, _name in rows:
+        if (
             row.source_owner_id == viewer.id
             or row.source_id in requested
             or (discoverable and deleted_at is None)
-        )
-        if known:
+        ):
             by_dataset.setdefault(row.dataset_id, []).append(row)
     jobs = {row[0].dataset_id: row[0].job_id for row in rows}
     for dataset in items:
         if dataset.id in derived:
+            shown = [r.source_id for r in by_dataset.get(dataset.id, [])]
             answer[dataset.id] = Derivation(
-                derived_from=[r.source_id for r in by_dataset.get(dataset.id, [])],
+                derived_from=shown,
                 release=provenance.release_state(db, dataset),
                 job_id=jobs.get(dataset.id),
+                source_names={source_id: names[source_id] for source_id in shown},
             )
     return answer
 

@@ -104,6 +104,7 @@ def _datasets_out(db: Session, viewer: User, items: list[Dataset]) -> list[Datas
                 "derived_from": found[d.id].derived_from,
                 "release": found[d.id].release.value,
                 "derived_by_job_id": found[d.id].job_id,
+                "derived_from_names": found[d.id].source_names,
             }
         )
         for d in items

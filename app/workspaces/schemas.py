@@ -59,6 +59,7 @@ class DatasetOut(BaseModel):
     derived_from: list[str] = []
     release: Literal["not_needed", "required", "pending", "released"] = "not_needed"
     derived_by_job_id: str | None = None
+    derived_from_names: dict[str, str] = {}  # id -> name of each of `derived_from`
 
 
 class DatasetList(BaseModel):

@@ -62,6 +62,8 @@ export interface Dataset {
   /** Whether its sources' owners must release it before it downloads. */
   release?: ReleaseState;
   derived_by_job_id?: string | null;
+  /** The names of the `derived_from` datasets. */
+  derived_from_names?: Record<string, string>;
 }
 
 export type ReleaseState = "not_needed" | "required" | "pending" | "released";

@@ -270,6 +270,10 @@ export function NewJobPage() {
                       onChange={(e) => setAdvanced({ ...advanced, discriminatorReadsText: e.target.checked })}
                     />
                     <label htmlFor="job-reads-text">The discriminators’ cluster may read the text too (only masked positions cross the link)</label>
+                    <p className="hint">
+                      Either way that cluster can read the text: turned off, it keeps no copy of the dataset but receives every corrupted sequence and
+                      the tokenizer.
+                    </p>
                   </div>
                 </>
               ) : (

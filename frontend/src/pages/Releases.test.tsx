@@ -21,7 +21,8 @@ const model = {
   discoverable: false,
   owner_id: member.id,
   workspace_id: "w1",
-  derived_from: ["t1"],
+  derived_from: ["t1", "t2"],
+  derived_from_names: { t1: "mia-corpus" },
   derived_by_job_id: "job-1",
   release: "required",
 };
@@ -50,7 +51,8 @@ describe("DatasetPage for a derived model", () => {
     const user = userEvent.setup();
     const panel = (await screen.findByRole("heading", { name: "Derived data" })).closest("section")!;
     expect(within(panel).getByText("use-only")).toBeInTheDocument();
-    expect(within(panel).getByRole("link", { name: "t1" })).toHaveAttribute("href", "/datasets/t1");
+    expect(within(panel).getByRole("link", { name: "mia-corpus" })).toHaveAttribute("href", "/datasets/t1");
+    expect(within(panel).getByRole("link", { name: "t2" })).toHaveAttribute("href", "/datasets/t2"); // no name known: its id
     expect(within(panel).getByRole("link", { name: "job-1" })).toHaveAttribute("href", "/jobs/job-1");
     expect(screen.queryByRole("link", { name: "Download" })).toBeNull();
     expect(screen.getByRole("switch", { name: "Discoverable in the catalog" })).toBeDisabled();

@@ -73,9 +73,7 @@ export function DerivedPanel({ dataset, isOwner, onRequested }: { dataset: Datas
           <ul className="plain-list" aria-label="Derived from">
             {(dataset.derived_from ?? []).map((id) => (
               <li key={id}>
-                <Link to={`/datasets/${encodeURIComponent(id)}`} className="mono">
-                  {shortId(id)}
-                </Link>
+                <Link to={`/datasets/${encodeURIComponent(id)}`}>{dataset.derived_from_names?.[id] ?? shortId(id)}</Link>
               </li>
             ))}
           </ul>

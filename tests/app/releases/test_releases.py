@@ -149,6 +149,7 @@ def test_a_grantees_model_is_use_only_until_the_source_owner_releases_it(
     shown = client.get(f"{API}/datasets/{model}", headers=bob.headers).json()
     assert shown["derived_from"] == [derived.text] and shown["release"] == "required"
     assert shown["derived_by_job_id"] == derived.job_id
+    assert shown["derived_from_names"] == {derived.text: "my-text"}
     refused = client.get(f"{API}/datasets/{model}/content", headers=bob.headers)
     assert refused.status_code == 403 and "release" in refused.json()["detail"]
     assert client.get(f"{API}/datasets/{model}", headers=carol.headers).status_code == 404

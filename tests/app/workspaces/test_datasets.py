@@ -349,6 +349,7 @@ def test_patch_switches_discoverable_and_the_catalog_shows_metadata_only(
         "derived_from",
         "release",
         "derived_by_job_id",
+        "derived_from_names",
     }
     assert entry["derived_from"] == [] and entry["release"] == "not_needed"
     assert client.get(f"{API}/catalog?q=shared&kind=text", headers=bob.headers).json()["total"] == 1
