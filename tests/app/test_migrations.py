@@ -5,14 +5,17 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import delete
 
 from app.db import make_engine
-from app.migrate import downgrade, upgrade
+from app.migrate import alembic_config, downgrade, upgrade
 from app.models import Base
 from app.releases.models import DatasetSource
 from app.workspaces.models import Dataset, DatasetKind
 from support import Platform
+
+PROVENANCE = "0006"  # the revision that brings dataset_sources and release requests
 
 
 def _drift(url: str) -> list[object]:
@@ -59,12 +62,14 @@ def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
             )
         )
         db.commit()
+    below = ScriptDirectory.from_config(alembic_config(database_url)).get_revision(PROVENANCE)
+    assert below is not None and isinstance(below.down_revision, str)
     with pytest.raises(RuntimeError, match="bind job outputs to other owners' data"):
-        downgrade(database_url, "0004")
+        downgrade(database_url, below.down_revision)
     assert _drift(database_url) == []  # nothing was dropped
     with platform.factory() as db:
         db.execute(delete(DatasetSource))
         db.commit()
-    downgrade(database_url, "0004")
+    downgrade(database_url, below.down_revision)
     upgrade(database_url)
     assert _drift(database_url) == []
