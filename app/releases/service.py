@@ -304,12 +304,16 @@ def _views(db: Session, *, viewer: User, requests: Sequence[ReleaseRequest]) -> 
         }
         dataset = db.get(Dataset, request.dataset_id)
         assert dataset is not None
+        # the requester sees the sources behind every approval, a source owner their own;
+        # either only among those they may know of
         shown_owners = owners if viewer.id == request.requester_id else {viewer.id}
+        known = derivation(db, viewer=viewer, dataset=dataset).derived_from
         sources = db.execute(
             select(Dataset)
             .join(DatasetSource, DatasetSource.source_id == Dataset.id)
             .where(
                 DatasetSource.dataset_id == request.dataset_id,
+                DatasetSource.source_id.in_(known),
                 DatasetSource.source_owner_id.in_(shown_owners & owners),
             )
             .order_by(Dataset.name)

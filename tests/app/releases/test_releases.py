@@ -372,3 +372,31 @@ def test_the_auditor_sees_derived_metadata_only_through_its_own_rules(
     auditor = platform.user(Role.auditor)
     assert client.get(f"{API}/datasets/{derived.model}", headers=auditor.headers).status_code == 404
     assert release_request(client, auditor, derived.model)[0] == 403  # read-only role
+
+
+def test_a_shared_model_counts_as_its_owners_and_hides_what_it_came_from(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    alice, bob = platform.user(), platform.user()
+    private = upload(client, alice, "text", TEXT)  # never listed: bob cannot know of it
+    status, job = submit(client, alice, "electra_pretrain", {"text": private})
+    shared = job_output(platform, settings, job["id"])
+    listed = client.patch(
+        f"{API}/datasets/{shared}", json={"discoverable": True}, headers=alice.headers
+    )
+    assert listed.status_code == 200  # her own data only: hers to share
+    grant(client, alice, bob, shared)
+    pairs = upload(client, bob, "parallel", PAIRS)
+    inputs = {"parallel": pairs, "source_model": shared, "target_model": shared}
+    status, job = submit(client, bob, "abnet_finetune", inputs)
+    assert status == 202, job
+    adapters = job_output(platform, settings, job["id"])
+    shown = client.get(f"{API}/datasets/{adapters}", headers=bob.headers).json()
+    assert set(shown["derived_from"]) == {pairs, shared} and shown["release"] == "required"
+    _status, request = release_request(client, bob, adapters)
+    assert [a["owner_id"] for a in request["approvals"]] == [alice.id]
+    assert [s["id"] for s in request["sources"]] == [shared]
+    incoming = client.get(
+        f"{API}/release-requests", params={"direction": "incoming"}, headers=alice.headers
+    ).json()["items"]
+    assert {s["id"] for s in incoming[0]["sources"]} == {shared, private}
