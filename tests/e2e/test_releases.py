@@ -69,6 +69,7 @@ def test_a_model_on_granted_text_downloads_only_once_its_owner_releases_it(site:
     expect(page.locator(".status-line").get_by_text("succeeded")).to_be_visible(
         timeout=JOB_TIMEOUT_MS
     )
+    expect(page.get_by_text("generator", exact=True)).to_have_count(1)  # the placement's
     sees = page.get_by_role("region", name="What each cluster sees")
     expect(sees).to_contain_text("discriminator on cluster-b")
     expect(sees).to_contain_text("The whole text too")
