@@ -15,7 +15,7 @@ from app.releases.models import DatasetSource
 from app.workspaces.models import Dataset, DatasetKind
 from support import Platform
 
-PROVENANCE = "0006"  # the revision that brings dataset_sources and release requests
+PROVENANCE = "0007"  # the revision that brings dataset_sources and release requests
 
 
 def _drift(url: str) -> list[object]:

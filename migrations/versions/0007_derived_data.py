@@ -1,7 +1,7 @@
 """Derived data: what each job output derives from, and release requests by its sources' owners.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
@@ -126,7 +126,7 @@ def downgrade() -> None:
     if bound:
         raise RuntimeError(
             f"{bound} provenance rows bind job outputs to other owners' data;"
-            " delete those outputs before downgrading below revision 0006"
+            " delete those outputs before downgrading below revision 0007"
         )
     with op.batch_alter_table("release_approvals", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_release_approvals_request_id"))
