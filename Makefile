@@ -50,7 +50,15 @@ test: lint typecheck frontend-test frontend pytest
 screenshots: $(STAMP) frontend
 	NEBULA_SCREENSHOTS_DIR=docs/screenshots $(BIN)/pytest -q tests/e2e
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+# bench/api_load.py drives the server with wrk (Debian's package)
+bench: $(BENCH_STAMP)
+	command -v wrk >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null)
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:

@@ -89,23 +89,17 @@ def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
-    from app.main import create_app
+    from app.serving import serve
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("--tls-cert and --tls-key go together")
-    if args.tls_cert:
-        settings = settings.model_copy(update={"cookie_secure": True})
-    uvicorn.run(
-        create_app(settings),
+    return serve(
+        settings,
         host=args.host,
         port=args.port,
-        log_level="info",
-        ssl_certfile=args.tls_cert,
-        ssl_keyfile=args.tls_key,
+        workers=args.workers,
+        tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
     )
-    return 0
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -377,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the API and web UI")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--workers", type=int, default=1, help="server processes (the reaper runs once)"
+    )
     serve.add_argument("--tls-cert", default=None, help="serve HTTPS with this certificate (PEM)")
     serve.add_argument("--tls-key", default=None, help="the certificate's private key (PEM)")
     serve.set_defaults(run=_serve)

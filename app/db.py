@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -10,6 +11,7 @@ from typing import Any, TypeVar
 from sqlalchemy import ColumnElement, DateTime, MetaData, String, create_engine, event, func, select
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
@@ -55,34 +57,126 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime(), str: String(255)}
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite gets WAL, foreign keys and serialized writers."""
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+# The execution option that says whether a connection's transactions may write.
+ACCESS = "nebula_access"
+READ, WRITE = "read", "write"
+# How long a writer waits for SQLite's write lock, in seconds (as busy_timeout does).
+SQLITE_WRITE_WAIT_S = 30.0
+_HOLDS_WRITE_LOCK = "nebula_holds_write_lock"
 
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-            # Let SQLAlchemy, not the driver, decide when transactions begin.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
 
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin_immediate(conn: Any) -> None:
-            # Take the write lock up front: read-then-write transactions (the audit
-            # chain, quotas) are serialized instead of failing on lock upgrade.
+def access_options(dialect: str, *, writes: bool) -> dict[str, Any]:
+    """Execution options for transactions that may write, or that only read."""
+    options: dict[str, Any] = {ACCESS: WRITE if writes else READ}
+    if dialect == "postgresql":
+        options["postgresql_readonly"] = not writes  # BEGIN READ ONLY: a write fails loudly
+    return options
+
+
+def _writes(conn: Any) -> bool:
+    # Anything not marked read-only may write: the safe default for the reaper, the CLI, tasks.
+    return bool(conn.get_execution_options().get(ACCESS, WRITE) == WRITE)
+
+
+def _sqlite_engine(url: str, *, pool_size: int | None) -> Engine:
+    pool: dict[str, Any] = {} if pool_size is None else {"pool_size": pool_size, "max_overflow": 0}
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
+    # One writer at a time per process, queued here: waiting threads wake as soon as the lock
+    # is free, where SQLite's busy handler sleeps in steps of up to 100 ms.
+    writers = threading.Lock()
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, decide when transactions begin.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _sqlite_begin(conn: Any) -> None:
+        if not _writes(conn):
+            # WAL readers see a snapshot and never wait for the writer; query_only makes a
+            # stray write in a read-only transaction an error instead of a hidden lock.
+            conn.exec_driver_sql("PRAGMA query_only=1")
+            conn.exec_driver_sql("BEGIN")
+            return
+        # Writers take the write lock up front: read-then-write transactions (the audit
+        # chain, quotas) are serialized instead of failing on lock upgrade.
+        if not writers.acquire(timeout=SQLITE_WRITE_WAIT_S):
+            raise TimeoutError("the database's write lock stayed busy")
+        conn.info[_HOLDS_WRITE_LOCK] = True
+        try:
+            conn.exec_driver_sql("PRAGMA query_only=0")
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            _release(conn.info)
+            raise
 
-        return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    def _release(info: dict[Any, Any]) -> None:
+        if info.pop(_HOLDS_WRITE_LOCK, False):
+            writers.release()
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _transaction_ended(conn: Any) -> None:
+        _release(conn.info)
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_conn: Any, record: ConnectionPoolEntry) -> None:
+        # a transaction abandoned without commit or rollback (an invalidated connection)
+        _release(record.info)
+
+    return engine
 
 
-def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    """A session factory whose objects stay readable after commit."""
-    return sessionmaker(bind=engine, expire_on_commit=False)
+def make_engine(url: str, *, pool_size: int | None = None) -> Engine:
+    """An engine for `url`; SQLite gets WAL, foreign keys and one writer at a time.
+
+    `pool_size` connections and no overflow when given: the server sizes its pool to its
+    thread pool, so that no request waits for a connection.
+    """
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url, pool_size=pool_size)
+    if pool_size is None:
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=0)
+
+
+def make_sessionmaker(engine: Engine, *, writes: bool = True) -> sessionmaker[Session]:
+    """A session factory whose objects stay readable after commit.
+
+    `writes=False`: every transaction is read-only (SQLite: no write lock taken, and any
+    write is refused; PostgreSQL: READ ONLY) unless `begin_writing` says otherwise.
+    """
+    options = {} if writes else access_options(engine.dialect.name, writes=False)
+    return sessionmaker(bind=engine, expire_on_commit=False, execution_options=options)
+
+
+def _in_writing_transaction(db: Session) -> bool:
+    return db.in_transaction() and _writes(db.connection())
+
+
+def begin_reading(db: Session) -> None:
+    """Begin the session's next transaction read-only (call it when none is open)."""
+    if db.in_transaction():
+        raise RuntimeError("a transaction is already open")
+    db.connection(execution_options=access_options(db.get_bind().dialect.name, writes=False))
+
+
+def begin_writing(db: Session) -> None:
+    """Make the rest of the unit of work a transaction that may write.
+
+    A read-only transaction in progress ends first: it changed nothing, and what it
+    loaded stays loaded. A writing one simply continues.
+    """
+    if _in_writing_transaction(db):
+        return
+    if db.in_transaction():
+        db.commit()
+    db.connection(execution_options=access_options(db.get_bind().dialect.name, writes=True))
 
 
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
+import anyio
 from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session
 
@@ -14,7 +15,7 @@ from app.accounts import service as accounts
 from app.accounts.models import AuthToken, Role, TokenKind, User
 from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
-from app.db import session_scope
+from app.db import begin_reading, session_scope
 from app.errors import Forbidden, NotAuthenticated
 from app.keyring import Purpose, subkey
 from app.settings import Settings
@@ -36,11 +37,41 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
 def get_db(request: Request) -> Iterator[Session]:
-    """One session per request; services commit their own units of work."""
-    yield from session_scope(request.app.state.sessionmaker)
+    """One session per request; services commit their own units of work.
+
+    Reads (GET, HEAD) get read-only transactions: they take no write lock and cannot
+    write, except where a service says so with `begin_writing` (audited denials, downloads).
+    """
+    if request.method in SAFE_METHODS:
+        yield from session_scope(request.app.state.read_sessionmaker)
+    else:
+        yield from session_scope(request.app.state.sessionmaker)
 
 
-SessionDep = Annotated[Session, Depends(get_db)]
+# Closed when the endpoint returns, before the answer is sent to a possibly slow client.
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+
+T = TypeVar("T")
+_DONE = object()
+
+
+async def in_stream_thread(request: Request, work: Callable[..., T], *args: Any) -> T:
+    """Run blocking `work` for an open stream on the stream threads, not the request threads.
+
+    Streams hold no admission slot once their answer starts; their own small thread pool
+    (and the connections the pool keeps for it) bounds what they use.
+    """
+    limiter: anyio.CapacityLimiter = request.app.state.stream_limiter
+    return await anyio.to_thread.run_sync(work, *args, limiter=limiter)
+
+
+async def stream_items(request: Request, items: Iterator[T]) -> AsyncIterator[T]:
+    """A blocking iterator (one that reads the database) as a stream, on the stream threads."""
+    while True:
+        item = await in_stream_thread(request, next, items, _DONE)
+        if item is _DONE:
+            return
+        yield item
 
 
 @dataclass(frozen=True)
@@ -74,7 +105,11 @@ def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Calle
         via_cookie = True
     if not secret:
         raise NotAuthenticated("not authenticated")
+    begin_reading(db)
     resolved = accounts.resolve_token(db, secret=secret)
+    # No connection is held between this dependency and the endpoint; what was read
+    # stays loaded, and the endpoint's own transaction begins when it first needs one.
+    db.commit()
     if resolved is None:
         raise NotAuthenticated("invalid or expired token")
     user, token = resolved

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
@@ -17,6 +18,7 @@ from app.db import make_engine, make_sessionmaker
 from app.errors import DomainError
 from app.jobs.dispatch import Reaper
 from app.middleware import (
+    AdmissionMiddleware,
     BodyLimitMiddleware,
     MetricsMiddleware,
     RejectNulMiddleware,
@@ -24,6 +26,7 @@ from app.middleware import (
 )
 from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
+from workers.celery_app import broker_check
 
 log = logging.getLogger("nebula")
 FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
@@ -35,6 +38,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # the pool has a connection for each of these threads (Settings.database_pool_size)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.thread_pool_size
+        app.state.stream_limiter = anyio.CapacityLimiter(settings.stream_threads)
         ensure_platform_keys(app.state.sessionmaker, settings)
         reaper = Reaper(app.state.sessionmaker, settings).start() if settings.run_reaper else None
         try:
@@ -52,8 +58,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.engine = make_engine(settings.resolved_database_url)
+    app.state.engine = make_engine(
+        settings.resolved_database_url, pool_size=settings.database_pool_size
+    )
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
+    app.state.read_sessionmaker = make_sessionmaker(app.state.engine, writes=False)
+    app.state.broker_check = lambda: broker_check(settings)
 
     for router in registry.routers():
         app.include_router(router)
@@ -87,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     _mount_frontend(app)
 
+    app.add_middleware(AdmissionMiddleware, slots=settings.thread_pool_size)
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(RejectNulMiddleware)

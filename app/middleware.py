@@ -1,10 +1,12 @@
-"""ASGI middleware: request body limits, security headers, request metrics."""
+"""ASGI middleware: admission, request body limits, security headers, request metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+import weakref
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -154,3 +156,54 @@ class MetricsMiddleware:
             route = str(getattr(scope.get("route"), "path", "unmatched"))
             HTTP_REQUESTS.labels(scope["method"], route, str(status)).inc()
             HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
+
+
+Loop = asyncio.AbstractEventLoop
+
+
+class AdmissionMiddleware:
+    """At most `slots` requests inside the app at once; the others wait here holding nothing.
+
+    An admitted request holds at most one database connection, and the pool keeps one for
+    each slot, so no request ever waits for a connection while others wait for its thread.
+    A slot is freed when the answer starts: a stream (events, downloads) holds no request
+    connection, and reads with threads and connections of its own.
+    """
+
+    def __init__(self, app: ASGIApp, *, slots: int) -> None:
+        self.app = app
+        self.slots = slots
+        self._semaphores: weakref.WeakKeyDictionary[Loop, asyncio.Semaphore]
+        self._semaphores = weakref.WeakKeyDictionary()
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        # one per event loop: a test client may serve the same app from several loops
+        loop = asyncio.get_running_loop()
+        semaphore = self._semaphores.get(loop)
+        if semaphore is None:
+            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.slots)
+        return semaphore
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        semaphore = self._semaphore()
+        await semaphore.acquire()
+        admitted = True
+
+        def leave() -> None:
+            nonlocal admitted
+            if admitted:
+                admitted = False
+                semaphore.release()
+
+        async def send_and_leave(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                leave()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_leave)
+        finally:
+            leave()

@@ -34,11 +34,19 @@ class Settings(BaseSettings):
     argon2_time_cost: int = 3
     argon2_memory_kib: int = 65536
     argon2_parallelism: int = 4
+    # argon2 computations admitted at once per server process (one runs, the rest wait);
+    # beyond that a login answers 429 at once, so a flood of logins cannot starve the API
+    password_hash_slots: int = 4
 
     default_storage_bytes_limit: int = 10 * 1024**3
     default_max_concurrent_jobs: int = 2
     max_request_body_bytes: int = 1024 * 1024  # JSON bodies; uploads have their own limit
     max_upload_bytes: int = 2 * 1024**3
+
+    # worker threads per server process; the database pool holds one connection for each,
+    # plus stream_threads for event streams and exports, plus two (reaper, start-up)
+    thread_pool_size: int = 40
+    stream_threads: int = 4
 
     cookie_secure: bool = False  # set true behind HTTPS
     run_reaper: bool = True  # restart stalled job attempts and dispatch pending roles
@@ -54,6 +62,11 @@ class Settings(BaseSettings):
     def resolved_database_url(self) -> str:
         """The database URL, defaulting to SQLite under var_dir."""
         return self.database_url or f"sqlite:///{self.var_dir / 'nebula.db'}"
+
+    @property
+    def database_pool_size(self) -> int:
+        """Connections per server process: no thread ever waits for one."""
+        return self.thread_pool_size + self.stream_threads + 2
 
     @property
     def resolved_data_dir(self) -> Path:

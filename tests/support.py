@@ -35,6 +35,24 @@ class Account:
         return {"Authorization": f"Bearer {self.token}"}
 
 
+def make_user(
+    factory: sessionmaker[Session], settings: Settings, *, email: str, role: Role = Role.member
+) -> str:
+    """A user made the way the CLI makes one, with the shared test password; returns its id."""
+    with factory() as db:
+        user = accounts.create_user(
+            db,
+            actor=SYSTEM,
+            email=email,
+            display_name=email.split("@")[0],
+            role=role,
+            password=PASSWORD,
+            settings=settings,
+        )
+        db.commit()
+        return user.id
+
+
 class Platform:
     """Makes users the way the CLI does, and logs them in through the API."""
 
@@ -45,18 +63,8 @@ class Platform:
 
     def user(self, role: Role = Role.member, email: str | None = None) -> Account:
         email = email or f"{role.value}-{uuid.uuid4().hex[:8]}@example.org"
-        with self.factory() as db:
-            user = accounts.create_user(
-                db,
-                actor=SYSTEM,
-                email=email,
-                display_name=email.split("@")[0],
-                role=role,
-                password=PASSWORD,
-                settings=self.settings,
-            )
-            db.commit()
-        return Account(id=user.id, email=email, role=role, token=self.login(email))
+        user_id = make_user(self.factory, self.settings, email=email, role=role)
+        return Account(id=user_id, email=email, role=role, token=self.login(email))
 
     def login(self, email: str, password: str = PASSWORD) -> str:
         answer = self.client.post("/api/v1/auth/login", json={"email": email, "password": password})

@@ -7,11 +7,13 @@ NEBULA_BROKER_URL=redis://... for a real deployment.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from kombu import Connection
 
 from app.settings import Settings
 
@@ -38,6 +40,20 @@ def broker_options(broker_url: str, var_dir: Path) -> tuple[str, dict[str, Any]]
         "store_processed": False,
         "polling_interval": 0.1,
     }
+
+
+def broker_check(settings: Settings, *, timeout_s: float = 2.0) -> None:
+    """Raise unless the broker answers now (a fresh connection, no retries)."""
+    url, options = broker_options(settings.broker_url, settings.var_dir)
+    if url == "filesystem://":
+        folder = Path(options["data_folder_in"])
+        if not os.access(folder, os.W_OK):
+            raise OSError(f"the embedded broker's folder {folder} is not writable")
+        return
+    transport = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    with Connection(url, connect_timeout=timeout_s, transport_options=transport) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s)
+        conn.default_channel  # noqa: B018  (opening a channel is what talks to the server)
 
 
 def make_celery(broker_url: str, var_dir: Path) -> Celery:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from typing import TypeVar
 
 from passlib.hash import argon2
 
-from app.errors import Invalid
+from app.errors import Invalid, TooManyAttempts
 from app.settings import Settings
+
+T = TypeVar("T")
+# Hashing threads yield the CPU to request threads: a login flood slows logins, not the API.
+HASH_THREAD_NICE = 10
 
 MIN_LENGTH = 12
 MAX_LENGTH = 256
@@ -54,20 +65,55 @@ def _hasher(time_cost: int, memory_kib: int, parallelism: int) -> type[argon2]:
     )
 
 
+def _lower_priority() -> None:
+    # Linux sets nice per thread, and argon2's lane threads inherit it from this one.
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HASH_THREAD_NICE)
+
+
+class PasswordGate:
+    """Argon2 runs one at a time on a low-priority thread; a few more may wait, the rest 429."""
+
+    def __init__(self, slots: int) -> None:
+        self._admitted = threading.BoundedSemaphore(max(1, slots))
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="nebula-argon2", initializer=_lower_priority
+        )
+
+    def run(self, work: Callable[[], T]) -> T:
+        """`work()` on the hashing thread, or TooManyAttempts when the waiting room is full."""
+        if not self._admitted.acquire(blocking=False):
+            raise TooManyAttempts("too many password checks at once; try again in a moment")
+        try:
+            return self._executor.submit(work).result()
+        finally:
+            self._admitted.release()
+
+
+@lru_cache(maxsize=4)
+def _gate(slots: int) -> PasswordGate:
+    return PasswordGate(slots)
+
+
 def hash_password(password: str, settings: Settings) -> str:
-    """An argon2id hash of `password` (slow on purpose: call it off the event loop)."""
+    """An argon2id hash of `password` (slow on purpose: never inside a transaction)."""
     hasher = _hasher(
         settings.argon2_time_cost, settings.argon2_memory_kib, settings.argon2_parallelism
     )
-    return str(hasher.hash(password))
+    return _gate(settings.password_hash_slots).run(lambda: str(hasher.hash(password)))
 
 
-def verify_password(password: str, password_hash: str) -> bool:
-    """Whether `password` matches; parameters come from the hash itself."""
+def _verify(password: str, password_hash: str) -> bool:
     try:
         return bool(argon2.verify(password, password_hash))
     except ValueError:
         return False
+
+
+def verify_password(password: str, password_hash: str, settings: Settings) -> bool:
+    """Whether `password` matches; parameters come from the hash itself."""
+    return _gate(settings.password_hash_slots).run(lambda: _verify(password, password_hash))
 
 
 @lru_cache(maxsize=8)
@@ -77,12 +123,10 @@ def _dummy_hash(time_cost: int, memory_kib: int, parallelism: int) -> str:
 
 def burn_verify(password: str, settings: Settings) -> None:
     """Spend a verification on nothing (unknown user) so timing does not reveal existence."""
-    verify_password(
-        password,
-        _dummy_hash(
-            settings.argon2_time_cost, settings.argon2_memory_kib, settings.argon2_parallelism
-        ),
+    dummy = _dummy_hash(
+        settings.argon2_time_cost, settings.argon2_memory_kib, settings.argon2_parallelism
     )
+    verify_password(password, dummy, settings)
 
 
 def check_policy(password: str, *, email: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -13,7 +14,7 @@ from app.accounts import passwords, tokens
 from app.accounts.models import AuthToken, LoginFailure, Role, TokenKind, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import newest_first, utcnow
+from app.db import begin_reading, begin_writing, newest_first, utcnow
 from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
@@ -40,6 +41,8 @@ def create_user(
     """A new active user with a personal workspace; 409 if the email is taken."""
     email = normalize_email(email)
     passwords.check_policy(password, email=email)
+    # hashed before the transaction begins: nothing is locked while argon2 runs
+    password_hash = passwords.hash_password(password, settings)
     if db.scalar(select(User.id).where(User.email == email)) is not None:
         raise Conflict("a user with this email already exists")
     user = User(
@@ -47,7 +50,7 @@ def create_user(
         display_name=display_name,
         role=role,
         status=UserStatus.active,
-        password_hash=passwords.hash_password(password, settings),
+        password_hash=password_hash,
     )
     db.add(user)
     try:
@@ -110,28 +113,48 @@ def _recent_failures(db: Session, *, email: str, settings: Settings) -> int:
     )
 
 
+def _refuse_locked(db: Session, *, email: str, ip: str | None) -> NoReturn:
+    audit.record(
+        db,
+        actor=Actor(None, ip),
+        action="auth.login",
+        subject_type="email",
+        subject_id=email[:64],
+        outcome="locked",
+    )
+    db.commit()
+    raise TooManyAttempts("too many failed logins; try again later")
+
+
 def login(
     db: Session, *, email: str, password: str, ip: str | None, settings: Settings
 ) -> tuple[User, IssuedToken]:
-    """A new session for valid credentials; one message for every failure; lockout after N."""
+    """A new session for valid credentials; one message for every failure; lockout after N.
+
+    The password is checked between two transactions, never inside one: a read that
+    finds the account, then argon2 holding nothing, then a short write that records it.
+    """
     email = normalize_email(email)
-    if _recent_failures(db, email=email, settings=settings) >= settings.lockout_failures:
-        audit.record(
-            db,
-            actor=Actor(None, ip),
-            action="auth.login",
-            subject_type="email",
-            subject_id=email[:64],
-            outcome="locked",
-        )
-        db.commit()
-        raise TooManyAttempts("too many failed logins; try again later")
-    user = db.scalar(select(User).where(User.email == email))
+    begin_reading(db)
+    locked = _recent_failures(db, email=email, settings=settings) >= settings.lockout_failures
+    user = None if locked else db.scalar(select(User).where(User.email == email))
+    db.commit()
+    if locked:
+        begin_writing(db)
+        _refuse_locked(db, email=email, ip=ip)
     if user is None:
         passwords.burn_verify(password, settings)
-        ok = False
+        ok, checked_hash = False, None
     else:
-        ok = passwords.verify_password(password, user.password_hash)
+        checked_hash = user.password_hash
+        ok = passwords.verify_password(password, checked_hash, settings)
+    begin_writing(db)
+    if _recent_failures(db, email=email, settings=settings) >= settings.lockout_failures:
+        _refuse_locked(db, email=email, ip=ip)  # failures recorded while this one was checked
+    if user is not None:
+        # a password change or a suspension while argon2 ran wins over this login
+        db.refresh(user)
+        ok = ok and user.password_hash == checked_hash
     if not ok or user is None or user.status != UserStatus.active:
         db.add(LoginFailure(email=email))
         audit.record(
@@ -163,14 +186,18 @@ def login(
 
 
 def resolve_token(db: Session, *, secret: str) -> tuple[User, AuthToken] | None:
-    """The active user and live token behind a bearer secret, or None."""
-    record = db.scalar(select(AuthToken).where(AuthToken.token_hash == tokens.token_hash(secret)))
-    if record is None or record.revoked_at is not None or record.expires_at <= utcnow():
-        return None
-    user = db.get(User, record.user_id)
-    if user is None or user.status != UserStatus.active:
-        return None
-    return user, record
+    """The active user and live token behind a bearer secret, or None (one query, no write)."""
+    row = db.execute(
+        select(User, AuthToken)
+        .join(User, User.id == AuthToken.user_id)
+        .where(
+            AuthToken.token_hash == tokens.token_hash(secret),
+            AuthToken.revoked_at.is_(None),
+            AuthToken.expires_at > utcnow(),
+            User.status == UserStatus.active,
+        )
+    ).first()
+    return None if row is None else (row[0], row[1])
 
 
 def revoke_token(db: Session, *, actor: Actor, record: AuthToken) -> None:
@@ -207,8 +234,11 @@ def change_password(
     new_password: str,
     settings: Settings,
 ) -> None:
-    """Set a new password; every other session and token of the user is revoked."""
-    if not passwords.verify_password(current_password, user.password_hash):
+    """Set a new password; every other session and token of the user is revoked.
+
+    Argon2 runs before the transaction begins (the caller's user is already loaded).
+    """
+    if not passwords.verify_password(current_password, user.password_hash, settings):
         audit.record(
             db,
             actor=actor,

@@ -14,8 +14,8 @@ from fastapi.responses import StreamingResponse
 
 from app.audit import service
 from app.audit.schemas import AuditEventOut, AuditList, VerificationOut
-from app.db import session_scope
-from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep
+from app.db import begin_writing, session_scope
+from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, stream_items
 
 router = APIRouter(prefix=API_PREFIX, tags=["audit"])
 
@@ -64,9 +64,10 @@ def export(
     format: Literal["jsonl", "csv"] = "jsonl",
 ) -> StreamingResponse:
     """The whole log in chain order, streamed as JSON lines or CSV."""
+    begin_writing(db)  # a GET that writes: the export itself is an audited event
     service.record(db, actor=caller.actor, action="audit.export", details={"format": format})
     db.commit()  # the request's session is idle from here; the stream reads with its own
-    factory = request.app.state.sessionmaker
+    factory = request.app.state.read_sessionmaker
 
     def rows() -> Iterator[str]:
         for db in session_scope(factory):
@@ -87,4 +88,4 @@ def export(
 
     media = "application/x-ndjson" if format == "jsonl" else "text/csv"
     headers = {"Content-Disposition": f'attachment; filename="nebula-audit.{format}"'}
-    return StreamingResponse(rows(), media_type=media, headers=headers)
+    return StreamingResponse(stream_items(request, rows()), media_type=media, headers=headers)

@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.models import AuditEvent
-from app.db import utcnow
+from app.db import begin_writing, utcnow
 from app.errors import Forbidden, NotFound
 
 GENESIS_HASH = "0" * 64
@@ -56,8 +56,8 @@ def chain_hash(prev_hash: str, event: AuditEvent) -> str:
 def _lock_chain(db: Session) -> None:
     if db.get_bind().dialect.name == "postgresql":
         db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _CHAIN_LOCK_KEY})
-    # SQLite: every write transaction starts with BEGIN IMMEDIATE (app/db.py), which
-    # already holds the database's single write lock.
+    # SQLite: every writing transaction starts with BEGIN IMMEDIATE (app/db.py), which
+    # already holds the database's single write lock; read-only ones cannot append.
 
 
 def record(
@@ -109,6 +109,7 @@ def deny(
     Whatever the request changed before is rolled back; only the denial is committed.
     """
     db.rollback()
+    begin_writing(db)  # also on a GET, whose transactions are otherwise read-only
     record(
         db,
         actor=actor,
@@ -195,7 +196,9 @@ def iter_all(db: Session, *, batch: int = 1000) -> Iterator[AuditEvent]:
             .order_by(AuditEvent.seq)
             .limit(batch)
         ).all()
-        db.rollback()
+        # end the transaction (nothing held between batches), keep the batch loaded
+        db.commit()
+        db.expunge_all()
         if not events:
             return
         yield from events

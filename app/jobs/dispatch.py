@@ -9,6 +9,7 @@ stale does nothing: no task without its row.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from datetime import timedelta
 
@@ -85,6 +86,7 @@ class Reaper:
 
     def start(self) -> Reaper:
         self._thread.start()
+        log.info("reaper started (pid %d)", os.getpid())
         return self
 
     def stop(self) -> None:

@@ -12,7 +12,15 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import session_scope
-from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, WriterDep
+from app.deps import (
+    API_PREFIX,
+    AdminDep,
+    CallerDep,
+    PageDep,
+    SessionDep,
+    WriterDep,
+    in_stream_thread,
+)
 from app.jobs import dispatch, service
 from app.jobs.models import FINAL_STATUSES, Job
 from app.jobs.schemas import (
@@ -132,13 +140,13 @@ def job_events(
     """Server-sent events: a `status` event whenever status, progress or metrics change."""
     service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
     db.rollback()  # release the request's session: the stream reads with short ones of its own
-    factory: sessionmaker[Session] = request.app.state.sessionmaker
+    factory: sessionmaker[Session] = request.app.state.read_sessionmaker
 
     async def events() -> AsyncIterator[str]:
         last: dict[str, Any] | None = None
         quiet = 0.0
         while not await request.is_disconnected():
-            snapshot = await asyncio.to_thread(_read_snapshot, factory, job_id)
+            snapshot = await in_stream_thread(request, _read_snapshot, factory, job_id)
             if snapshot is None:
                 return
             if snapshot != last:

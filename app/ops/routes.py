@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from app.db import access_options
 from app.ops.metrics import REGISTRY
 
 router = APIRouter(tags=["operations"])
@@ -22,8 +23,10 @@ def healthz() -> dict[str, str]:
 def readyz(request: Request) -> JSONResponse:
     """The database and the broker answer."""
     checks: dict[str, str] = {}
+    engine = request.app.state.engine
     try:
-        with request.app.state.engine.connect() as conn:
+        with engine.connect() as conn:
+            conn = conn.execution_options(**access_options(engine.dialect.name, writes=False))
             conn.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:  # any failure means not ready

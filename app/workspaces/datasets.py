@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import new_id, newest_first, utcnow
+from app.db import begin_writing, new_id, newest_first, utcnow
 from app.errors import Conflict, Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
 from app.releases import provenance
@@ -384,6 +384,7 @@ def open_for_download(
                 f" release it: ask with POST /api/v1/datasets/{dataset.id}/release-requests"
             ),
         )
+    begin_writing(db)  # a GET that writes: the download is an audited use of the data
     workspace = db.get(Workspace, dataset.workspace_id)
     if workspace is None:
         raise NotFound()

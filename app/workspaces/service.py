@@ -145,7 +145,7 @@ def upload_tmp_dir(settings: Settings) -> Path:
 def lock(db: Session, *, workspace_id: str) -> Workspace | None:
     """The workspace re-read from the database under a row lock, for read-then-write rules.
 
-    PostgreSQL takes the row lock (FOR UPDATE); on SQLite every write transaction already
+    PostgreSQL takes the row lock (FOR UPDATE); on SQLite every writing transaction already
     holds the database's write lock (BEGIN IMMEDIATE, app/db.py), and FOR UPDATE is omitted.
     """
     return db.scalar(

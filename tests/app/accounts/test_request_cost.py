@@ -1,0 +1,178 @@
+"""What authentication costs per request: no write lock, one query, argon2 outside transactions."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import Engine
+
+from app.accounts import passwords
+from app.audit.models import AuditEvent
+from app.errors import TooManyAttempts
+from app.main import create_app
+from app.settings import Settings
+from support import PASSWORD, LiveServer, Platform, make_user
+
+T = TypeVar("T")
+READS = ["/me", "/workspaces", "/me/tokens", "/catalog", "/access-requests?direction=incoming"]
+
+
+def _member(server: LiveServer, settings: Settings, email: str) -> dict[str, str]:
+    make_user(server.app.state.sessionmaker, settings, email=email)
+    answer = httpx.post(
+        f"{server.url}/api/v1/auth/login", json={"email": email, "password": PASSWORD}
+    )
+    return {"Authorization": f"Bearer {answer.json()['token']}"}
+
+
+class WriteLockHeld:
+    """Another connection holds what every writer needs, and lets readers through."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+
+    def __enter__(self) -> WriteLockHeld:
+        if self.url.startswith("sqlite"):
+            import sqlite3
+
+            self.conn: Any = sqlite3.connect(
+                self.url.removeprefix("sqlite:///"), isolation_level=None
+            )
+            self.conn.execute("BEGIN IMMEDIATE")  # SQLite's one write lock
+        else:
+            self.conn = psycopg.connect(self.url.replace("postgresql+psycopg", "postgresql"))
+            # EXCLUSIVE blocks every INSERT, UPDATE and DELETE, not SELECT
+            self.conn.execute(
+                "LOCK TABLE users, auth_tokens, workspaces, datasets, jobs, audit_events,"
+                " access_requests IN EXCLUSIVE MODE"
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.url.startswith("sqlite"):
+            self.conn.execute("ROLLBACK")
+        else:
+            self.conn.rollback()
+        self.conn.close()
+
+
+def test_authenticated_reads_take_no_write_lock(settings: Settings, database_url: str) -> None:
+    with LiveServer(settings) as server:
+        headers = _member(server, settings, "reader@example.org")
+        workspace = httpx.get(f"{server.url}/api/v1/workspaces", headers=headers).json()
+        ws = workspace["items"][0]["id"]
+        paths = [*READS, f"/workspaces/{ws}/datasets", f"/workspaces/{ws}/jobs"]
+        with WriteLockHeld(database_url):
+            # a read that wrote or took the write lock would wait here until the timeout
+            for path in paths:
+                answer = httpx.get(f"{server.url}/api/v1{path}", headers=headers, timeout=20)
+                assert answer.status_code == 200, (path, answer.text)
+
+
+def test_token_and_user_come_in_one_query(client: TestClient, platform: Platform) -> None:
+    alice = platform.user()
+    engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not statement.lstrip().upper().startswith(("PRAGMA", "BEGIN")):
+            statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert client.get("/api/v1/me", headers=alice.headers).status_code == 200
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len(statements) == 1, statements
+
+
+@pytest.fixture
+def connections_during_argon2(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[list[int]]:
+    """How many database connections the app held each time argon2 ran."""
+    engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
+    held: list[int] = []
+    real_run = passwords.PasswordGate.run
+
+    def run(self: passwords.PasswordGate, work: Callable[[], T]) -> T:
+        held.append(engine.pool.checkedout())  # type: ignore[attr-defined]
+        return real_run(self, work)
+
+    monkeypatch.setattr(passwords.PasswordGate, "run", run)
+    yield held
+
+
+def test_argon2_runs_while_no_connection_is_held(
+    client: TestClient, platform: Platform, connections_during_argon2: list[int]
+) -> None:
+    alice = platform.user()
+    login = "/api/v1/auth/login"
+    assert client.post(login, json={"email": alice.email, "password": PASSWORD}).status_code == 200
+    wrong = {"email": alice.email, "password": "not-the-password-1"}
+    assert client.post(login, json=wrong).status_code == 401
+    unknown = {"email": "nobody@example.org", "password": PASSWORD}
+    assert client.post(login, json=unknown).status_code == 401
+    change = {"current_password": PASSWORD, "new_password": "saffron-lantern-meadow-7"}
+    answer = client.post("/api/v1/me/password", json=change, headers=alice.headers)
+    assert answer.status_code == 204
+    # create (hash), login (verify) twice, unknown (burn), change (verify + hash)
+    assert len(connections_during_argon2) == 7
+    assert set(connections_during_argon2) == {0}
+
+
+def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings) -> None:
+    settings = settings.model_copy(update={"password_hash_slots": 1})
+    app = create_app(settings)
+    gate = passwords._gate(1)
+    started, release = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        started.set()
+        release.wait()
+
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        with app.state.sessionmaker() as db:
+            before = db.scalar(select(func.count()).select_from(AuditEvent))
+        busy = pool.submit(gate.run, occupy)
+        started.wait()
+        try:
+            answer = client.post(
+                "/api/v1/auth/login", json={"email": "flood@example.org", "password": PASSWORD}
+            )
+        finally:
+            release.set()
+        busy.result()
+        assert answer.status_code == 429
+        with app.state.sessionmaker() as db:
+            assert db.scalar(select(func.count()).select_from(AuditEvent)) == before
+    app.state.engine.dispose()
+
+
+def test_password_gate_refuses_beyond_its_slots_and_admits_again_after() -> None:
+    gate = passwords.PasswordGate(slots=1)
+    started, release = threading.Event(), threading.Event()
+
+    def first() -> str:
+        started.set()
+        release.wait()
+        return "first"
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(gate.run, first)
+        started.wait()
+        try:
+            with pytest.raises(TooManyAttempts):
+                gate.run(lambda: "second")
+        finally:
+            release.set()
+        assert running.result() == "first"
+    assert gate.run(lambda: "third") == "third"
