@@ -15,7 +15,7 @@ from app.accounts import service as accounts
 from app.accounts.models import AuthToken, Role, TokenKind, User
 from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
-from app.db import begin_reading, session_scope
+from app.db import begin_reading
 from app.errors import Forbidden, NotAuthenticated
 from app.keyring import Purpose, subkey
 from app.settings import Settings
@@ -36,16 +36,30 @@ def get_settings_dep(request: Request) -> Settings:
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
-def get_db(request: Request) -> Iterator[Session]:
+async def get_db(request: Request) -> AsyncIterator[Session]:
     """One session per request; services commit their own units of work.
 
     Reads (GET, HEAD) get read-only transactions: they take no write lock and cannot
     write, except where a service says so with `begin_writing` (audited denials, downloads).
+    Making a session does no I/O, so it is made here rather than on a thread.
     """
     if request.method in SAFE_METHODS:
-        yield from session_scope(request.app.state.read_sessionmaker)
+        db = request.app.state.read_sessionmaker()
     else:
-        yield from session_scope(request.app.state.sessionmaker)
+        db = request.app.state.sessionmaker()
+    try:
+        yield db
+    finally:
+        await close_session(db)
+
+
+async def close_session(db: Session) -> None:
+    """Close a session: whatever it did not commit is rolled back, its connection returned."""
+    if db.in_transaction() and db.get_bind().dialect.name != "sqlite":
+        # a round trip to the server: on a thread of its own, never a request thread's
+        await anyio.to_thread.run_sync(db.close, limiter=anyio.CapacityLimiter(1))
+    else:
+        db.close()  # no connection, or SQLite's local rollback of a few microseconds
 
 
 # Closed when the endpoint returns, before the answer is sent to a possibly slow client.
@@ -105,11 +119,12 @@ def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Calle
         via_cookie = True
     if not secret:
         raise NotAuthenticated("not authenticated")
-    begin_reading(db)
+    writes = request.method not in SAFE_METHODS
+    if writes:
+        begin_reading(db)  # the write lock is taken by the endpoint, not by this lookup
     resolved = accounts.resolve_token(db, secret=secret)
-    # No connection is held between this dependency and the endpoint; what was read
-    # stays loaded, and the endpoint's own transaction begins when it first needs one.
-    db.commit()
+    if writes:
+        db.commit()  # what was read stays loaded; the endpoint's transaction may write
     if resolved is None:
         raise NotAuthenticated("invalid or expired token")
     user, token = resolved

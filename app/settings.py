@@ -36,7 +36,7 @@ class Settings(BaseSettings):
     argon2_parallelism: int = 4
     # argon2 computations admitted at once per server process (one runs, the rest wait);
     # beyond that a login answers 429 at once, so a flood of logins cannot starve the API
-    password_hash_slots: int = 4
+    password_hash_slots: int = 2
 
     default_storage_bytes_limit: int = 10 * 1024**3
     default_max_concurrent_jobs: int = 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -11,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from app.accounts.models import LoginFailure
-from app.db import begin_reading, begin_writing, make_engine, make_sessionmaker
+from app.db import _WriterQueue, begin_reading, begin_writing, make_engine, make_sessionmaker
 
 
 @pytest.fixture
@@ -69,3 +70,16 @@ def test_sqlite_readers_do_not_wait_for_the_writer(database_url: str, engine: En
     finally:
         writer.execute("ROLLBACK")
         writer.close()
+
+
+def test_sqlite_writers_queue_across_processes(tmp_path: Path) -> None:
+    # two queues on one database stand for two processes: flock excludes open files
+    first, second = (
+        _WriterQueue(str(tmp_path / "nebula.db")),
+        _WriterQueue(str(tmp_path / "nebula.db")),
+    )
+    assert first.acquire(1.0)
+    assert not second.acquire(0.05)
+    first.release()
+    assert second.acquire(1.0)
+    second.release()
