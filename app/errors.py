@@ -62,3 +62,9 @@ class TooManyAttempts(DomainError):
     """Rate limit or lockout."""
 
     status = 429
+
+
+class InsufficientStorage(DomainError):
+    """The server's disk is full: nothing was stored."""
+
+    status = 507

@@ -10,10 +10,13 @@ stays use-only, neither downloadable nor shareable, until they release it
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -25,7 +28,7 @@ from app.accounts.models import User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import begin_writing, new_id, newest_first, utcnow
-from app.errors import Conflict, Invalid, NotFound, QuotaExceeded
+from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
 from app.releases import provenance
 from app.settings import Settings
@@ -91,6 +94,20 @@ def begin_upload(
     return plan
 
 
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextmanager
+def disk_full_is_507() -> Iterator[None]:
+    """A full disk (or quota) while storing answers 507; the caller removes what it wrote."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _DISK_FULL:
+            raise InsufficientStorage("the server's storage is full; nothing was stored") from exc
+        raise
+
+
 class IncomingFile:
     """The uploaded file as it streams: size and quota, sha256, format, encryption to disk.
 
@@ -99,11 +116,12 @@ class IncomingFile:
 
     def __init__(self, plan: UploadPlan) -> None:
         self.plan = plan
-        plan.tmp_path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: BinaryIO = plan.tmp_path.open("xb")
-        self._writer = EncryptedWriter(
-            self._file, data_key=plan.data_key, dataset_id=plan.dataset_id
-        )
+        with disk_full_is_507():
+            plan.tmp_path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: BinaryIO = plan.tmp_path.open("xb")
+            self._writer = EncryptedWriter(
+                self._file, data_key=plan.data_key, dataset_id=plan.dataset_id
+            )
         self._hash = hashlib.sha256()
         self._validator: Validator | None = None
         self._validated_kind: DatasetKind | None = None
@@ -124,7 +142,8 @@ class IncomingFile:
         self._hash.update(data)
         if self._validator is not None:
             self._validator.feed(data)
-        self._writer.write(data)
+        with disk_full_is_507():
+            self._writer.write(data)
 
     @property
     def sha256(self) -> str:
@@ -133,10 +152,11 @@ class IncomingFile:
 
     def complete(self, kind: DatasetKind) -> None:
         """Seal and flush the file to disk, then make sure it is a valid `kind` file (422)."""
-        self._writer.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        with disk_full_is_507():
+            self._writer.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
         self._closed = True
         if self._validator is not None and self._validated_kind == kind:
             self._validator.finish()
@@ -153,7 +173,8 @@ class IncomingFile:
     def discard(self) -> None:
         """Remove the temporary file (a no-op once it has become the dataset's file)."""
         if not self._closed:
-            self._file.close()
+            with contextlib.suppress(OSError):  # a full disk may refuse the last flush
+                self._file.close()
             self._closed = True
         self.plan.tmp_path.unlink(missing_ok=True)
 
@@ -247,8 +268,9 @@ def finish_upload(
             "sha256": dataset.sha256,
         },
     )
-    plan.final_path.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(plan.tmp_path, plan.final_path)
+    with disk_full_is_507():
+        plan.final_path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(plan.tmp_path, plan.final_path)
     try:
         db.commit()
     except BaseException:
