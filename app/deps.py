@@ -24,6 +24,7 @@ SESSION_COOKIE = "nebula_session"
 CSRF_COOKIE = "nebula_csrf"
 CSRF_HEADER = "X-CSRF-Token"
 API_PREFIX = "/api/v1"
+CLUSTER_API_PREFIX = f"{API_PREFIX}/cluster/"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -43,9 +44,10 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
     write, except where a service says so with `begin_writing` (audited denials, downloads).
     Making a session does no I/O, so it is made here rather than on a thread.
     """
-    if request.method in SAFE_METHODS:
+    if request.method in SAFE_METHODS and not request.url.path.startswith(CLUSTER_API_PREFIX):
         db = request.app.state.read_sessionmaker()
     else:
+        # the cluster API's reads write too: each use of an input is audited when it happens
         db = request.app.state.sessionmaker()
     try:
         yield db
