@@ -135,8 +135,11 @@ def running(
 
 
 @contextlib.contextmanager
-def platform_on(url: str, broker_url: str, var: Path) -> Iterator[RunningPlatform]:
-    """The control plane on database `url` (migrated) and the broker, two switches, two workers."""
+def platform_on(
+    url: str, broker_url: str, var: Path, **overrides: Any
+) -> Iterator[RunningPlatform]:
+    """The control plane on database `url` (migrated) and the broker, two switches, two workers;
+    `overrides` are further settings of the control plane (a data folder of the test's own)."""
     settings = Settings(
         var_dir=var,
         database_url=url,
@@ -149,6 +152,7 @@ def platform_on(url: str, broker_url: str, var: Path) -> Iterator[RunningPlatfor
         heartbeat_timeout_s=8.0,
         presence_report_s=1.0,
         presence_timeout_s=4.0,
+        **overrides,
     )
     engine = make_engine(url)
     factory = make_sessionmaker(engine)

@@ -1,7 +1,7 @@
 """Faults during a running job, on a PostgreSQL and a Redis of the test's own.
 
 The control plane's database restarts, then the broker restarts, each while an ELECTRA
-job runs across two switches and two worker processes. The roles keep training through
+job runs across two switches and two worker processes; and the data disk fills up. The roles keep training through
 the outage (their cluster API calls are retried within the heartbeat grace), the job
 succeeds, no metric point is applied twice, and the audit chain verifies. Servers of
 the test's own mean a failing test never leaves the machine's services down.
@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 from conftest import service_unavailable
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from app.audit import service as audit
+from app.db import make_engine
 from app.jobs.models import JobMetric
 from app.migrate import upgrade
 from app.up import free_port
+from support import small_tmpfs
 
 from .conftest import RunningPlatform, User, platform_on, wait_until
 from .test_orchestration import _finished, _job, electra_job
@@ -190,3 +192,41 @@ def test_the_broker_restarts_mid_job_and_the_job_succeeds(
     _succeeds(platform, user, job)
     # and the platform still takes new work through the restarted broker
     _succeeds(platform, *_electra_running(platform, corpus, "ruth"))
+
+
+@pytest.fixture
+def small_data_disk(
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], tmp_path: Path
+) -> Iterator[tuple[RunningPlatform, Path]]:
+    """A second platform (its own database and broker db) whose data folder is a 1 MiB tmpfs."""
+    _platform, postgres, redis = own
+    admin = make_engine(postgres.url).execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text('CREATE DATABASE "small_disk"'))
+    admin.dispose()
+    url = postgres.url.rsplit("/", 1)[0] + "/small_disk"
+    upgrade(url)
+    broker = redis.url.rsplit("/", 1)[0] + "/1"  # queues apart from the first platform's
+    with (
+        small_tmpfs(tmp_path / "disk", "1m") as disk,
+        platform_on(url, broker, tmp_path / "var", data_dir=disk) as platform,
+    ):
+        yield platform, disk
+
+
+def test_a_full_data_disk_fails_the_job_storing_its_output_with_a_clear_error(
+    small_data_disk: tuple[RunningPlatform, Path], corpus: dict[str, Path]
+) -> None:
+    platform, disk = small_data_disk
+    user, job = electra_job(platform, corpus, "sam", steps=6)  # its model does not fit
+    done = wait_until(lambda: _finished(user, job), "the job to end", timeout=240)
+    assert done["status"] == "failed" and "storage is full" in done["error"], done
+    # nothing half-written: the input's file is all the disk holds; the API still answers
+    inputs = [
+        d["id"] for d in user.call("GET", f"/workspaces/{user.workspace}/datasets", 200)["items"]
+    ]
+    assert sorted(p.name for p in disk.rglob("*") if p.is_file()) == [f"{i}.enc" for i in inputs]
+    artifacts = user.call("GET", f"/jobs/{job}/artifacts", 200)["items"]
+    assert [a for a in artifacts if a["dataset_id"] is not None] == []  # reports only, no model
+    with platform.factory() as db:
+        assert audit.verify(db).ok

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,24 +13,15 @@ from app.audit.models import AuditEvent
 from app.main import create_app
 from app.settings import Settings
 from app.workspaces.models import Dataset
-from support import Platform
+from support import Platform, small_tmpfs
 from tests.app.workspaces.test_datasets import API, new_workspace, upload
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 256 KiB tmpfs of the test's own, unmounted afterwards."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    with small_tmpfs(tmp_path / "disk", "256k") as disk:
+        yield disk
 
 
 def files_under(folder: Path) -> list[Path]:
