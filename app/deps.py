@@ -16,7 +16,7 @@ from app.accounts.models import AuthToken, Role, TokenKind, User
 from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
 from app.db import begin_reading
-from app.errors import Forbidden, NotAuthenticated
+from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
 from app.settings import Settings
 
@@ -110,6 +110,7 @@ def client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+@raises(NotAuthenticated, unsafe_only=(Forbidden,))
 def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
     """Authenticate by bearer token or session cookie (with CSRF on unsafe methods)."""
     auth = request.headers.get("authorization", "")
@@ -143,6 +144,7 @@ def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Calle
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
+@raises(Forbidden)
 def require_admin(caller: CallerDep) -> Caller:
     """Admins only."""
     if caller.user.role != Role.admin:
@@ -150,6 +152,7 @@ def require_admin(caller: CallerDep) -> Caller:
     return caller
 
 
+@raises(Forbidden)
 def require_auditor(caller: CallerDep) -> Caller:
     """Admins and auditors."""
     if caller.user.role not in (Role.admin, Role.auditor):
@@ -157,6 +160,7 @@ def require_auditor(caller: CallerDep) -> Caller:
     return caller
 
 
+@raises(Forbidden)
 def require_writer(caller: CallerDep) -> Caller:
     """Anyone but auditors, whose role is read-only."""
     if caller.user.role == Role.auditor:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 
 class DomainError(Exception):
     """Base of the errors a service may raise; `status` is the HTTP answer."""
@@ -68,3 +71,32 @@ class InsufficientStorage(DomainError):
     """The server's disk is full: nothing was stored."""
 
     status = 507
+
+
+ErrorTypes = tuple[type[DomainError], ...]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def raises(*errors: type[DomainError], unsafe_only: ErrorTypes = ()) -> Callable[[F], F]:
+    """Declare the domain errors a route or dependency answers with, for the OpenAPI document.
+
+    `unsafe_only` are raised on unsafe methods alone (POST, PATCH, DELETE).
+    """
+
+    def mark(func: F) -> F:
+        func.__raises__ = (*getattr(func, "__raises__", ()), *errors)  # type: ignore[attr-defined]
+        func.__raises_unsafe__ = (  # type: ignore[attr-defined]
+            *getattr(func, "__raises_unsafe__", ()),
+            *unsafe_only,
+        )
+        return func
+
+    return mark
+
+
+def declared_errors(func: Callable[..., Any], *, unsafe: bool) -> ErrorTypes:
+    """The errors `func` was marked with by `raises`."""
+    found: ErrorTypes = getattr(func, "__raises__", ())
+    if unsafe:
+        found += getattr(func, "__raises_unsafe__", ())
+    return found

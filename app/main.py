@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
-from sqlalchemy.exc import DataError
 
 from app import registry
+from app.api_errors import install_error_handlers
 from app.db import make_engine, make_sessionmaker
-from app.errors import DomainError
 from app.jobs.dispatch import Reaper
 from app.middleware import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
+    MethodNotAllowedMiddleware,
     MetricsMiddleware,
     RejectNulMiddleware,
     SecurityHeadersMiddleware,
 )
+from app.openapi import install_document, route_methods
 from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
 from workers.celery_app import broker_check
 
-log = logging.getLogger("nebula")
 FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
 
 
@@ -68,36 +66,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in registry.routers():
         app.include_router(router)
 
-    @app.exception_handler(DomainError)
-    async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's default echoes each bad input back: that may be a password, and a NaN
-        # in it cannot even be written as JSON; say where and why, not what was sent
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": errors}, status_code=422)
-
-    @app.exception_handler(DataError)
-    async def unstorable(_request: Request, _exc: DataError) -> JSONResponse:
-        # e.g. a NUL byte, which PostgreSQL text cannot hold; the transaction is rolled back
-        return JSONResponse(
-            {"detail": "the input holds characters or values that cannot be stored"},
-            status_code=422,
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse({"detail": "internal error"}, status_code=500)
-
+    install_error_handlers(app)
+    install_document(app)
     _mount_frontend(app)
 
     app.add_middleware(AdmissionMiddleware, slots=settings.thread_pool_size)
+    # outside admission: a method the path lacks is answered without taking a slot
+    app.add_middleware(MethodNotAllowedMiddleware, paths=lambda: route_methods(app))
     app.add_middleware(MetricsMiddleware)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(RejectNulMiddleware)

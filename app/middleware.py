@@ -1,4 +1,4 @@
-"""ASGI middleware: admission, request body limits, security headers, request metrics."""
+"""ASGI middleware: admission, request body limits, security headers, request metrics, 405."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import re
 import time
 import weakref
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -207,3 +208,49 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send_and_leave)
         finally:
             leave()
+
+
+PathMethods = list[tuple[re.Pattern[str], frozenset[str]]]
+
+
+def allowed_methods(paths: PathMethods, path: str) -> set[str]:
+    """The methods offered on `path` (empty: no documented route has this path)."""
+    allowed: set[str] = set()
+    for pattern, methods in paths:
+        if pattern.match(path):
+            allowed |= methods
+    return allowed
+
+
+class MethodNotAllowedMiddleware:
+    """405 with the full `Allow` list for a method an API path does not have.
+
+    Starlette answers with the methods of the first route that matches the path alone, and a
+    GET falls through to the web UI's catch-all (404); here every route on the path counts.
+    """
+
+    def __init__(self, app: ASGIApp, *, paths: Callable[[], PathMethods]) -> None:
+        self.app = app
+        self.paths = paths
+        self._known: PathMethods | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if self._known is None:
+                self._known = self.paths()
+            allowed = allowed_methods(self._known, scope["path"])
+            if allowed and scope["method"] not in allowed:
+                body = json.dumps({"detail": f"method {scope['method']} not allowed"}).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 405,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"allow", ", ".join(sorted(allowed)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

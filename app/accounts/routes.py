@@ -32,12 +32,15 @@ from app.deps import (
     SettingsDep,
     client_ip,
 )
+from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, raises
+from app.fields import TokenIdPath, UserIdPath
 from app.keyring import Purpose, subkey
 
 router = APIRouter(prefix=API_PREFIX, tags=["accounts"])
 
 
 @router.post("/auth/login", response_model=LoginOut)
+@raises(NotAuthenticated, TooManyAttempts)
 def login(
     body: LoginIn, request: Request, response: Response, db: SessionDep, settings: SettingsDep
 ) -> LoginOut:
@@ -87,6 +90,7 @@ def me(caller: CallerDep) -> UserOut:
 
 
 @router.post("/me/password", status_code=status.HTTP_204_NO_CONTENT)
+@raises(Invalid)
 def change_password(
     body: PasswordChangeIn, caller: CallerDep, db: SessionDep, settings: SettingsDep
 ) -> None:
@@ -129,7 +133,7 @@ def list_tokens(caller: CallerDep, db: SessionDep, page: PageDep) -> TokenList:
 
 
 @router.delete("/me/tokens/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
-def revoke_token(token_id: str, caller: CallerDep, db: SessionDep) -> None:
+def revoke_token(token_id: TokenIdPath, caller: CallerDep, db: SessionDep) -> None:
     """Revoke one of the caller's API tokens."""
     record = service.get_own_api_token(db, actor=caller.actor, user=caller.user, token_id=token_id)
     service.revoke_token(db, actor=caller.actor, record=record)
@@ -146,6 +150,7 @@ def my_audit(caller: CallerDep, db: SessionDep, page: PageDep) -> AuditList:
 
 
 @router.post("/users", response_model=UserOut, status_code=status.HTTP_201_CREATED)
+@raises(Conflict, Invalid)
 def create_user(
     body: UserCreateIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> UserOut:
@@ -171,13 +176,16 @@ def list_users(caller: AdminDep, db: SessionDep, page: PageDep) -> UserList:
 
 
 @router.get("/users/{user_id}", response_model=UserOut)
-def get_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
+def get_user(user_id: UserIdPath, caller: AdminDep, db: SessionDep) -> UserOut:
     """One user."""
     return UserOut.model_validate(service.get_user(db, user_id=user_id))
 
 
 @router.patch("/users/{user_id}", response_model=UserOut)
-def update_user(user_id: str, body: UserUpdateIn, caller: AdminDep, db: SessionDep) -> UserOut:
+@raises(Conflict)
+def update_user(
+    user_id: UserIdPath, body: UserUpdateIn, caller: AdminDep, db: SessionDep
+) -> UserOut:
     """Change display name or role."""
     user = service.update_user(
         db,
@@ -191,7 +199,8 @@ def update_user(user_id: str, body: UserUpdateIn, caller: AdminDep, db: SessionD
 
 
 @router.post("/users/{user_id}/suspend", response_model=UserOut)
-def suspend_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
+@raises(Conflict)
+def suspend_user(user_id: UserIdPath, caller: AdminDep, db: SessionDep) -> UserOut:
     """Suspend: all sessions and tokens die at once."""
     user = service.get_user(db, user_id=user_id)
     service.suspend(db, actor=caller.actor, user=user)
@@ -200,7 +209,8 @@ def suspend_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
 
 
 @router.post("/users/{user_id}/reactivate", response_model=UserOut)
-def reactivate_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
+@raises(Conflict)
+def reactivate_user(user_id: UserIdPath, caller: AdminDep, db: SessionDep) -> UserOut:
     """Let a suspended user in again."""
     user = service.get_user(db, user_id=user_id)
     service.reactivate(db, actor=caller.actor, user=user)
@@ -209,7 +219,8 @@ def reactivate_user(user_id: str, caller: AdminDep, db: SessionDep) -> UserOut:
 
 
 @router.delete("/users/{user_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_user(user_id: str, caller: AdminDep, db: SessionDep) -> None:
+@raises(Conflict)
+def delete_user(user_id: UserIdPath, caller: AdminDep, db: SessionDep) -> None:
     """Mark a user deleted; the audit trail stays."""
     service.delete_user(db, actor=caller.actor, user=service.get_user(db, user_id=user_id))
     db.commit()

@@ -319,7 +319,9 @@ def get_user(db: Session, *, user_id: str) -> User:
 def update_user(
     db: Session, *, actor: Actor, user: User, display_name: str | None, role: Role | None
 ) -> User:
-    """Change a user's display name or role."""
+    """Change a user's display name or role (not a deleted user's)."""
+    if user.status == UserStatus.deleted:
+        raise Conflict("the user is deleted")
     changes: dict[str, str] = {}
     if display_name is not None and display_name != user.display_name:
         user.display_name = display_name

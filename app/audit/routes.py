@@ -6,7 +6,6 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -16,6 +15,7 @@ from app.audit import service
 from app.audit.schemas import AuditEventOut, AuditList, VerificationOut
 from app.db import begin_writing, session_scope
 from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, stream_items
+from app.fields import UUID_PATTERN, Timestamp
 
 router = APIRouter(prefix=API_PREFIX, tags=["audit"])
 
@@ -27,12 +27,12 @@ def list_events(
     caller: AuditorDep,
     db: SessionDep,
     page: PageDep,
-    actor_id: Annotated[str | None, Query(max_length=64)] = None,
+    actor_id: Annotated[str | None, Query(pattern=UUID_PATTERN)] = None,
     action: Annotated[str | None, Query(max_length=64)] = None,
     outcome: Annotated[str | None, Query(max_length=16)] = None,
     subject_id: Annotated[str | None, Query(max_length=64)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Annotated[Timestamp | None, Query()] = None,
+    until: Annotated[Timestamp | None, Query()] = None,
 ) -> AuditList:
     """Events, newest first, filtered."""
     items, total = service.query(
@@ -56,7 +56,20 @@ def verify_chain(caller: AuditorDep, db: SessionDep) -> VerificationOut:
     return VerificationOut(ok=result.ok, count=result.count, first_bad_seq=result.first_bad_seq)
 
 
-@router.get("/audit/export")
+@router.get(
+    "/audit/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Every event in chain order: one JSON object a line (jsonl), or CSV "
+            "with a header row (details as a JSON string)",
+            "content": {
+                "application/x-ndjson": {"schema": {"type": "string"}},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        }
+    },
+)
 def export(
     caller: AuditorDep,
     request: Request,

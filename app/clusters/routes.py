@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Request, status
 from sqlalchemy.orm import Session
 
 from app.clusters import service
@@ -30,6 +30,9 @@ from app.clusters.schemas import (
     WorkerCredentialOut,
 )
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
+from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
+from app.fields import ClusterIdPath, SerialPath
+from app.openapi import PemResponse
 from app.pki import service as pki
 from app.settings import Settings
 
@@ -63,6 +66,7 @@ def _issued(db: Session, settings: Settings, certificate: Certificate) -> Issued
 
 
 @router.post("/clusters", response_model=ClusterOut, status_code=status.HTTP_201_CREATED)
+@raises(Conflict)
 def create_cluster(
     body: ClusterCreateIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> ClusterOut:
@@ -90,7 +94,7 @@ def list_clusters(
 
 @router.get("/clusters/{cluster_id}", response_model=ClusterOut)
 def get_cluster(
-    cluster_id: str, caller: CallerDep, db: SessionDep, settings: SettingsDep
+    cluster_id: ClusterIdPath, caller: CallerDep, db: SessionDep, settings: SettingsDep
 ) -> ClusterOut:
     """One cluster with its health."""
     return _out(db, service.get(db, cluster_id=cluster_id), settings)
@@ -98,7 +102,7 @@ def get_cluster(
 
 @router.get("/clusters/{cluster_id}/presence", response_model=PresenceList)
 def list_presence(
-    cluster_id: str, caller: AdminDep, db: SessionDep, settings: SettingsDep
+    cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> PresenceList:
     """The cluster's switch and worker processes online now, with the roles each runs."""
     cluster = service.get(db, cluster_id=cluster_id)
@@ -111,7 +115,8 @@ def list_presence(
 
 
 @router.delete("/clusters/{cluster_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_cluster(cluster_id: str, caller: AdminDep, db: SessionDep) -> None:
+@raises(Conflict)
+def delete_cluster(cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep) -> None:
     """Remove a cluster that never had a certificate."""
     service.delete(db, actor=caller.actor, cluster=service.get(db, cluster_id=cluster_id))
     db.commit()
@@ -120,11 +125,11 @@ def delete_cluster(cluster_id: str, caller: AdminDep, db: SessionDep) -> None:
 @router.post(
     "/clusters/{cluster_id}/csr", response_model=IssuedOut, status_code=status.HTTP_201_CREATED
 )
+@raises(Invalid)
 def sign_csr(
-    cluster_id: str, body: CsrIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+    cluster_id: ClusterIdPath, body: CsrIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> IssuedOut:
     """The CA signs the cluster switch's CSR; the private key stays on the switch."""
-    pki.check_csr_text(body.csr_pem)
     cluster = service.get(db, cluster_id=cluster_id)
     certificate = pki.issue(
         db, actor=caller.actor, cluster=cluster, csr_pem=body.csr_pem, settings=settings
@@ -135,7 +140,7 @@ def sign_csr(
 
 @router.get("/clusters/{cluster_id}/certificates", response_model=CertificateList)
 def list_certificates(
-    cluster_id: str, caller: AdminDep, db: SessionDep, page: PageDep
+    cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> CertificateList:
     """Certificates issued to the cluster's switch."""
     service.get(db, cluster_id=cluster_id)
@@ -151,7 +156,10 @@ def list_certificates(
     status_code=status.HTTP_201_CREATED,
 )
 def create_enrollment_token(
-    cluster_id: str, caller: AdminDep, db: SessionDep, body: EnrollmentTokenIn | None = None
+    cluster_id: ClusterIdPath,
+    caller: AdminDep,
+    db: SessionDep,
+    body: EnrollmentTokenIn | None = None,
 ) -> EnrollmentTokenOut:
     """A single-use, expiring token for `nebula switch --enroll-token`; shown once."""
     body = body or EnrollmentTokenIn()
@@ -210,8 +218,9 @@ def revoke_worker_credential(
 
 
 @router.post("/certificates/{serial}/revoke", response_model=CertificateOut)
+@raises(Conflict)
 def revoke_certificate(
-    serial: str, body: RevokeIn, caller: AdminDep, db: SessionDep
+    serial: SerialPath, body: RevokeIn, caller: AdminDep, db: SessionDep
 ) -> CertificateOut:
     """Put the certificate on the CRL; switches refuse it from their next refresh."""
     certificate = pki.revoke(db, actor=caller.actor, serial=serial, reason=body.reason)
@@ -220,9 +229,9 @@ def revoke_certificate(
 
 
 @router.post("/pki/enroll", response_model=IssuedOut, status_code=status.HTTP_201_CREATED)
+@raises(NotAuthenticated, NotFound, Invalid)
 def enroll(body: EnrollIn, request: Request, db: SessionDep, settings: SettingsDep) -> IssuedOut:
     """A new switch trades its enrollment token (once) and CSR for its certificate."""
-    pki.check_csr_text(body.csr_pem)
     _cluster, certificate = pki.enroll(
         db, token=body.token, csr_pem=body.csr_pem, ip=client_ip(request), settings=settings
     )
@@ -231,9 +240,9 @@ def enroll(body: EnrollIn, request: Request, db: SessionDep, settings: SettingsD
 
 
 @router.post("/pki/renew", response_model=IssuedOut, status_code=status.HTTP_201_CREATED)
+@raises(NotAuthenticated, Invalid)
 def renew(body: RenewIn, request: Request, db: SessionDep, settings: SettingsDep) -> IssuedOut:
     """A switch proves it holds a live certificate's key and gets a fresh certificate."""
-    pki.check_csr_text(body.csr_pem)
     certificate = pki.renew(
         db,
         certificate_pem=body.certificate_pem,
@@ -246,21 +255,19 @@ def renew(body: RenewIn, request: Request, db: SessionDep, settings: SettingsDep
     return _issued(db, settings, certificate)
 
 
-@router.get("/pki/ca.pem")
-def ca_pem(db: SessionDep, settings: SettingsDep) -> Response:
+@router.get("/pki/ca.pem", response_class=PemResponse)
+def ca_pem(db: SessionDep, settings: SettingsDep) -> PemResponse:
     """The platform root CA certificate."""
-    return Response(pki.platform_keys(db, settings).ca_pem, media_type="application/x-pem-file")
+    return PemResponse(pki.platform_keys(db, settings).ca_pem)
 
 
-@router.get("/pki/crl.pem")
-def crl_pem(db: SessionDep, settings: SettingsDep) -> Response:
+@router.get("/pki/crl.pem", response_class=PemResponse)
+def crl_pem(db: SessionDep, settings: SettingsDep) -> PemResponse:
     """The current certificate revocation list, signed by the CA."""
-    return Response(pki.crl_pem(db, settings), media_type="application/x-pem-file")
+    return PemResponse(pki.crl_pem(db, settings))
 
 
-@router.get("/pki/job-token-key.pem")
-def job_token_key(db: SessionDep, settings: SettingsDep) -> Response:
+@router.get("/pki/job-token-key.pem", response_class=PemResponse)
+def job_token_key(db: SessionDep, settings: SettingsDep) -> PemResponse:
     """The public key switches use to verify job tokens."""
-    return Response(
-        pki.platform_keys(db, settings).job_public_pem, media_type="application/x-pem-file"
-    )
+    return PemResponse(pki.platform_keys(db, settings).job_public_pem)

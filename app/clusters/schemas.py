@@ -6,15 +6,20 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.fields import CertificatePem, CsrPem, StrictIn
+
 CLUSTER_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-PEM_MAX = 16_384
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ClusterCreateIn(StrictIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"name": "east", "switch_host": "switch.east.example.org", "switch_port": 7101}
+            ]
+        }
+    )
 
-
-class ClusterCreateIn(Strict):
     name: str = Field(pattern=CLUSTER_NAME, max_length=63)
     switch_host: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:\-\[\]]+$")
     switch_port: int = Field(ge=1, le=65535)
@@ -55,8 +60,8 @@ class ClusterList(BaseModel):
     total: int
 
 
-class CsrIn(Strict):
-    csr_pem: str = Field(min_length=1, max_length=PEM_MAX)
+class CsrIn(StrictIn):
+    csr_pem: CsrPem
 
 
 class CertificateOut(BaseModel):
@@ -103,11 +108,13 @@ class WorkerCredentialList(BaseModel):
     total: int
 
 
-class RevokeIn(Strict):
+class RevokeIn(StrictIn):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "key compromise"}]})
+
     reason: str = Field(min_length=1, max_length=200)
 
 
-class EnrollmentTokenIn(Strict):
+class EnrollmentTokenIn(StrictIn):
     expires_in_minutes: int = Field(default=60, ge=1, le=7 * 24 * 60)
 
 
@@ -117,14 +124,14 @@ class EnrollmentTokenOut(BaseModel):
     cluster_id: str
 
 
-class EnrollIn(Strict):
+class EnrollIn(StrictIn):
     token: str = Field(min_length=1, max_length=200)
-    csr_pem: str = Field(min_length=1, max_length=PEM_MAX)
+    csr_pem: CsrPem
 
 
-class RenewIn(Strict):
-    certificate_pem: str = Field(min_length=1, max_length=PEM_MAX)
-    csr_pem: str = Field(min_length=1, max_length=PEM_MAX)
+class RenewIn(StrictIn):
+    certificate_pem: CertificatePem
+    csr_pem: CsrPem
     signature: str = Field(
         min_length=1,
         max_length=1024,

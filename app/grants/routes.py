@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Query, status
 
 from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
+from app.fields import RequestIdPath
 from app.grants import service
 from app.grants.schemas import AccessRequestCreateIn, AccessRequestList, AccessRequestOut, ApproveIn
 
@@ -18,6 +20,7 @@ StatusFilter = Literal["pending", "approved", "denied", "revoked", "withdrawn", 
 @router.post(
     "/access-requests", response_model=AccessRequestOut, status_code=status.HTTP_201_CREATED
 )
+@raises(NotFound, Conflict)
 def create_request(
     body: AccessRequestCreateIn, caller: WriterDep, db: SessionDep
 ) -> AccessRequestOut:
@@ -51,15 +54,16 @@ def list_requests(
 
 
 @router.get("/access-requests/{request_id}", response_model=AccessRequestOut)
-def get_request(request_id: str, caller: CallerDep, db: SessionDep) -> AccessRequestOut:
+def get_request(request_id: RequestIdPath, caller: CallerDep, db: SessionDep) -> AccessRequestOut:
     """One request the caller made or received."""
     request = service.get_for_party(db, actor=caller.actor, user=caller.user, request_id=request_id)
     return AccessRequestOut.of(service.view(db, request))
 
 
 @router.post("/access-requests/{request_id}/approve", response_model=AccessRequestOut)
+@raises(Forbidden, Conflict, Invalid)
 def approve(
-    request_id: str,
+    request_id: RequestIdPath,
     caller: WriterDep,
     db: SessionDep,
     body: Annotated[ApproveIn | None, Body()] = None,
@@ -78,7 +82,8 @@ def approve(
 
 
 @router.post("/access-requests/{request_id}/deny", response_model=AccessRequestOut)
-def deny(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
+@raises(Forbidden, Conflict)
+def deny(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The dataset's owner refuses."""
     request = service.deny(db, actor=caller.actor, user=caller.user, request_id=request_id)
     answer = AccessRequestOut.of(service.view(db, request))
@@ -87,7 +92,8 @@ def deny(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut
 
 
 @router.post("/access-requests/{request_id}/revoke", response_model=AccessRequestOut)
-def revoke(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
+@raises(Forbidden, Conflict)
+def revoke(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The dataset's owner ends an active grant; the requester's running jobs on it stop."""
     request = service.revoke(db, actor=caller.actor, user=caller.user, request_id=request_id)
     answer = AccessRequestOut.of(service.view(db, request))
@@ -96,7 +102,8 @@ def revoke(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestO
 
 
 @router.post("/access-requests/{request_id}/withdraw", response_model=AccessRequestOut)
-def withdraw(request_id: str, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
+@raises(Forbidden, Conflict)
+def withdraw(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The requester takes the request back (or gives up the grant)."""
     request = service.withdraw(db, actor=caller.actor, user=caller.user, request_id=request_id)
     answer = AccessRequestOut.of(service.view(db, request))

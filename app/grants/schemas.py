@@ -4,22 +4,31 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp
 from app.grants.service import RequestView, status_of
 
 
-class AccessRequestCreateIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AccessRequestCreateIn(StrictIn):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"dataset_id": EXAMPLE_ID, "purpose": "pre-train an Spanish ELECTRA"}]
+        }
+    )
 
-    dataset_id: str = Field(min_length=1, max_length=64)
+    dataset_id: Id
     purpose: str = Field(min_length=1, max_length=2000)
 
 
-class ApproveIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ApproveIn(StrictIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"expires_at": "2030-01-01T00:00:00Z"}]}
+    )
 
-    expires_at: AwareDatetime | None = None
+    expires_at: Timestamp | None = Field(
+        default=None, description="In the future; none: until revoked"
+    )
 
 
 class AccessRequestOut(BaseModel):

@@ -414,9 +414,7 @@ def approve(
     db: Session, *, actor: Actor, user: User, request_id: str, expires_at: datetime | None
 ) -> AccessRequest:
     """The owner grants use in jobs, until `expires_at` (future) or revocation."""
-    now = utcnow()
-    if expires_at is not None and expires_at <= now:
-        raise Invalid("expires_at must be in the future")
+    # who may decide comes first: a stranger learns nothing from the date's check
     request = _transition(
         db,
         actor=actor,
@@ -426,6 +424,9 @@ def approve(
         who=_Party.owner,
         allowed_from=(AccessStatus.pending.value,),
     )
+    now = utcnow()
+    if expires_at is not None and expires_at <= now:
+        raise Invalid("expires_at must be in the future")
     dataset = _live_dataset(db, request.dataset_id)
     if dataset is None:
         raise Conflict("the dataset was deleted")

@@ -21,6 +21,8 @@ from app.deps import (
     WriterDep,
     in_stream_thread,
 )
+from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
+from app.fields import JobIdPath, WorkspaceIdPath
 from app.jobs import dispatch, service
 from app.jobs.models import FINAL_STATUSES, Job
 from app.jobs.schemas import (
@@ -47,8 +49,13 @@ KEEPALIVE_S = 15.0
     response_model=JobAccepted,
     status_code=status.HTTP_202_ACCEPTED,
 )
+@raises(NotFound, Forbidden, Conflict, Invalid)
 def submit_job(
-    workspace_id: str, body: JobSubmitIn, request: Request, caller: WriterDep, db: SessionDep
+    workspace_id: WorkspaceIdPath,
+    body: JobSubmitIn,
+    request: Request,
+    caller: WriterDep,
+    db: SessionDep,
 ) -> JobAccepted:
     """Validate, write and enqueue a job; its roles run on their clusters."""
     workspace = workspaces.get_owned(
@@ -72,7 +79,9 @@ def list_active_jobs(caller: AdminDep, db: SessionDep, page: PageDep) -> JobOver
 
 
 @router.get("/workspaces/{workspace_id}/jobs", response_model=JobList)
-def list_jobs(workspace_id: str, caller: CallerDep, db: SessionDep, page: PageDep) -> JobList:
+def list_jobs(
+    workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep, page: PageDep
+) -> JobList:
     """Jobs of one of the caller's workspaces."""
     workspaces.get_owned(db, actor=caller.actor, user=caller.user, workspace_id=workspace_id)
     items, total = service.list_for_workspace(
@@ -82,7 +91,7 @@ def list_jobs(workspace_id: str, caller: CallerDep, db: SessionDep, page: PageDe
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: str, caller: CallerDep, db: SessionDep) -> JobOut:
+def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
     """One of the caller's jobs."""
     return JobOut.model_validate(
         service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
@@ -90,7 +99,8 @@ def get_job(job_id: str, caller: CallerDep, db: SessionDep) -> JobOut:
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)
-def cancel_job(job_id: str, caller: WriterDep, db: SessionDep) -> JobOut:
+@raises(Conflict)
+def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
     """Cancel: both roles stop within seconds."""
     job = service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
     service.cancel(db, actor=caller.actor, job=job)
@@ -99,14 +109,14 @@ def cancel_job(job_id: str, caller: WriterDep, db: SessionDep) -> JobOut:
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
-def job_metrics(job_id: str, caller: CallerDep, db: SessionDep) -> MetricsOut:
+def job_metrics(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> MetricsOut:
     """Every metric as a time series: `{"series": {"role.name": [[step, value], ...]}}`."""
     service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
     return MetricsOut(series=service.metric_series(db, job_id=job_id))
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=ArtifactList)
-def job_artifacts(job_id: str, caller: CallerDep, db: SessionDep) -> ArtifactList:
+def job_artifacts(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> ArtifactList:
     """Models and reports the job wrote (models are datasets in the owner's workspace)."""
     service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
     items = service.artifacts(db, job_id=job_id)
@@ -133,9 +143,19 @@ def _read_snapshot(factory: sessionmaker[Session], job_id: str) -> dict[str, Any
     return None
 
 
-@router.get("/jobs/{job_id}/events")
+@router.get(
+    "/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "`event: status` with the job's JSON snapshot on every change; "
+            "the stream ends when the job does",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
 def job_events(
-    job_id: str, request: Request, caller: CallerDep, db: SessionDep
+    job_id: JobIdPath, request: Request, caller: CallerDep, db: SessionDep
 ) -> StreamingResponse:
     """Server-sent events: a `status` event whenever status, progress or metrics change."""
     service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)

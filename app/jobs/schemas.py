@@ -7,13 +7,24 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.fields import EXAMPLE_ID, Id, StrictIn
+
 Preset = Literal["tiny", "paper"]
-DatasetId = Annotated[str, Field(min_length=1, max_length=64)]
-ClusterName = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+ClusterName = Annotated[
+    str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", examples=["cluster-a"])
+]
+# The grammar (workers.compression.spec) is recursive; the document names it as a format.
+CodecSpec = Annotated[
+    str,
+    Field(
+        max_length=200,
+        json_schema_extra={"format": "codec-spec"},
+        description="A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), "
+        "each optionally wrapping lowrank, and ef(<spec>) for error feedback",
+        examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "ef(int8)"],
+    ),
+]
+Strict = StrictIn
 
 
 class ElectraJobConfig(Strict):
@@ -43,8 +54,8 @@ class AbnetJobConfig(Strict):
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=2, le=4096)
     ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
-    forward_codec: str = Field(default="fp16", max_length=200)
-    backward_codec: str = Field(default="int8", max_length=200)
+    forward_codec: CodecSpec = "fp16"
+    backward_codec: CodecSpec = "int8"
     compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
 
     @field_validator("forward_codec", "backward_codec")
@@ -170,11 +181,59 @@ def role_reads(kind: str, role: str, config: dict[str, Any]) -> dict[str, int | 
     return reads
 
 
-class JobSubmitIn(Strict):
-    kind: Literal["electra_pretrain", "abnet_finetune"]
-    config: dict[str, Any] = Field(default_factory=dict)
-    inputs: dict[str, DatasetId]
-    placement: dict[str, ClusterName]
+class ElectraInputs(Strict):
+    text: Id = Field(description="A text dataset")
+
+
+class ElectraPlacement(Strict):
+    generator: ClusterName
+    discriminator: ClusterName
+
+
+class ElectraJobIn(Strict):
+    """An ELECTRA pre-training job."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "kind": "electra_pretrain",
+                    "config": {"preset": "tiny", "steps": 200},
+                    "inputs": {"text": EXAMPLE_ID},
+                    "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+                }
+            ]
+        }
+    )
+
+    kind: Literal["electra_pretrain"]
+    config: ElectraJobConfig = Field(default_factory=ElectraJobConfig)
+    inputs: ElectraInputs
+    placement: ElectraPlacement
+
+
+class AbnetInputs(Strict):
+    parallel: Id = Field(description="A parallel dataset to fine-tune on")
+    source_model: Id = Field(description="The encoder's pre-trained model")
+    target_model: Id = Field(description="The decoder's pre-trained model")
+    eval: Id | None = Field(default=None, description="A parallel dataset to score BLEU on")
+
+
+class AbnetPlacement(Strict):
+    encoder: ClusterName
+    decoder: ClusterName
+
+
+class AbnetJobIn(Strict):
+    """An ABNet fine-tuning job."""
+
+    kind: Literal["abnet_finetune"]
+    config: AbnetJobConfig = Field(default_factory=AbnetJobConfig)
+    inputs: AbnetInputs
+    placement: AbnetPlacement
+
+
+JobSubmitIn = Annotated[ElectraJobIn | AbnetJobIn, Field(discriminator="kind")]
 
 
 class JobOut(BaseModel):

@@ -92,9 +92,11 @@ def submit(
     db: Session, *, actor: Actor, user: User, workspace: Workspace, body: JobSubmitIn
 ) -> Job:
     """Validate and write a job with its roles (pending); dispatch happens after commit."""
-    config, total_steps = _validate_config(body.kind, body.config)
-    _check_inputs(db, user=user, kind=body.kind, inputs=body.inputs)
-    _check_placement(db, kind=body.kind, placement=body.placement)
+    inputs: dict[str, str] = body.inputs.model_dump(exclude_none=True)
+    placement: dict[str, str] = body.placement.model_dump()
+    config, total_steps = _validate_config(body.kind, body.config.model_dump())
+    _check_inputs(db, user=user, kind=body.kind, inputs=inputs)
+    _check_placement(db, kind=body.kind, placement=placement)
     locked = workspaces.lock(db, workspace_id=workspace.id)
     if locked is None:
         raise NotFound()
@@ -116,14 +118,14 @@ def submit(
         owner_id=user.id,
         kind=body.kind,
         config=config,
-        inputs=dict(body.inputs),
-        placement=dict(body.placement),
+        inputs=inputs,
+        placement=placement,
         total_steps=total_steps,
         metrics={},
     )
     db.add(job)
     db.flush()
-    for role, cluster in job_roles(body.kind, config, body.placement).items():
+    for role, cluster in job_roles(body.kind, config, placement).items():
         db.add(JobRole(job_id=job.id, role=role, cluster=cluster, attempt=1))
     audit.record(
         db,
@@ -131,7 +133,7 @@ def submit(
         action="job.submit",
         subject_type="job",
         subject_id=job.id,
-        details={"kind": body.kind, "placement": dict(body.placement), "inputs": dict(body.inputs)},
+        details={"kind": body.kind, "placement": placement, "inputs": inputs},
     )
     return job
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from app.db import access_options
@@ -13,13 +14,32 @@ from app.ops.metrics import REGISTRY
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
+class HealthOut(BaseModel):
+    status: str
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    checks: dict[str, str]
+
+
+class PrometheusResponse(Response):
+    """The Prometheus text exposition format."""
+
+    media_type = CONTENT_TYPE_LATEST
+
+
+@router.get("/healthz", response_model=HealthOut)
+def healthz() -> HealthOut:
     """The process is up."""
-    return {"status": "ok"}
+    return HealthOut(status="ok")
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut, "description": "The database or the broker is down"}},
+)
 def readyz(request: Request) -> JSONResponse:
     """The database and the broker answer."""
     checks: dict[str, str] = {}
@@ -42,7 +62,7 @@ def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
-def metrics() -> Response:
+@router.get("/metrics", response_class=PrometheusResponse)
+def metrics() -> PrometheusResponse:
     """Prometheus text format."""
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return PrometheusResponse(generate_latest(REGISTRY))

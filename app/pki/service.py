@@ -22,7 +22,7 @@ from app.audit import service as audit
 from app.audit.service import Actor
 from app.clusters.models import Certificate, Cluster, EnrollmentToken, PlatformKey
 from app.db import utcnow
-from app.errors import BadRequest, Conflict, Invalid, NotAuthenticated, NotFound
+from app.errors import Conflict, Invalid, NotAuthenticated, NotFound
 from app.keyring import Purpose, subkey
 from app.pki import ca
 from app.settings import Settings
@@ -365,9 +365,3 @@ def has_valid_certificate(db: Session, *, cluster_id: str) -> bool:
         )
     )
     return bool(count)
-
-
-def check_csr_text(csr_pem: str) -> None:
-    """Refuse text that is not a PEM CSR before doing any work."""
-    if "BEGIN CERTIFICATE REQUEST" not in csr_pem:
-        raise BadRequest("csr_pem must be a PEM certificate signing request")

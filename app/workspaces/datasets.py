@@ -38,7 +38,9 @@ from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.storage import DatasetReader, EncryptedWriter, decrypt_chunks
 
 MAX_NAME_LENGTH = 200
-_NAME = re.compile(r"^[^\x00-\x1f\x7f]+$")
+# no control characters, and something besides spaces (names are stripped)
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]*[^\x00-\x1f\x7f\s][^\x00-\x1f\x7f]*$"
+_NAME = re.compile(NAME_PATTERN)
 _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off", ""})
 
@@ -199,10 +201,9 @@ def parse_kind(raw: str) -> DatasetKind:
 
 def check_name(name: str) -> str:
     """A dataset name: metadata only, 1-200 characters, no control characters."""
-    name = name.strip()
     if not 1 <= len(name) <= MAX_NAME_LENGTH or not _NAME.match(name):
         raise Invalid(f"name must be 1-{MAX_NAME_LENGTH} characters without control characters")
-    return name
+    return name.strip()
 
 
 def parse_fields(fields: dict[str, str]) -> UploadFields:

@@ -13,7 +13,8 @@ from starlette.requests import ClientDisconnect
 
 from app.accounts.models import Role, User
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
-from app.errors import Forbidden, Invalid
+from app.errors import Conflict, Forbidden, Invalid, QuotaExceeded, raises
+from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
 from app.releases import service as releases
 from app.workspaces import datasets, service
 from app.workspaces.models import Dataset, DatasetKind
@@ -32,11 +33,12 @@ router = APIRouter(prefix=API_PREFIX, tags=["workspaces"])
 
 
 @router.get("/workspaces", response_model=WorkspaceList)
+@raises(Forbidden)
 def list_workspaces(
     caller: CallerDep,
     db: SessionDep,
     page: PageDep,
-    owner_id: Annotated[str | None, Query(max_length=64)] = None,
+    owner_id: Annotated[str | None, Query(pattern=UUID_PATTERN)] = None,
 ) -> WorkspaceList:
     """The caller's workspaces; admins may ask for another owner's."""
     if owner_id is not None and owner_id != caller.user.id and caller.user.role != Role.admin:
@@ -48,6 +50,7 @@ def list_workspaces(
 
 
 @router.post("/workspaces", response_model=WorkspaceOut, status_code=status.HTTP_201_CREATED)
+@raises(Conflict)
 def create_workspace(
     body: WorkspaceCreateIn, caller: WriterDep, db: SessionDep, settings: SettingsDep
 ) -> WorkspaceOut:
@@ -60,7 +63,7 @@ def create_workspace(
 
 
 @router.get("/workspaces/{workspace_id}", response_model=WorkspaceOut)
-def get_workspace(workspace_id: str, caller: CallerDep, db: SessionDep) -> WorkspaceOut:
+def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> WorkspaceOut:
     """One of the caller's workspaces."""
     workspace = service.get_owned(
         db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
@@ -69,7 +72,8 @@ def get_workspace(workspace_id: str, caller: CallerDep, db: SessionDep) -> Works
 
 
 @router.delete("/workspaces/{workspace_id}", status_code=status.HTTP_204_NO_CONTENT)
-def delete_workspace(workspace_id: str, caller: CallerDep, db: SessionDep) -> None:
+@raises(Conflict)
+def delete_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> None:
     """Delete one of the caller's workspaces (not the personal one)."""
     workspace = service.get_owned(
         db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
@@ -79,7 +83,9 @@ def delete_workspace(workspace_id: str, caller: CallerDep, db: SessionDep) -> No
 
 
 @router.patch("/workspaces/{workspace_id}/quota", response_model=WorkspaceOut)
-def set_quota(workspace_id: str, body: QuotaIn, caller: AdminDep, db: SessionDep) -> WorkspaceOut:
+def set_quota(
+    workspace_id: WorkspaceIdPath, body: QuotaIn, caller: AdminDep, db: SessionDep
+) -> WorkspaceOut:
     """Change a workspace's quotas (admins)."""
     workspace = service.set_quota(
         db,
@@ -94,6 +100,7 @@ def set_quota(workspace_id: str, body: QuotaIn, caller: AdminDep, db: SessionDep
 
 # ----------------------------------------------------------------------------- datasets
 
+BINARY = {"type": "string", "format": "binary"}
 
 def _datasets_out(db: Session, viewer: User, items: list[Dataset]) -> list[DatasetOut]:
     """Datasets with what `viewer` may see of their provenance and release."""
@@ -121,8 +128,17 @@ UPLOAD_BODY: dict[str, Any] = {
                     "type": "object",
                     "required": ["file", "name", "kind"],
                     "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "file": {
+                            **BINARY,
+                            "description": "text: UTF-8 lines; parallel: UTF-8 source<TAB>target "
+                            "lines; model: a safetensors file",
+                        },
+                        "name": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 200,
+                            "pattern": datasets.NAME_PATTERN,
+                        },
                         "kind": {"type": "string", "enum": [k.value for k in DatasetKind]},
                         "discoverable": {"type": "boolean", "default": False},
                     },
@@ -139,8 +155,13 @@ UPLOAD_BODY: dict[str, Any] = {
     status_code=status.HTTP_201_CREATED,
     openapi_extra=UPLOAD_BODY,
 )
+@raises(Invalid, QuotaExceeded)
 async def upload_dataset(
-    workspace_id: str, request: Request, caller: WriterDep, db: SessionDep, settings: SettingsDep
+    workspace_id: WorkspaceIdPath,
+    request: Request,
+    caller: WriterDep,
+    db: SessionDep,
+    settings: SettingsDep,
 ) -> DatasetOut:
     """Upload a file (multipart: file, name, kind, discoverable), streamed and encrypted to disk."""
     plan = await run_in_threadpool(
@@ -183,7 +204,7 @@ async def upload_dataset(
 
 @router.get("/workspaces/{workspace_id}/datasets", response_model=DatasetList)
 def list_datasets(
-    workspace_id: str, caller: CallerDep, db: SessionDep, page: PageDep
+    workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep, page: PageDep
 ) -> DatasetList:
     """The datasets of one of the caller's workspaces."""
     items, total = datasets.list_in_workspace(
@@ -198,7 +219,7 @@ def list_datasets(
 
 
 @router.get("/datasets/{dataset_id}", response_model=DatasetOut)
-def get_dataset(dataset_id: str, caller: CallerDep, db: SessionDep) -> DatasetOut:
+def get_dataset(dataset_id: DatasetIdPath, caller: CallerDep, db: SessionDep) -> DatasetOut:
     """Metadata with provenance and release state, for the owner or an active grantee."""
     dataset = datasets.get_visible(db, actor=caller.actor, user=caller.user, dataset_id=dataset_id)
     return _datasets_out(db, caller.user, [dataset])[0]
@@ -207,10 +228,11 @@ def get_dataset(dataset_id: str, caller: CallerDep, db: SessionDep) -> DatasetOu
 @router.get(
     "/datasets/{dataset_id}/content",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {"schema": BINARY}}}},
 )
+@raises(Forbidden)
 def get_dataset_content(
-    dataset_id: str, caller: CallerDep, db: SessionDep, settings: SettingsDep
+    dataset_id: DatasetIdPath, caller: CallerDep, db: SessionDep, settings: SettingsDep
 ) -> StreamingResponse:
     """The bytes, decrypted as they stream, for the owner only: grants allow use, not download."""
     dataset = datasets.get_owned(
@@ -244,8 +266,9 @@ def get_dataset_content(
 
 
 @router.patch("/datasets/{dataset_id}", response_model=DatasetOut)
+@raises(Forbidden)
 def update_dataset(
-    dataset_id: str, body: DatasetUpdateIn, caller: WriterDep, db: SessionDep
+    dataset_id: DatasetIdPath, body: DatasetUpdateIn, caller: WriterDep, db: SessionDep
 ) -> DatasetOut:
     """Rename, or switch whether the catalog lists it (owner)."""
     dataset = datasets.get_owned(
@@ -264,8 +287,9 @@ def update_dataset(
 
 
 @router.delete("/datasets/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
+@raises(Forbidden)
 def delete_dataset(
-    dataset_id: str, caller: WriterDep, db: SessionDep, settings: SettingsDep
+    dataset_id: DatasetIdPath, caller: WriterDep, db: SessionDep, settings: SettingsDep
 ) -> None:
     """Delete (owner): the quota is given back, requests and grants on it end."""
     dataset = datasets.get_owned(
