@@ -18,6 +18,7 @@ from app.audit.service import Actor
 from app.db import begin_reading
 from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
+from app.openapi import security
 from app.settings import Settings
 
 SESSION_COOKIE = "nebula_session"
@@ -110,6 +111,7 @@ def client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+@security({"bearer": []}, {"session_cookie": []})
 @raises(NotAuthenticated, unsafe_only=(Forbidden,))
 def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
     """Authenticate by bearer token or session cookie (with CSRF on unsafe methods)."""

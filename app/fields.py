@@ -97,6 +97,7 @@ DatasetIdPath = Annotated[str, id_path("dataset")]
 RequestIdPath = Annotated[str, id_path("access request")]
 ClusterIdPath = Annotated[str, id_path("cluster")]
 JobIdPath = Annotated[str, id_path("job")]
+CredentialIdPath = Annotated[str, id_path("worker credential")]
 # Serials are kept as decimal strings (63 random bits, app.pki.ca.new_serial).
 SerialPath = Annotated[
     str,

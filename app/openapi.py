@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
@@ -35,7 +35,35 @@ SECURITY_SCHEMES: dict[str, Any] = {
         "name": "nebula_session",
         "description": "The web UI's session; unsafe methods also need the X-CSRF-Token header",
     },
+    "worker_credential": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Nebula-Worker",
+        "description": "A cluster's worker credential (POST /clusters/{id}/worker-credentials)",
+    },
+    "job_token": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The job token of one attempt of one role, from its claim or heartbeat",
+    },
 }
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def security(*requirements: dict[str, list[str]]) -> Callable[[F], F]:
+    """Mark a dependency as the authentication of every route using it.
+
+    Each requirement maps scheme names (SECURITY_SCHEMES) that must all be present; any one
+    requirement will do (OpenAPI's `security`).
+    """
+
+    def mark(func: F) -> F:
+        func.__security__ = list(requirements)  # type: ignore[attr-defined]
+        return func
+
+    return mark
+
+
 ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
 # Any request may meet these before it reaches a route (app.middleware).
 MIDDLEWARE_STATUSES = {400}  # a NUL byte in the URL
@@ -76,11 +104,12 @@ def _calls(route: RouteContext) -> Iterator[Callable[..., Any]]:
             yield sub.call
 
 
-def authenticated(route: RouteContext) -> bool:
-    """Whether the route needs a caller (it depends on app.deps.get_caller)."""
-    from app.deps import get_caller
-
-    return any(call is get_caller for call in _calls(route))
+def security_of(route: RouteContext) -> list[dict[str, list[str]]]:
+    """The security requirement of the route: that of its innermost authenticating dependency."""
+    found: list[dict[str, list[str]]] = []
+    for call in _calls(route):
+        found = getattr(call, "__security__", found)
+    return found
 
 
 def error_statuses(route: RouteContext, method: str) -> set[int]:
@@ -101,7 +130,7 @@ def error_statuses(route: RouteContext, method: str) -> set[int]:
         statuses.add(422)
     if route.body_field is not None or (route.openapi_extra or {}).get("requestBody"):
         statuses.add(BODY_LIMIT_STATUS)
-    if dependant.path_params:
+    if "{" in str(route.path_format):
         statuses.add(404)  # every path id names something that may be missing or not the caller's
     for call in _calls(route):
         errors: tuple[type[DomainError], ...] = declared_errors(call, unsafe=unsafe)
@@ -246,8 +275,9 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         for status in sorted(error_statuses(route, method)):
             # FastAPI's own 422 describes its list-shaped detail, which this API never sends
             responses[str(status)] = _error_response(status)
-        if authenticated(route):
-            operation["security"] = [{"bearer": []}, {"session_cookie": []}]
+        requirement = security_of(route)
+        if requirement:
+            operation["security"] = requirement
     _add_links(document, routes)
     _forbid_nul(document)
     for unused in ("HTTPValidationError", "ValidationError"):

@@ -32,7 +32,16 @@ from app.cluster_api.schemas import (
 from app.clusters import service as clusters
 from app.clusters.models import Cluster
 from app.deps import API_PREFIX, SessionDep, SettingsDep
-from app.errors import Invalid, NotAuthenticated
+from app.errors import (
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotAuthenticated,
+    QuotaExceeded,
+    raises,
+)
+from app.fields import JobIdPath
+from app.openapi import security
 
 router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
 
@@ -40,11 +49,13 @@ WORKER_HEADER = "X-Nebula-Worker"
 RoleName = Annotated[
     str, Path(pattern=r"^(generator|discriminator|encoder|decoder|replica-[1-9][0-9]?)$")
 ]
-JobIdPath = Annotated[str, Path(min_length=1, max_length=36, pattern=r"^[0-9a-f-]+$")]
 InputName = Annotated[str, Path(pattern=r"^[a-z_]{1,32}$")]
-WorkerHeader = Annotated[str, Header(alias=WORKER_HEADER, max_length=200)]
+# Both headers are the document's security schemes (worker_credential, job_token), not parameters.
+WorkerHeader = Annotated[str, Header(alias=WORKER_HEADER, max_length=200, include_in_schema=False)]
 
 
+@security({"worker_credential": []})
+@raises(NotAuthenticated)
 def get_worker_cluster(db: SessionDep, credential: WorkerHeader = "") -> Cluster:
     """The cluster whose worker credential came with the call."""
     return service.worker_cluster(db, credential=credential)
@@ -53,13 +64,15 @@ def get_worker_cluster(db: SessionDep, credential: WorkerHeader = "") -> Cluster
 WorkerClusterDep = Annotated[Cluster, Depends(get_worker_cluster)]
 
 
+@security({"worker_credential": [], "job_token": []})
+@raises(NotAuthenticated, Forbidden)
 def get_role_call(
     job_id: JobIdPath,
     role: RoleName,
     db: SessionDep,
     settings: SettingsDep,
     credential: WorkerHeader = "",
-    authorization: Annotated[str, Header(max_length=9000)] = "",
+    authorization: Annotated[str, Header(max_length=9000, include_in_schema=False)] = "",
 ) -> service.RoleCall:
     """The role this call speaks for, from the worker credential and the job token."""
     if not authorization.lower().startswith("bearer "):
@@ -76,6 +89,7 @@ def get_role_call(
 
 RoleCallDep = Annotated[service.RoleCall, Depends(get_role_call)]
 ROLE = "/jobs/{job_id}/roles/{role}"
+BINARY = {"type": "string", "format": "binary"}
 
 
 @router.get("/whoami")
@@ -102,6 +116,7 @@ def presence(
 
 
 @router.post(f"{ROLE}/claim", response_model=ClaimOut)
+@raises(Conflict)
 def claim(
     job_id: JobIdPath,
     role: RoleName,
@@ -124,6 +139,7 @@ def claim(
 
 
 @router.post(f"{ROLE}/heartbeat", response_model=HeartbeatOut)
+@raises(Conflict)
 def heartbeat(call: RoleCallDep, db: SessionDep, settings: SettingsDep) -> HeartbeatOut:
     """The attempt is alive: a renewed token; 409 once it was fenced out or the job ended."""
     token, expires_at = service.heartbeat(db, call=call, settings=settings)
@@ -131,6 +147,7 @@ def heartbeat(call: RoleCallDep, db: SessionDep, settings: SettingsDep) -> Heart
 
 
 @router.post(f"{ROLE}/metrics", response_model=MetricBatchOut)
+@raises(Conflict)
 def metrics(call: RoleCallDep, body: MetricBatchIn, db: SessionDep) -> MetricBatchOut:
     """One numbered batch of metric points (and the newest checkpoint step), applied once."""
     applied = service.record_metrics(
@@ -146,8 +163,9 @@ def metrics(call: RoleCallDep, body: MetricBatchIn, db: SessionDep) -> MetricBat
 @router.get(
     f"{ROLE}/inputs/{{name}}",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {"schema": BINARY}}}},
 )
+@raises(Conflict, Forbidden)
 def read_input(
     name: InputName, call: RoleCallDep, db: SessionDep, settings: SettingsDep
 ) -> StreamingResponse:
@@ -177,10 +195,11 @@ def _body_chunks(request: Request) -> Iterator[bytes]:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            "content": {"application/octet-stream": {"schema": BINARY}},
         }
     },
 )
+@raises(Conflict, Forbidden, Invalid, QuotaExceeded)
 async def store_artifact(
     request: Request, call: RoleCallDep, db: SessionDep, settings: SettingsDep
 ) -> OutputOut:
@@ -205,6 +224,7 @@ def read_rendezvous(call: RoleCallDep, db: SessionDep) -> Rendezvous:
 
 
 @router.post(f"{ROLE}/finish", response_model=FinishOut)
+@raises(Conflict)
 def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
     """The role ended: succeeded (with its report), failed (with the cause) or stopped."""
     job_status = service.finish(

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from app.fields import StrictIn
 
 MAX_POINTS_PER_BATCH = 10_000
 MAX_METRICS_PER_POINT = 64
@@ -16,8 +18,7 @@ Step = Annotated[int, Field(ge=0, le=10**9)]
 MetricValue = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+Strict = StrictIn
 
 
 class ClaimIn(Strict):
@@ -54,7 +55,7 @@ class MetricPoint(Strict):
 
 
 class MetricBatchIn(Strict):
-    seq: int = Field(ge=1, le=2**62, description="batch number within the attempt, from 1")
+    seq: int = Field(ge=1, le=2**53 - 1, description="batch number within the attempt, from 1")
     points: list[MetricPoint] = Field(max_length=MAX_POINTS_PER_BATCH)
     checkpoint_step: Step | None = None
 

@@ -31,7 +31,7 @@ from app.clusters.schemas import (
 )
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
-from app.fields import ClusterIdPath, SerialPath
+from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
 from app.openapi import PemResponse
 from app.pki import service as pki
 from app.settings import Settings
@@ -177,7 +177,7 @@ def create_enrollment_token(
     status_code=status.HTTP_201_CREATED,
 )
 def create_worker_credential(
-    cluster_id: str, caller: AdminDep, db: SessionDep
+    cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep
 ) -> WorkerCredentialIssued:
     """A credential for the cluster's workers (`nebula worker --credential-file`); shown once."""
     cluster = service.get(db, cluster_id=cluster_id)
@@ -190,7 +190,7 @@ def create_worker_credential(
 
 @router.get("/clusters/{cluster_id}/worker-credentials", response_model=WorkerCredentialList)
 def list_worker_credentials(
-    cluster_id: str, caller: AdminDep, db: SessionDep, page: PageDep
+    cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> WorkerCredentialList:
     """The cluster's worker credentials, without their secrets."""
     service.get(db, cluster_id=cluster_id)
@@ -206,8 +206,9 @@ def list_worker_credentials(
     "/clusters/{cluster_id}/worker-credentials/{credential_id}",
     status_code=status.HTTP_204_NO_CONTENT,
 )
+@raises(Conflict)
 def revoke_worker_credential(
-    cluster_id: str, credential_id: str, caller: AdminDep, db: SessionDep
+    cluster_id: ClusterIdPath, credential_id: CredentialIdPath, caller: AdminDep, db: SessionDep
 ) -> None:
     """Revoke a worker credential: the cluster's workers using it stop at their next call."""
     cluster = service.get(db, cluster_id=cluster_id)
