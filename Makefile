@@ -9,7 +9,7 @@ FRONTEND_DIST := frontend/dist/index.html
 FRONTEND_SOURCES := $(shell find frontend/src -type f 2>/dev/null) frontend/index.html \
 	frontend/vite.config.ts frontend/tsconfig.json frontend/package.json
 
-.PHONY: up test lint typecheck pytest frontend frontend-test screenshots bench clean
+.PHONY: up test lint typecheck pytest frontend frontend-test api-types api-types-check screenshots bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,11 +23,31 @@ $(FRONTEND_DEPS): frontend/package-lock.json
 	cd frontend && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# The web UI's API types are generated from the server's OpenAPI document (openapi-typescript):
+# `make api-types` writes them, and the web UI's build fails while the committed ones drift.
+API_TYPES := frontend/src/api/schema.d.ts
+API_CACHE := frontend/node_modules/.cache/nebula-api
+
+api-types: $(STAMP) $(FRONTEND_DEPS)
+	mkdir -p $(API_CACHE)
+	$(BIN)/python -m app.openapi > $(API_CACHE)/openapi.json
+	cd frontend && npx --no-install openapi-typescript node_modules/.cache/nebula-api/openapi.json \
+		--output src/api/schema.d.ts
+
+api-types-check: $(STAMP) $(FRONTEND_DEPS)
+	mkdir -p $(API_CACHE)
+	$(BIN)/python -m app.openapi > $(API_CACHE)/openapi.json
+	cd frontend && npx --no-install openapi-typescript node_modules/.cache/nebula-api/openapi.json \
+		--output node_modules/.cache/nebula-api/schema.d.ts
+	@cmp -s $(API_CACHE)/schema.d.ts $(API_TYPES) || { \
+		echo "$(API_TYPES) differs from the server's OpenAPI document: run make api-types"; \
+		exit 1; }
+
 # the web UI is rebuilt whenever a source is newer than the build
 $(FRONTEND_DIST): $(FRONTEND_DEPS) $(FRONTEND_SOURCES)
 	cd frontend && npm run build --silent
 
-frontend: $(FRONTEND_DIST)
+frontend: api-types-check $(FRONTEND_DIST)
 
 frontend-test: $(FRONTEND_DEPS)
 	cd frontend && npm test --silent

@@ -35,16 +35,25 @@ class ErrorOut(BaseModel):
     )
 
 
-# What each error status means on this API, for the document.
-STATUS_MEANINGS: dict[int, str] = {
-    400: "Bad request: not acceptable as sent (e.g. a NUL byte in the URL)",
-    401: "Not authenticated: no credentials, or an invalid, expired or revoked token",
-    403: "Authenticated, but the role or a grant does not allow it (or the CSRF header is missing)",
-    404: "Not found, or belongs to another tenant (never revealed which)",
-    409: "Conflicts with the current state",
-    413: "Too large: the request body or a quota",
-    422: "Invalid input: a field the schema describes (listed in `errors`) or a rule it cannot",
-    429: "Too many attempts; try again later",
+# Each error status of this API: its shared response's name in the document, and what it means.
+ERROR_RESPONSES: dict[int, tuple[str, str]] = {
+    400: ("BadRequest", "Bad request: not acceptable as sent (e.g. a NUL byte in the URL)"),
+    401: (
+        "NotAuthenticated",
+        "Not authenticated: no credentials, or an invalid, expired or revoked token",
+    ),
+    403: (
+        "Forbidden",
+        "Authenticated, but the role or a grant does not allow it (or the CSRF header is missing)",
+    ),
+    404: ("NotFound", "Not found, or belongs to another tenant (never revealed which)"),
+    409: ("Conflict", "Conflicts with the current state"),
+    413: ("TooLarge", "Too large: the request body or a quota"),
+    422: (
+        "Invalid",
+        "Invalid input: a field the schema describes (listed in `errors`) or a rule it cannot",
+    ),
+    429: ("TooManyAttempts", "Too many attempts; try again later"),
 }
 
 

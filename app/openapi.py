@@ -18,7 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 from starlette.responses import Response
 
-from app.api_errors import STATUS_MEANINGS, ErrorOut
+from app.api_errors import ERROR_RESPONSES, ErrorOut
 from app.errors import DomainError, declared_errors
 from app.fields import NO_NUL_PATTERN
 
@@ -138,10 +138,10 @@ def error_statuses(route: RouteContext, method: str) -> set[int]:
     return statuses
 
 
-def _error_response(status: int) -> dict[str, Any]:
+def _shared_error_responses() -> dict[str, Any]:
     return {
-        "description": STATUS_MEANINGS.get(status, "Error"),
-        "content": {"application/json": {"schema": ERROR_REF}},
+        name: {"description": meaning, "content": {"application/json": {"schema": ERROR_REF}}}
+        for name, meaning in ERROR_RESPONSES.values()
     }
 
 
@@ -265,6 +265,7 @@ def build_document(app: FastAPI) -> dict[str, Any]:
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorOut"] = error_schema
     components["securitySchemes"] = SECURITY_SCHEMES
+    components["responses"] = _shared_error_responses()
 
     routes = [
         (route, method) for route in api_routes(app) for method in sorted(route.methods or ())
@@ -274,7 +275,10 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         responses = operation["responses"]
         for status in sorted(error_statuses(route, method)):
             # FastAPI's own 422 describes its list-shaped detail, which this API never sends
-            responses[str(status)] = _error_response(status)
+            # a status missing from ERROR_RESPONSES fails here, when the document is first built
+            responses[str(status)] = {
+                "$ref": f"#/components/responses/{ERROR_RESPONSES[status][0]}"
+            }
         requirement = security_of(route)
         if requirement:
             operation["security"] = requirement
@@ -294,3 +298,35 @@ def install_document(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def offline_document() -> dict[str, Any]:
+    """The document the server serves, built with no database, broker or secret at hand."""
+    import tempfile
+    from pathlib import Path
+
+    from pydantic import SecretStr
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    with tempfile.TemporaryDirectory() as folder:
+        settings = Settings(
+            var_dir=Path(folder),
+            database_url="sqlite://",
+            secret_key=SecretStr("the document needs no secret"),
+            run_reaper=False,
+        )
+        app = create_app(settings)
+        document = app.openapi()
+        app.state.engine.dispose()
+    return document
+
+
+if __name__ == "__main__":
+    # `python -m app.openapi > openapi.json`: the input of client generators (make api-types)
+    import json
+    import sys
+
+    json.dump(offline_document(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")

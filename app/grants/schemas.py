@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp
 from app.grants.service import RequestView, status_of
+from app.workspaces.models import DatasetKind
 
 
 class AccessRequestCreateIn(StrictIn):
@@ -37,13 +39,13 @@ class AccessRequestOut(BaseModel):
     requester_id: str
     owner_id: str
     purpose: str
-    status: str  # pending, approved, denied, revoked, withdrawn, or expired
+    status: Literal["pending", "approved", "denied", "revoked", "withdrawn", "expired"]
     created_at: datetime
     decided_at: datetime | None
     expires_at: datetime | None
     ended_at: datetime | None
     dataset_name: str
-    dataset_kind: str
+    dataset_kind: DatasetKind
     requester_email: str
     requester_display_name: str
     owner_display_name: str

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.fields import EXAMPLE_ID, Id, StrictIn
+from app.jobs.models import JobStatus
 
 Preset = Literal["tiny", "paper"]
 ClusterName = Annotated[
@@ -236,13 +237,16 @@ class AbnetJobIn(Strict):
 JobSubmitIn = Annotated[ElectraJobIn | AbnetJobIn, Field(discriminator="kind")]
 
 
+JobKindName = Literal["electra_pretrain", "abnet_finetune"]
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: str
     workspace_id: str
-    kind: str
-    status: str
+    kind: JobKindName
+    status: JobStatus
     paused: bool
     progress: float
     step: int
@@ -265,7 +269,7 @@ class JobList(BaseModel):
 
 class JobAccepted(BaseModel):
     id: str
-    status: str
+    status: JobStatus
 
 
 class MetricsOut(BaseModel):

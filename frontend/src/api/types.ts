@@ -51,10 +51,10 @@ export interface Dataset {
   size_bytes: number;
   sha256: string;
   discoverable: boolean;
-  workspace_id?: string;
+  workspace_id?: string | null;
   owner_id?: string;
   owner_email?: string;
-  owner_display_name?: string;
+  owner_display_name?: string | null;
   created_at?: string;
   description?: string;
   /** Source dataset ids a job derived it from (those the caller may know of). */
