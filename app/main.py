@@ -28,6 +28,15 @@ from app.settings import Settings, get_settings
 from workers.celery_app import broker_check
 
 FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
+API_DESCRIPTION = """Train models across remote clusters joined by slow, untrusted links.
+
+Authenticate with `Authorization: Bearer <token>` (a session token from POST /api/v1/auth/login,
+or an API token from POST /api/v1/me/tokens). Every error answers `{"detail": "a sentence"}`;
+a validation error (422) adds `errors`, one `{loc, msg, type}` per rejected field. Every
+operation lists each status it can answer. Ids are lower-case UUIDs, date-times RFC 3339 with
+an offset. Roles of a job speak to `/api/v1/cluster/...` with their cluster's worker credential
+and their job token.
+"""
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -51,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         title="Nebula",
         version="0.1.0",
+        description=API_DESCRIPTION,
         openapi_url="/api/openapi.json",
         docs_url="/api/docs",
         redoc_url=None,

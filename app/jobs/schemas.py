@@ -228,6 +228,23 @@ class AbnetPlacement(Strict):
 class AbnetJobIn(Strict):
     """An ABNet fine-tuning job."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "kind": "abnet_finetune",
+                    "config": {"preset": "tiny", "forward_codec": "fp16(lowrank(0.25))"},
+                    "inputs": {
+                        "parallel": EXAMPLE_ID,
+                        "source_model": EXAMPLE_ID,
+                        "target_model": EXAMPLE_ID,
+                    },
+                    "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+                }
+            ]
+        }
+    )
+
     kind: Literal["abnet_finetune"]
     config: AbnetJobConfig = Field(default_factory=AbnetJobConfig)
     inputs: AbnetInputs

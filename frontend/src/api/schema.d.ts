@@ -1260,6 +1260,22 @@ export interface components {
         /**
          * AbnetJobIn
          * @description An ABNet fine-tuning job.
+         * @example {
+         *       "config": {
+         *         "forward_codec": "fp16(lowrank(0.25))",
+         *         "preset": "tiny"
+         *       },
+         *       "inputs": {
+         *         "parallel": "3f2b8c1e-5d4a-4e6b-9a7c-2d1e0f9b8a76",
+         *         "source_model": "3f2b8c1e-5d4a-4e6b-9a7c-2d1e0f9b8a76",
+         *         "target_model": "3f2b8c1e-5d4a-4e6b-9a7c-2d1e0f9b8a76"
+         *       },
+         *       "kind": "abnet_finetune",
+         *       "placement": {
+         *         "decoder": "cluster-b",
+         *         "encoder": "cluster-a"
+         *       }
+         *     }
          */
         AbnetJobIn: {
             config?: components["schemas"]["AbnetJobConfig"];
