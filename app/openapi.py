@@ -159,11 +159,8 @@ def _add_links(document: dict[str, Any], routes: list[tuple[RouteContext, str]])
     a thing without an `id` is named by the field of the parameter's name (`serial`).
     """
     components = document["components"]["schemas"]
-    operations = [
-        (path, method, document["paths"][path][method.lower()])
-        for route, method in routes
-        if (path := str(route.path_format))
-    ]
+    paths = [(str(route.path_format), method) for route, method in routes]
+    operations = [(path, method, document["paths"][path][method.lower()]) for path, method in paths]
     for path, method, operation in operations:
         created = next((s for s in ("201", "202") if s in operation["responses"]), None)
         if method != "POST" or created is None:
@@ -274,8 +271,8 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         operation = document["paths"][str(route.path_format)][method.lower()]
         responses = operation["responses"]
         for status in sorted(error_statuses(route, method)):
-            # FastAPI's own 422 describes its list-shaped detail, which this API never sends
-            # a status missing from ERROR_RESPONSES fails here, when the document is first built
+            # replaces FastAPI's own 422, whose list-shaped detail this API never sends; a
+            # status without a shared response in ERROR_RESPONSES fails here, at the first build
             responses[str(status)] = {
                 "$ref": f"#/components/responses/{ERROR_RESPONSES[status][0]}"
             }
