@@ -128,6 +128,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/admin/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Active Jobs
+         * @description Queued and running jobs across tenants: metadata only, no data and no metrics.
+         */
+        get: operations["list_active_jobs_api_v1_admin_jobs_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/audit": {
         parameters: {
             query?: never;
@@ -388,6 +408,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/cluster/presence": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Presence
+         * @description A switch or worker of this cluster reports in (or leaves); how often to report.
+         */
+        post: operations["presence_api_v1_cluster_presence_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/cluster/whoami": {
         parameters: {
             query?: never;
@@ -417,7 +457,7 @@ export interface paths {
         };
         /**
          * List Clusters
-         * @description Every cluster (any signed-in user may place jobs on them).
+         * @description Every cluster with its health (any signed-in user may place jobs on them).
          */
         get: operations["list_clusters_api_v1_clusters_get"];
         put?: never;
@@ -441,7 +481,7 @@ export interface paths {
         };
         /**
          * Get Cluster
-         * @description One cluster.
+         * @description One cluster with its health.
          */
         get: operations["get_cluster_api_v1_clusters__cluster_id__get"];
         put?: never;
@@ -510,6 +550,26 @@ export interface paths {
          * @description A single-use, expiring token for `nebula switch --enroll-token`; shown once.
          */
         post: operations["create_enrollment_token_api_v1_clusters__cluster_id__enrollment_tokens_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/clusters/{cluster_id}/presence": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Presence
+         * @description The cluster's switch and worker processes online now, with the roles each runs.
+         */
+        get: operations["list_presence_api_v1_clusters__cluster_id__presence_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1548,10 +1608,25 @@ export interface components {
             id: string;
             /** Name */
             name: string;
+            /**
+             * Running Jobs
+             * @default 0
+             */
+            running_jobs: number;
             /** Switch Host */
             switch_host: string;
+            /**
+             * Switch Online
+             * @default false
+             */
+            switch_online: boolean;
             /** Switch Port */
             switch_port: number;
+            /**
+             * Workers Online
+             * @default 0
+             */
+            workers_online: number;
         };
         /** CsrIn */
         CsrIn: {
@@ -1875,6 +1950,53 @@ export interface components {
             /** Workspace Id */
             workspace_id: string;
         };
+        /** JobOverviewList */
+        JobOverviewList: {
+            /** Items */
+            items: components["schemas"]["JobOverviewOut"][];
+            /** Total */
+            total: number;
+        };
+        /**
+         * JobOverviewOut
+         * @description A job as an admin sees it across tenants: who, what, where, how far; never its data.
+         */
+        JobOverviewOut: {
+            /** Attempt */
+            attempt: number;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Id */
+            id: string;
+            /** Kind */
+            kind: string;
+            /**
+             * Owner Email
+             * @default
+             */
+            owner_email: string;
+            /** Owner Id */
+            owner_id: string;
+            /** Placement */
+            placement: {
+                [key: string]: string;
+            };
+            /** Progress */
+            progress: number;
+            /** Started At */
+            started_at: string | null;
+            /** Status */
+            status: string;
+            /** Step */
+            step: number;
+            /** Total Steps */
+            total_steps: number;
+            /** Workspace Id */
+            workspace_id: string;
+        };
         /**
          * JobStatus
          * @description Where a job stands; the last three are final.
@@ -1970,6 +2092,59 @@ export interface components {
              * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
              */
             new_password: string;
+        };
+        /** PresenceAnswer */
+        PresenceAnswer: {
+            /** Report Every S */
+            report_every_s: number;
+        };
+        /** PresenceIn */
+        PresenceIn: {
+            /** Instance */
+            instance: string;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "switch" | "worker";
+            /**
+             * Online
+             * @default true
+             */
+            online: boolean;
+            /** Version */
+            version: string;
+        };
+        /** PresenceList */
+        PresenceList: {
+            /** Items */
+            items: components["schemas"]["PresenceOut"][];
+            /** Total */
+            total: number;
+        };
+        /** PresenceOut */
+        PresenceOut: {
+            /** Instance */
+            instance: string;
+            /** Kind */
+            kind: string;
+            /**
+             * Last Seen
+             * Format: date-time
+             */
+            last_seen: string;
+            /**
+             * Running Roles
+             * @default []
+             */
+            running_roles: string[];
+            /**
+             * Started At
+             * Format: date-time
+             */
+            started_at: string;
+            /** Version */
+            version: string;
         };
         /**
          * QuotaIn
@@ -2526,6 +2701,33 @@ export interface operations {
             422: components["responses"]["Invalid"];
         };
     };
+    list_active_jobs_api_v1_admin_jobs_get: {
+        parameters: {
+            query?: {
+                limit?: number;
+                offset?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobOverviewList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            422: components["responses"]["Invalid"];
+        };
+    };
     list_events_api_v1_audit_get: {
         parameters: {
             query?: {
@@ -2921,6 +3123,34 @@ export interface operations {
             422: components["responses"]["Invalid"];
         };
     };
+    presence_api_v1_cluster_presence_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PresenceIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PresenceAnswer"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
     whoami_api_v1_cluster_whoami_get: {
         parameters: {
             query?: never;
@@ -3150,6 +3380,34 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    list_presence_api_v1_clusters__cluster_id__presence_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The cluster's id */
+                cluster_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PresenceList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
         };
     };
