@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,7 +43,7 @@ class ClusterOut(BaseModel):
 class PresenceOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
-    kind: str
+    kind: Literal["switch", "worker"]
     instance: str
     version: str
     started_at: datetime

@@ -316,8 +316,8 @@ class JobOverviewOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: str
-    kind: str
-    status: str
+    kind: JobKindName
+    status: JobStatus
     owner_id: str
     owner_email: str = ""
     workspace_id: str

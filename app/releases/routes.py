@@ -5,6 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.errors import Conflict, Forbidden, raises
+from app.fields import DatasetIdPath, ReleaseIdPath
 from app.releases import service
 from app.releases.models import ReleaseStatus
 from app.releases.schemas import ReleaseRequestCreateIn, ReleaseRequestList, ReleaseRequestOut
@@ -17,8 +19,9 @@ router = APIRouter(prefix=API_PREFIX, tags=["release requests"])
     response_model=ReleaseRequestOut,
     status_code=status.HTTP_201_CREATED,
 )
+@raises(Forbidden, Conflict)
 def create_request(
-    dataset_id: str, body: ReleaseRequestCreateIn, caller: WriterDep, db: SessionDep
+    dataset_id: DatasetIdPath, body: ReleaseRequestCreateIn, caller: WriterDep, db: SessionDep
 ) -> ReleaseRequestOut:
     """The owner of a derived dataset asks its sources' owners to release it."""
     request = service.request_release(
@@ -50,14 +53,15 @@ def list_requests(
 
 
 @router.get("/release-requests/{request_id}", response_model=ReleaseRequestOut)
-def get_request(request_id: str, caller: CallerDep, db: SessionDep) -> ReleaseRequestOut:
+def get_request(request_id: ReleaseIdPath, caller: CallerDep, db: SessionDep) -> ReleaseRequestOut:
     """One request the caller made or must decide."""
     request = service.get_for_party(db, actor=caller.actor, user=caller.user, request_id=request_id)
     return ReleaseRequestOut.of(service.view(db, viewer=caller.user, request=request))
 
 
 @router.post("/release-requests/{request_id}/approve", response_model=ReleaseRequestOut)
-def approve(request_id: str, caller: WriterDep, db: SessionDep) -> ReleaseRequestOut:
+@raises(Forbidden, Conflict)
+def approve(request_id: ReleaseIdPath, caller: WriterDep, db: SessionDep) -> ReleaseRequestOut:
     """A source owner approves; once every one has, the dataset is released."""
     request = service.approve(db, actor=caller.actor, user=caller.user, request_id=request_id)
     answer = ReleaseRequestOut.of(service.view(db, viewer=caller.user, request=request))
@@ -66,7 +70,8 @@ def approve(request_id: str, caller: WriterDep, db: SessionDep) -> ReleaseReques
 
 
 @router.post("/release-requests/{request_id}/deny", response_model=ReleaseRequestOut)
-def deny(request_id: str, caller: WriterDep, db: SessionDep) -> ReleaseRequestOut:
+@raises(Forbidden, Conflict)
+def deny(request_id: ReleaseIdPath, caller: WriterDep, db: SessionDep) -> ReleaseRequestOut:
     """A source owner refuses; the dataset stays use-only."""
     request = service.deny(db, actor=caller.actor, user=caller.user, request_id=request_id)
     answer = ReleaseRequestOut.of(service.view(db, viewer=caller.user, request=request))

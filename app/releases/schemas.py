@@ -6,11 +6,16 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.fields import StrictIn
+from app.releases.models import ReleaseStatus
 from app.releases.service import RequestView
+from app.workspaces.models import DatasetKind
 
 
-class ReleaseRequestCreateIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ReleaseRequestCreateIn(StrictIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"purpose": "publish the fine-tuned model"}]}
+    )
 
     purpose: str = Field(min_length=1, max_length=2000)
 
@@ -18,14 +23,14 @@ class ReleaseRequestCreateIn(BaseModel):
 class ApprovalOut(BaseModel):
     owner_id: str
     owner_display_name: str
-    status: str  # pending, approved, denied
+    status: ReleaseStatus
     decided_at: datetime | None
 
 
 class SourceOut(BaseModel):
     id: str
     name: str
-    kind: str
+    kind: DatasetKind
     owner_id: str
 
 
@@ -34,11 +39,11 @@ class ReleaseRequestOut(BaseModel):
     dataset_id: str
     requester_id: str
     purpose: str
-    status: str  # pending, approved (the dataset is released), denied
+    status: ReleaseStatus  # approved: the dataset is released
     created_at: datetime
     decided_at: datetime | None
     dataset_name: str
-    dataset_kind: str
+    dataset_kind: DatasetKind
     dataset_size_bytes: int
     requester_email: str
     requester_display_name: str

@@ -102,6 +102,7 @@ def set_quota(
 
 BINARY = {"type": "string", "format": "binary"}
 
+
 def _datasets_out(db: Session, viewer: User, items: list[Dataset]) -> list[DatasetOut]:
     """Datasets with what `viewer` may see of their provenance and release."""
     found = releases.derivations(db, viewer=viewer, items=items)

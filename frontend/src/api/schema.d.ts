@@ -408,6 +408,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/cluster/jobs/{job_id}/roles/{role}/rendezvous": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read Rendezvous
+         * @description Where a replica joins its discriminator's process group; 404 until it is published.
+         */
+        get: operations["read_rendezvous_api_v1_cluster_jobs__job_id__roles__role__rendezvous_get"];
+        put?: never;
+        /**
+         * Publish Rendezvous
+         * @description The root discriminator says where its replicas join its process group.
+         */
+        post: operations["publish_rendezvous_api_v1_cluster_jobs__job_id__roles__role__rendezvous_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/cluster/presence": {
         parameters: {
             query?: never;
@@ -629,7 +653,7 @@ export interface paths {
         };
         /**
          * Get Dataset
-         * @description Metadata, for the owner or the holder of an active grant.
+         * @description Metadata with provenance and release state, for the owner or an active grantee.
          */
         get: operations["get_dataset_api_v1_datasets__dataset_id__get"];
         put?: never;
@@ -662,6 +686,26 @@ export interface paths {
         get: operations["get_dataset_content_api_v1_datasets__dataset_id__content_get"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/datasets/{dataset_id}/release-requests": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Request
+         * @description The owner of a derived dataset asks its sources' owners to release it.
+         */
+        post: operations["create_request_api_v1_datasets__dataset_id__release_requests_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -966,6 +1010,86 @@ export interface paths {
          * @description A switch proves it holds a live certificate's key and gets a fresh certificate.
          */
         post: operations["renew_api_v1_pki_renew_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/release-requests": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Requests
+         * @description Requests the caller made (outgoing), must decide as a source owner (incoming), or both.
+         */
+        get: operations["list_requests_api_v1_release_requests_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/release-requests/{request_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Request
+         * @description One request the caller made or must decide.
+         */
+        get: operations["get_request_api_v1_release_requests__request_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/release-requests/{request_id}/approve": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Approve
+         * @description A source owner approves; once every one has, the dataset is released.
+         */
+        post: operations["approve_api_v1_release_requests__request_id__approve_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/release-requests/{request_id}/deny": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Deny
+         * @description A source owner refuses; the dataset stays use-only.
+         */
+        post: operations["deny_api_v1_release_requests__request_id__deny_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1418,6 +1542,16 @@ export interface components {
              */
             status: "pending" | "approved" | "denied" | "revoked" | "withdrawn" | "expired";
         };
+        /** ApprovalOut */
+        ApprovalOut: {
+            /** Decided At */
+            decided_at: string | null;
+            /** Owner Display Name */
+            owner_display_name: string;
+            /** Owner Id */
+            owner_id: string;
+            status: components["schemas"]["ReleaseStatus"];
+        };
         /**
          * ApproveIn
          * @example {
@@ -1656,6 +1790,20 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
+            /** Derived By Job Id */
+            derived_by_job_id?: string | null;
+            /**
+             * Derived From
+             * @default []
+             */
+            derived_from: string[];
+            /**
+             * Derived From Names
+             * @default {}
+             */
+            derived_from_names: {
+                [key: string]: string;
+            };
             /** Discoverable */
             discoverable: boolean;
             /** Id */
@@ -1667,6 +1815,12 @@ export interface components {
             owner_display_name?: string | null;
             /** Owner Id */
             owner_id: string;
+            /**
+             * Release
+             * @default not_needed
+             * @enum {string}
+             */
+            release: "not_needed" | "required" | "pending" | "released";
             /** Sha256 */
             sha256: string;
             /** Size Bytes */
@@ -1686,12 +1840,6 @@ export interface components {
             /** Name */
             name?: string | null;
         };
-        /**
-         * Direction
-         * @description Requests the user made, or requests for the user's datasets.
-         * @enum {string}
-         */
-        Direction: "incoming" | "outgoing";
         /** ElectraInputs */
         ElectraInputs: {
             /**
@@ -1714,6 +1862,8 @@ export interface components {
              * @default true
              */
             discriminator_reads_text: boolean;
+            /** Dropout */
+            dropout?: number | null;
             /** N Discriminators */
             n_discriminators?: number | null;
             /**
@@ -1971,8 +2121,11 @@ export interface components {
             created_at: string;
             /** Id */
             id: string;
-            /** Kind */
-            kind: string;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "electra_pretrain" | "abnet_finetune";
             /**
              * Owner Email
              * @default
@@ -1988,8 +2141,7 @@ export interface components {
             progress: number;
             /** Started At */
             started_at: string | null;
-            /** Status */
-            status: string;
+            status: components["schemas"]["JobStatus"];
             /** Step */
             step: number;
             /** Total Steps */
@@ -2126,8 +2278,11 @@ export interface components {
         PresenceOut: {
             /** Instance */
             instance: string;
-            /** Kind */
-            kind: string;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "switch" | "worker";
             /**
              * Last Seen
              * Format: date-time
@@ -2168,6 +2323,75 @@ export interface components {
             /** Ready */
             ready: boolean;
         };
+        /**
+         * ReleaseRequestCreateIn
+         * @example {
+         *       "purpose": "publish the fine-tuned model"
+         *     }
+         */
+        ReleaseRequestCreateIn: {
+            /** Purpose */
+            purpose: string;
+        };
+        /** ReleaseRequestList */
+        ReleaseRequestList: {
+            /** Items */
+            items: components["schemas"]["ReleaseRequestOut"][];
+            /** Total */
+            total: number;
+        };
+        /** ReleaseRequestOut */
+        ReleaseRequestOut: {
+            /** Approvals */
+            approvals: components["schemas"]["ApprovalOut"][];
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Dataset Id */
+            dataset_id: string;
+            dataset_kind: components["schemas"]["DatasetKind"];
+            /** Dataset Name */
+            dataset_name: string;
+            /** Dataset Size Bytes */
+            dataset_size_bytes: number;
+            /** Decided At */
+            decided_at: string | null;
+            /** Id */
+            id: string;
+            /** Purpose */
+            purpose: string;
+            /** Requester Display Name */
+            requester_display_name: string;
+            /** Requester Email */
+            requester_email: string;
+            /** Requester Id */
+            requester_id: string;
+            /** Sources */
+            sources: components["schemas"]["SourceOut"][];
+            status: components["schemas"]["ReleaseStatus"];
+        };
+        /**
+         * ReleaseStatus
+         * @description A release request, or one source owner's part of it.
+         * @enum {string}
+         */
+        ReleaseStatus: "pending" | "approved" | "denied";
+        /**
+         * Rendezvous
+         * @description Where the discriminator's replicas join its torch.distributed process group.
+         */
+        Rendezvous: {
+            /** Address */
+            address: string;
+            /** Start Step */
+            start_step: number;
+            /** Vocab Size */
+            vocab_size: number;
+            /** World Size */
+            world_size: number;
+        };
         /** RenewIn */
         RenewIn: {
             /**
@@ -2202,6 +2426,16 @@ export interface components {
          * @enum {string}
          */
         Role: "admin" | "member" | "auditor";
+        /** SourceOut */
+        SourceOut: {
+            /** Id */
+            id: string;
+            kind: components["schemas"]["DatasetKind"];
+            /** Name */
+            name: string;
+            /** Owner Id */
+            owner_id: string;
+        };
         /**
          * TokenCreateIn
          * @example {
@@ -2412,6 +2646,18 @@ export interface components {
             /** Storage Bytes Used */
             storage_bytes_used: number;
         };
+        /**
+         * Direction
+         * @description Requests the user made, or requests for the user's datasets.
+         * @enum {string}
+         */
+        app__grants__service__Direction: "incoming" | "outgoing";
+        /**
+         * Direction
+         * @description Requests the user made, or requests that wait for the user's decision.
+         * @enum {string}
+         */
+        app__releases__service__Direction: "incoming" | "outgoing";
     };
     responses: {
         /** @description Bad request: not acceptable as sent (e.g. a NUL byte in the URL) */
@@ -2497,7 +2743,7 @@ export interface operations {
     list_requests_api_v1_access_requests_get: {
         parameters: {
             query?: {
-                direction?: components["schemas"]["Direction"] | null;
+                direction?: components["schemas"]["app__grants__service__Direction"] | null;
                 status?: ("pending" | "approved" | "denied" | "revoked" | "withdrawn" | "expired") | null;
                 limit?: number;
                 offset?: number;
@@ -2930,7 +3176,7 @@ export interface operations {
             path: {
                 /** @description The job's id */
                 job_id: string;
-                role: "generator" | "discriminator" | "encoder" | "decoder";
+                role: string;
             };
             cookie?: never;
         };
@@ -2965,7 +3211,7 @@ export interface operations {
             path: {
                 /** @description The job's id */
                 job_id: string;
-                role: "generator" | "discriminator" | "encoder" | "decoder";
+                role: string;
             };
             cookie?: never;
         };
@@ -2999,7 +3245,7 @@ export interface operations {
             path: {
                 /** @description The job's id */
                 job_id: string;
-                role: "generator" | "discriminator" | "encoder" | "decoder";
+                role: string;
             };
             cookie?: never;
         };
@@ -3034,7 +3280,7 @@ export interface operations {
             path: {
                 /** @description The job's id */
                 job_id: string;
-                role: "generator" | "discriminator" | "encoder" | "decoder";
+                role: string;
             };
             cookie?: never;
         };
@@ -3065,7 +3311,7 @@ export interface operations {
                 name: string;
                 /** @description The job's id */
                 job_id: string;
-                role: "generator" | "discriminator" | "encoder" | "decoder";
+                role: string;
             };
             cookie?: never;
         };
@@ -3095,7 +3341,7 @@ export interface operations {
             path: {
                 /** @description The job's id */
                 job_id: string;
-                role: "generator" | "discriminator" | "encoder" | "decoder";
+                role: string;
             };
             cookie?: never;
         };
@@ -3119,6 +3365,69 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    read_rendezvous_api_v1_cluster_jobs__job_id__roles__role__rendezvous_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The job's id */
+                job_id: string;
+                role: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Rendezvous"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    publish_rendezvous_api_v1_cluster_jobs__job_id__roles__role__rendezvous_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The job's id */
+                job_id: string;
+                role: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Rendezvous"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Rendezvous"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
@@ -3613,6 +3922,40 @@ export interface operations {
             422: components["responses"]["Invalid"];
         };
     };
+    create_request_api_v1_datasets__dataset_id__release_requests_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The dataset's id */
+                dataset_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReleaseRequestCreateIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReleaseRequestOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
     get_job_api_v1_jobs__job_id__get: {
         parameters: {
             query?: never;
@@ -4023,6 +4366,119 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    list_requests_api_v1_release_requests_get: {
+        parameters: {
+            query?: {
+                direction?: components["schemas"]["app__releases__service__Direction"] | null;
+                status?: components["schemas"]["ReleaseStatus"] | null;
+                limit?: number;
+                offset?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReleaseRequestList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    get_request_api_v1_release_requests__request_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The release request's id */
+                request_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReleaseRequestOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            404: components["responses"]["NotFound"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    approve_api_v1_release_requests__request_id__approve_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The release request's id */
+                request_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReleaseRequestOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    deny_api_v1_release_requests__request_id__deny_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The release request's id */
+                request_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReleaseRequestOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
         };
     };
