@@ -54,6 +54,7 @@ ERROR_RESPONSES: dict[int, tuple[str, str]] = {
         "Invalid input: a field the schema describes (listed in `errors`) or a rule it cannot",
     ),
     429: ("TooManyAttempts", "Too many attempts; try again later"),
+    507: ("InsufficientStorage", "The server's storage is full; nothing was stored"),
 }
 
 

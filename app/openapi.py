@@ -310,7 +310,8 @@ def offline_document() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         settings = Settings(
             var_dir=Path(folder),
-            database_url="sqlite://",
+            # never connected to: building the document reads no data
+            database_url=f"sqlite:///{Path(folder) / 'document.db'}",
             secret_key=SecretStr("the document needs no secret"),
             run_reaper=False,
         )

@@ -35,6 +35,7 @@ from app.deps import API_PREFIX, SessionDep, SettingsDep
 from app.errors import (
     Conflict,
     Forbidden,
+    InsufficientStorage,
     Invalid,
     NotAuthenticated,
     QuotaExceeded,
@@ -199,7 +200,7 @@ def _body_chunks(request: Request) -> Iterator[bytes]:
         }
     },
 )
-@raises(Conflict, Forbidden, Invalid, QuotaExceeded)
+@raises(Conflict, Forbidden, Invalid, QuotaExceeded, InsufficientStorage)
 async def store_artifact(
     request: Request, call: RoleCallDep, db: SessionDep, settings: SettingsDep
 ) -> OutputOut:

@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect
 
 from app.accounts.models import Role, User
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
-from app.errors import Conflict, Forbidden, Invalid, QuotaExceeded, raises
+from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
 from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
 from app.releases import service as releases
 from app.workspaces import datasets, service
@@ -156,7 +156,7 @@ UPLOAD_BODY: dict[str, Any] = {
     status_code=status.HTTP_201_CREATED,
     openapi_extra=UPLOAD_BODY,
 )
-@raises(Invalid, QuotaExceeded)
+@raises(Invalid, QuotaExceeded, InsufficientStorage)
 async def upload_dataset(
     workspace_id: WorkspaceIdPath,
     request: Request,

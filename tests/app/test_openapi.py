@@ -14,7 +14,7 @@ from app.accounts.models import Role
 from app.deps import AdminDep, CallerDep
 from app.errors import Conflict, raises
 from app.fields import Id, StrictIn, UserIdPath
-from app.openapi import build_document
+from app.openapi import build_document, offline_document
 from support import Platform
 
 
@@ -169,3 +169,8 @@ def test_a_new_route_is_documented_from_its_shape_and_its_declared_errors() -> N
     assert set(create["responses"]) == {"201", "400", "401", "403", "404", "409", "413", "422"}
     assert create["security"] == [{"bearer": []}, {"session_cookie": []}]
     assert set(paths["/api/v1/things"]["get"]["responses"]) == {"200", "400", "401"}
+
+
+def test_the_document_is_written_offline_as_served(client: TestClient) -> None:
+    # `python -m app.openapi` feeds make api-types; it must need no server, database or secret
+    assert offline_document() == _document(client)

@@ -2687,6 +2687,15 @@ export interface components {
                 "application/json": components["schemas"]["ErrorOut"];
             };
         };
+        /** @description The server's storage is full; nothing was stored */
+        InsufficientStorage: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorOut"];
+            };
+        };
         /** @description Invalid input: a field the schema describes (listed in `errors`) or a rule it cannot */
         Invalid: {
             headers: {
@@ -3202,6 +3211,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     claim_api_v1_cluster_jobs__job_id__roles__role__claim_post: {
@@ -4870,6 +4880,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            507: components["responses"]["InsufficientStorage"];
         };
     };
     list_jobs_api_v1_workspaces__workspace_id__jobs_get: {
