@@ -80,7 +80,8 @@ def _rabbitmqctl(*args: str) -> str:
 
 def ensure_cluster_user(target: BrokerTarget, cluster: str) -> str:
     """Create (or reset) the cluster's broker user with its one-queue rights; its password."""
-    user, password = user_for(cluster), secrets.token_urlsafe(24)
+    # hex: a password must not start with "-", which rabbitmqctl would read as an option
+    user, password = user_for(cluster), secrets.token_hex(24)
     existing = {line.split("\t", 1)[0] for line in _rabbitmqctl("list_users").splitlines()}
     if user in existing:
         _rabbitmqctl("change_password", user, password)

@@ -128,3 +128,13 @@ def test_permission_patterns_name_exactly_one_queue() -> None:
     assert broker.url_with_credentials(target, "nebula-cluster-a", "p@ss/word") == (
         "amqp://nebula-cluster-a:p%40ss%2Fword@broker.site:5672/x"
     )
+
+
+def test_broker_passwords_never_look_like_an_option(vhost: str) -> None:
+    target = broker.target_for(f"{RABBITMQ}/{vhost}")
+    name = f"opt-{uuid.uuid4().hex[:6]}"
+    try:
+        passwords = [broker.ensure_cluster_user(target, name) for _ in range(3)]
+    finally:
+        broker.delete_cluster_user(name)
+    assert all(p[0].isalnum() and len(p) >= 32 for p in passwords)
