@@ -27,6 +27,7 @@ class Purpose(StrEnum):
     job_token_key_wrap = "job-token-key-wrap"  # encrypts the job-token signing key
     audit_chain = "audit-chain"  # keys the audit log's hash chain
     csrf = "csrf"  # binds CSRF tokens to sessions
+    checkpoints = "checkpoints"  # derives each job's key for what it leaves on clusters
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:
@@ -41,3 +42,10 @@ def derive(secret: bytes, purpose: Purpose) -> bytes:
 def subkey(settings: Settings, purpose: Purpose) -> bytes:
     """The key for `purpose` under the configured platform secret."""
     return derive(settings.secret(), purpose)
+
+
+def job_checkpoint_key(settings: Settings, job_id: str) -> bytes:
+    """The key a job's roles seal their files on the clusters with (one per job)."""
+    return HKDF(
+        algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=f"nebula/job/{job_id}".encode()
+    ).derive(subkey(settings, Purpose.checkpoints))

@@ -8,12 +8,13 @@ same way.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -122,6 +123,7 @@ class Claim:
     token: str
     heartbeat_s: float
     grace_s: float
+    checkpoint_key: bytes = field(repr=False, default=b"")
 
 
 class ClusterClient:
@@ -174,6 +176,7 @@ class ClusterClient:
             token=body["token"],
             heartbeat_s=float(body["heartbeat_s"]),
             grace_s=float(body["grace_s"]),
+            checkpoint_key=base64.b64decode(body["checkpoint_key"]),
         )
         return RoleSession(self, claim)
 
@@ -220,13 +223,13 @@ class RoleSession:
                 _raise_for(answer)
             yield from answer.iter_bytes(UPLOAD_CHUNK)
 
-    def upload_artifact(self, path: Path) -> dict[str, Any]:
-        """Stream the role's artifact file to the control plane, which encrypts and stores it."""
+    def upload_artifact(self, data: bytes) -> dict[str, Any]:
+        """Send the role's artifact to the control plane, which encrypts and stores it."""
 
         def chunks() -> Iterator[bytes]:
-            with path.open("rb") as source:
-                while chunk := source.read(UPLOAD_CHUNK):
-                    yield chunk
+            view = memoryview(data)
+            for start in range(0, len(view), UPLOAD_CHUNK):
+                yield bytes(view[start : start + UPLOAD_CHUNK])
 
         answer = self.client.http.put(
             f"{self._path}/artifact",
@@ -234,7 +237,7 @@ class RoleSession:
             headers={
                 **self._headers(),
                 "Content-Type": "application/octet-stream",
-                "Content-Length": str(path.stat().st_size),
+                "Content-Length": str(len(data)),
             },
         )
         _raise_for(answer)

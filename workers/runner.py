@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +34,7 @@ from workers.control_plane import (
 )
 from workers.presence import instance_name
 from workers.switch.link import Link
+from workers.training import sealed
 from workers.training.rendezvous import Rendezvous
 from workers.training.runtime import Hooks, RoleResult
 
@@ -258,17 +260,29 @@ class CredentialRefused(Exception):
     """The control plane refused this cluster's worker credential (revoked or unknown)."""
 
 
-def _finish(session: RoleSession, outcome: str, **kwargs: Any) -> None:
+FINAL_JOB_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def _finish(session: RoleSession, outcome: str, **kwargs: Any) -> str | None:
+    """Report how the role ended; the job's status afterwards, None when unknown."""
     try:
-        retrying(
+        return retrying(
             lambda: session.finish(outcome, **kwargs),
             within_s=session.claim.grace_s,
             what=f"reporting {outcome}",
         )
     except Fenced:
-        pass  # the attempt is over anyway
+        return None  # the attempt is over anyway
     except (httpx.TransportError, ControlPlaneError) as exc:
         log.error("could not report %s for role %s: %s", outcome, session.claim.role, exc)
+        return None
+
+
+def _forget_if_final(side: ClusterSide, job_id: str, job_status: str | None) -> None:
+    """A job that ended for good leaves nothing on the cluster: its scratch folder goes
+    (checkpoints, tokenizer, artifact). A job that goes on keeps it, to resume from."""
+    if job_status in FINAL_JOB_STATUSES:
+        shutil.rmtree(side.scratch_dir / "jobs" / job_id, ignore_errors=True)
 
 
 def run_role(*, job_id: str, role: str, attempt: int, side: ClusterSide) -> str:
@@ -287,6 +301,10 @@ def run_role(*, job_id: str, role: str, attempt: int, side: ClusterSide) -> str:
             return "stale"
         except Refused as exc:
             raise CredentialRefused(str(exc)) from None
+        except ControlPlaneError as exc:
+            if exc.status != 404:
+                raise
+            return "stale"  # no such role on this cluster: a task from elsewhere, or gone
         outcome = _run_claimed(session, side)
         if outcome.refused is not None and outcome.refused.status == 401:
             raise CredentialRefused(str(outcome.refused))
@@ -298,6 +316,7 @@ def run_role(*, job_id: str, role: str, attempt: int, side: ClusterSide) -> str:
 @dataclass
 class _Outcome:
     name: str
+    job_status: str | None  # as the control plane answered the role's finish
     refused: Refused | None = None
 
 
@@ -328,7 +347,9 @@ def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> R
     # the root's checkpoints: the cluster's workers share its scratch folder
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / REPLICA_OF
     seed = int(claim.config.get("seed", 0))
-    return run_discriminator_replica(cfg, rank, rendezvous, ckpt_dir, seed=seed)
+    return run_discriminator_replica(
+        cfg, rank, rendezvous, ckpt_dir, seed=seed, key=claim.checkpoint_key
+    )
 
 
 def _run_trainer(
@@ -357,10 +378,18 @@ def _run_trainer(
 
 
 def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
+    """Run a claimed role to its end, report it, and forget the job here if it is over."""
+    outcome = _run_and_report(session, side)
+    _forget_if_final(side, session.claim.job_id, outcome.job_status)
+    return outcome
+
+
+def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     claim = session.claim
     hooks = RoleHooks(session)
     hooks.publish_rendezvous = session.publish_rendezvous
     hooks.rendezvous_host = side.rendezvous_host
+    hooks.checkpoint_key = claim.checkpoint_key
     links: list[Link] = []
     try:
         if replica_rank(claim.role) is not None:
@@ -373,26 +402,24 @@ def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
             hooks.request_stop()
             hooks.refused = exc if isinstance(exc, Refused) else hooks.refused
         if hooks.stopped:
-            _finish(session, "stopped")
-            return _Outcome("stopped", hooks.refused)
+            return _Outcome("stopped", _finish(session, "stopped"), hooks.refused)
         log.exception("role %s of job %s failed", claim.role, claim.job_id)
-        _finish(session, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
-        return _Outcome("failed")
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        return _Outcome("failed", _finish(session, "failed", error=error))
     finally:
         for link in links:
             link.close()
     hooks.close()
     if result.stopped or hooks.stopped:
-        _finish(session, "stopped")
-        return _Outcome("stopped", hooks.refused)
+        return _Outcome("stopped", _finish(session, "stopped"), hooks.refused)
     try:
         if result.artifact is not None and result.artifact.exists():
-            session.upload_artifact(result.artifact)
+            # sealed on this disk; the control plane encrypts it again for the owner
+            session.upload_artifact(sealed.read(result.artifact, claim.checkpoint_key))
     except (Fenced, Refused):
-        _finish(session, "stopped")
-        return _Outcome("stopped")
+        return _Outcome("stopped", _finish(session, "stopped"))
     except (httpx.TransportError, ControlPlaneError) as exc:
-        _finish(session, "failed", error=f"storing the artifact failed: {exc}"[:2000])
-        return _Outcome("failed")
-    _finish(session, "succeeded", report=_report(claim.role, result))
-    return _Outcome("succeeded")
+        error = f"storing the artifact failed: {exc}"[:2000]
+        return _Outcome("failed", _finish(session, "failed", error=error))
+    report = _report(claim.role, result)
+    return _Outcome("succeeded", _finish(session, "succeeded", report=report))

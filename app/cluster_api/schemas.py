@@ -43,6 +43,7 @@ class ClaimOut(TokenOut):
     inputs: list[str]  # the inputs this role may read
     heartbeat_s: float
     grace_s: float  # keep training this long without the control plane, then stop
+    checkpoint_key: str  # base64; seals what the role leaves on the cluster's disk
 
 
 class HeartbeatOut(TokenOut):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from app.jobs import service as jobs
 from app.jobs.models import FINAL_STATUSES, Job, JobRole
 from app.jobs.outputs import store_job_output
 from app.jobs.schemas import REPLICA_OF, replica_rank, role_reads, role_spec
+from app.keyring import job_checkpoint_key
 from app.pki import service as pki
 from app.settings import Settings
 from workers.switch.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
@@ -148,6 +150,8 @@ def claim(
         "inputs": sorted(set(role_reads(job.kind, role, job.config)) & set(job.inputs)),
         "heartbeat_s": settings.role_heartbeat_s,
         "grace_s": settings.heartbeat_timeout_s,
+        # only a live attempt gets it: once the job ends, what it left sealed stays sealed
+        "checkpoint_key": base64.b64encode(job_checkpoint_key(settings, job.id)).decode(),
     }
 
 

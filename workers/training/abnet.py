@@ -38,7 +38,7 @@ from typing import Any
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
+from safetensors.torch import save as save_safetensors
 from tokenizers import Tokenizer
 from torch import nn
 
@@ -650,7 +650,7 @@ def run_abnet_encoder(
     reports it back). The result's `artifact` is `ckpt_dir / "adapters.safetensors"`.
     """
     hooks = hooks or Hooks()
-    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints)
+    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
     plm = load_pretrained(source_plm, device)
     side = EncoderSide(cfg, plm, _check_lines(source_lines, "source"), seed, device)
     eval_ids = None
@@ -747,7 +747,7 @@ def run_abnet_encoder(
         out.control("stop", result.last_step)
     out.sender.close()
     if not result.stopped:
-        result.artifact = _save_adapters(side.model, ckpt_dir, "abnet-encoder", cfg)
+        result.artifact = _save_adapters(side.model, store, "abnet-encoder", cfg)
     return result
 
 
@@ -772,16 +772,13 @@ def _check_peer(peer: dict[str, Any], mine: dict[str, Any], role: str) -> None:
         )
 
 
-def _save_adapters(model: nn.Module, ckpt_dir: Path, kind: str, cfg: AbnetConfig) -> Path:
+def _save_adapters(model: nn.Module, store: CheckpointStore, kind: str, cfg: AbnetConfig) -> Path:
     """The trained adapters of one side (the frozen PLM is not repeated)."""
     tensors = {
         n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad
     }
-    path = ckpt_dir / "adapters.safetensors"
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"nebula.kind": kind, "config": json.dumps(asdict(cfg))})
-    tmp.replace(path)
-    return path
+    meta = {"nebula.kind": kind, "config": json.dumps(asdict(cfg))}
+    return store.write_file("adapters.safetensors", save_safetensors(tensors, metadata=meta))
 
 
 # ---------------------------------------------------------------- the decoder role (cluster T)
@@ -807,7 +804,7 @@ def run_abnet_decoder(
     is `ckpt_dir / "adapters.safetensors"`.
     """
     hooks = hooks or Hooks()
-    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints)
+    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
     plm = load_pretrained(target_plm, device)
     lines = _check_lines(target_lines, "target")
     refs = _check_lines(eval_target_lines, "target") if eval_target_lines is not None else []
@@ -902,5 +899,5 @@ def run_abnet_decoder(
             break
     sender.close()
     if not result.stopped:
-        result.artifact = _save_adapters(side.model, ckpt_dir, "abnet-decoder", cfg)
+        result.artifact = _save_adapters(side.model, store, "abnet-decoder", cfg)
     return result

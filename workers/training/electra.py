@@ -481,15 +481,17 @@ class LocalElectraRun:
     history: list[dict[str, float]]
 
 
-def job_tokenizer(cfg: ElectraConfig, lines: list[str], ckpt_dir: Path | None) -> Tokenizer:
-    """The job's tokenizer: the one saved in `ckpt_dir`, else trained on `lines` (and saved)."""
-    path = ckpt_dir / "tokenizer.json" if ckpt_dir is not None else None
-    if path is not None and path.exists():
-        return Tokenizer.from_file(str(path))
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def job_tokenizer(cfg: ElectraConfig, lines: list[str], store: CheckpointStore | None) -> Tokenizer:
+    """The job's tokenizer: the one the role's `store` holds, else trained on `lines` (and
+    kept there, sealed like the checkpoints: its vocabulary comes from the job's text)."""
+    if store is not None and store.has_file(TOKENIZER_FILE):
+        return Tokenizer.from_str(store.read_file(TOKENIZER_FILE).decode())
     tok = train_tokenizer(lines, cfg.vocab_size, cfg.min_token_frequency)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tok.save(str(path))
+    if store is not None:
+        store.write_file(TOKENIZER_FILE, tok.to_str().encode())
     return tok
 
 
@@ -546,8 +548,8 @@ def run_electra_generator(
     lines = clean_lines(text_lines)
     if len(lines) < cfg.batch_size:
         raise ValueError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
-    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints)
-    tok = job_tokenizer(cfg, lines, ckpt_dir)
+    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
+    tok = job_tokenizer(cfg, lines, store)
     V = tok.get_vocab_size()
     ids = encode_lines(tok, lines, cfg.seq_len)
     side = GeneratorSide(cfg, ids, V, seed, device)
@@ -654,7 +656,7 @@ def run_electra_discriminator(
     trained discriminator with its tokenizer (see `export_pretrained`).
     """
     hooks = hooks or Hooks()
-    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints)
+    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
     lines = clean_lines(text_lines) if text_lines is not None else None
     peer = hello(
         link,
@@ -678,7 +680,7 @@ def run_electra_discriminator(
 
     from workers.training.replicas import discriminator_replicas  # it imports this module
 
-    with discriminator_replicas(cfg, seed, device, ckpt_dir, V, start, hooks) as group:
+    with discriminator_replicas(cfg, seed, device, store, V, start, hooks) as group:
         side = DiscriminatorSide(cfg, V, seed, group.device)
         if start:
             tensors, meta = store.load(start)
@@ -729,11 +731,9 @@ def run_electra_discriminator(
         result.extra["replica_max_abs_diff"] = group.replica_max_abs_diff(side)
         if not result.stopped:
             info = {"steps": result.last_step, "seed": seed, "preset_config": asdict(cfg)}
-            artifact = ckpt_dir / "model.safetensors"
-            tmp = artifact.with_suffix(".tmp")
-            tmp.write_bytes(export_pretrained(side.model, tok, info))
-            tmp.replace(artifact)
-            result.artifact = artifact
+            result.artifact = store.write_file(
+                "model.safetensors", export_pretrained(side.model, tok, info)
+            )
     return result
 
 

@@ -119,7 +119,7 @@ def discriminator_replicas(
     cfg: ElectraConfig,
     seed: int,
     device: str,
-    ckpt_dir: Path,
+    store: CheckpointStore,
     vocab_size: int,
     start: int,
     hooks: Hooks | None = None,
@@ -147,8 +147,13 @@ def discriminator_replicas(
         procs = [
             ctx.Process(
                 target=_replica_main,
-                args=(rank, n, backend, init, asdict(cfg), seed, device, str(ckpt_dir), vocab_size),
-                kwargs={"start": start, "threads": torch.get_num_threads()},
+                args=(rank, n, backend, init, asdict(cfg), seed, device, str(store.directory)),
+                kwargs={
+                    "vocab_size": vocab_size,
+                    "start": start,
+                    "threads": torch.get_num_threads(),
+                    "key": store.key,
+                },
                 daemon=True,
             )
             for rank in range(1, n)
@@ -179,6 +184,7 @@ def run_discriminator_replica(
     *,
     seed: int = 0,
     device: str = "cpu",
+    key: bytes | None = None,
 ) -> RoleResult:
     """Replica `rank` as a role of its own: join the root's group, train until it says stop.
 
@@ -199,9 +205,10 @@ def run_discriminator_replica(
         seed,
         device,
         str(ckpt_dir),
-        rendezvous.vocab_size,
+        vocab_size=rendezvous.vocab_size,
         start=rendezvous.start_step,
         threads=torch.get_num_threads(),
+        key=key,
     )
     return RoleResult(start_step=rendezvous.start_step, last_step=0, stopped=False)
 
@@ -215,10 +222,11 @@ def _replica_main(
     seed: int,
     device: str,
     ckpt_dir: str,
-    vocab_size: int,
     *,
+    vocab_size: int,
     start: int,
     threads: int,
+    key: bytes | None = None,
 ) -> None:
     """Replica `rank` of the discriminator: trains on what the root scatters, until told to stop."""
     torch.set_num_threads(threads)
@@ -229,7 +237,7 @@ def _replica_main(
     try:
         side = DiscriminatorSide(cfg, vocab_size, seed, dev, rank=rank)
         if start:
-            tensors, meta = CheckpointStore(Path(ckpt_dir)).load(start)
+            tensors, meta = CheckpointStore(Path(ckpt_dir), key=key).load(start)
             restore_training_state(tensors, meta, side.model, side.opt, {})
             side.rng_dropout.set_state(tensors[f"rng.dropout.rank{rank}"])
         while True:

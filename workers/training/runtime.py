@@ -9,7 +9,6 @@ exactly the integer widths the sender chose.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
 import struct
@@ -21,10 +20,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from workers.compression import parse_spec
 from workers.switch.link import Link, Payload
+from workers.training import sealed
 from workers.training.rendezvous import Rendezvous
 
 # ---------------------------------------------------------------- hooks and results
@@ -41,6 +42,8 @@ class Hooks:
     # where to join; None: the role starts its replicas itself, as local processes.
     publish_rendezvous: Callable[[Rendezvous], None] | None = None
     rendezvous_host: str = "127.0.0.1"  # the address other processes reach this one at
+    # seals what the role leaves on disk (checkpoints, tokenizer, artifact); None: plain
+    checkpoint_key: bytes | None = None
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """Report the metrics of one finished step."""
@@ -215,11 +218,15 @@ _CKPT = re.compile(r"^step-(\d{8})\.safetensors$")
 
 
 class CheckpointStore:
-    """Checkpoints of one role in one folder: step-00000100.safetensors, the newest `keep` kept."""
+    """Checkpoints of one role in one folder: step-00000100.safetensors, the newest `keep` kept.
 
-    def __init__(self, directory: Path, keep: int = 3) -> None:
+    With a `key`, every file it writes is sealed (workers/training/sealed.py).
+    """
+
+    def __init__(self, directory: Path, keep: int = 3, key: bytes | None = None) -> None:
         self.directory = directory
         self.keep = keep
+        self.key = key
         directory.mkdir(parents=True, exist_ok=True)
 
     def steps(self) -> list[int]:
@@ -234,19 +241,31 @@ class CheckpointStore:
     def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
         """Write atomically (temp file + rename), then drop the oldest beyond `keep`."""
         path = self.path(step)
-        tmp = path.with_suffix(".tmp")
         cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-        save_file(cpu, str(tmp), metadata={"nebula": json.dumps(meta)})
-        os.replace(tmp, path)
+        self.write_file(path.name, save_safetensors(cpu, metadata={"nebula": json.dumps(meta)}))
         for old in self.steps()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return path
 
     def load(self, step: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Tensors and metadata of the checkpoint of `step`."""
-        path = self.path(step)
-        meta = json.loads(read_safetensors_metadata(path.read_bytes())["nebula"])
-        return load_file(str(path)), meta
+        blob = self.read_file(self.path(step).name)
+        meta = json.loads(read_safetensors_metadata(blob)["nebula"])
+        return load_safetensors(blob), meta
+
+    def write_file(self, name: str, data: bytes) -> Path:
+        """Another file of the role (its tokenizer, its artifact), sealed like checkpoints."""
+        path = self.directory / name
+        sealed.write(path, data, self.key)
+        return path
+
+    def read_file(self, name: str) -> bytes:
+        """What `write_file` wrote."""
+        return sealed.read(self.directory / name, self.key)
+
+    def has_file(self, name: str) -> bool:
+        """Whether the role wrote `name`."""
+        return (self.directory / name).exists()
 
 
 def read_safetensors_metadata(blob: bytes) -> dict[str, str]:

@@ -109,6 +109,8 @@ def test_electra_then_abnet_on_its_model_through_the_switches(
     artifacts = scientist.call("GET", f"/jobs/{electra}/artifacts", 200)["items"]
     model = next(a for a in artifacts if a["kind"] == "model")
     assert scientist.call("GET", f"/datasets/{model['dataset_id']}", 200)["kind"] == "model"
+    for cluster in ("cluster-a", "cluster-b"):
+        assert not _scratch(running, cluster, electra).exists()
 
     abnet = scientist.call(
         "POST",
@@ -187,14 +189,31 @@ def _both_roles_stopped(running: RunningPlatform, job: str) -> bool:
     return all(r.status.value == "stopped" for r in _roles(running, job).values())
 
 
-def test_cancel_stops_both_roles_within_seconds(
+def _scratch(running: RunningPlatform, cluster: str, job: str) -> Path:
+    return running.settings.var_dir / "clusters" / cluster / "scratch" / "jobs" / job
+
+
+def test_cancel_stops_both_roles_within_seconds_and_the_clusters_forget_the_job(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
     _owner, scientist, job, _request = _long_electra(running, corpus)
+    # while it runs, what the roles keep on their clusters' disks is sealed
+    generator_dir = _scratch(running, "cluster-a", job) / "generator"
+    checkpoints = wait_until(
+        lambda: sorted(generator_dir.glob("step-*.safetensors")), "a generator checkpoint"
+    )
+    on_disk = checkpoints[-1].read_bytes()
+    assert on_disk.startswith(b"NBS1") and b"__metadata__" not in on_disk
+    tokenizer = (generator_dir / "tokenizer.json").read_bytes()
+    assert tokenizer.startswith(b"NBS1") and b"vocab" not in tokenizer
+
     assert scientist.call("POST", f"/jobs/{job}/cancel", 202)["status"] == "cancelled"
     wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
     assert _job(scientist, job)["status"] == "cancelled"
     assert scientist.client.post(f"/api/v1/jobs/{job}/cancel").status_code == 409
+    # the job ended for good: neither cluster keeps anything of it
+    for cluster in ("cluster-a", "cluster-b"):
+        assert not _scratch(running, cluster, job).exists()
 
 
 def test_revoking_the_grant_fails_the_running_job(
