@@ -158,7 +158,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from workers.control_plane import ClusterClient, ControlPlaneError
     from workers.presence import PresenceReporter
     from workers.runner import ClusterSide
-    from workers.worker_state import credential_path, set_side
+    from workers.worker_state import credential_path, current_side, set_side
 
     cluster, broker_url = args.cluster, settings.broker_url
     control_plane = args.control_plane or settings.control_plane_url
@@ -217,6 +217,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
         ClusterClient(control_plane, credential=credential, ca_path=control_plane_ca),
         kind="worker",
         cluster=cluster,
+        scratch_dir=current_side().scratch_dir,
     ).start()
     try:
         app.worker_main(

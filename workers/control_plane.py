@@ -158,6 +158,12 @@ class ClusterClient:
         _raise_for(answer)
         return float(answer.json()["report_every_s"])
 
+    def ended_jobs(self, job_ids: list[str]) -> list[str]:
+        """Of `job_ids`, those this cluster has no live part in any more."""
+        answer = self.http.post("/jobs/ended", json={"job_ids": job_ids})
+        _raise_for(answer)
+        return [str(j) for j in answer.json()["ended"]]
+
     def claim(self, *, job_id: str, role: str, attempt: int, worker: str) -> RoleSession:
         """Start the role's attempt; Fenced if it is stale, final or held."""
         answer = self.http.post(

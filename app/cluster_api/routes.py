@@ -19,6 +19,8 @@ from app.cluster_api import service
 from app.cluster_api.schemas import (
     ClaimIn,
     ClaimOut,
+    EndedJobsIn,
+    EndedJobsOut,
     FinishIn,
     FinishOut,
     HeartbeatOut,
@@ -114,6 +116,12 @@ def presence(
     )
     db.commit()
     return PresenceAnswer(report_every_s=settings.presence_report_s)
+
+
+@router.post("/jobs/ended", response_model=EndedJobsOut)
+def ended_jobs(body: EndedJobsIn, cluster: WorkerClusterDep, db: SessionDep) -> EndedJobsOut:
+    """Which of the jobs a cluster still keeps files of have ended there (to remove them)."""
+    return EndedJobsOut(ended=service.ended_jobs(db, cluster=cluster, job_ids=body.job_ids))
 
 
 @router.post(f"{ROLE}/claim", response_model=ClaimOut)

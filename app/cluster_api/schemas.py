@@ -99,3 +99,11 @@ class Rendezvous(Strict):
     world_size: int = Field(ge=2, le=16)
     vocab_size: int = Field(ge=1, le=10_000_000)
     start_step: int = Field(ge=0, le=10**9)
+
+
+class EndedJobsIn(Strict):
+    job_ids: list[Annotated[str, Field(min_length=1, max_length=36)]] = Field(max_length=500)
+
+
+class EndedJobsOut(BaseModel):
+    ended: list[str]  # of those asked: the jobs this cluster has no live part in any more

@@ -327,6 +327,23 @@ def store_output(
     return dataset_id, name, size
 
 
+def ended_jobs(db: Session, *, cluster: Cluster, job_ids: list[str]) -> list[str]:
+    """Of `job_ids`, those that ended for good or never had a role on `cluster`: the jobs
+    whose scratch folders the cluster may remove."""
+    live = set(
+        db.scalars(
+            select(JobRole.job_id)
+            .join(Job, Job.id == JobRole.job_id)
+            .where(
+                JobRole.job_id.in_(job_ids),
+                JobRole.cluster == cluster.name,
+                Job.status.not_in(FINAL_STATUSES),
+            )
+        )
+    )
+    return [job_id for job_id in job_ids if job_id not in live]
+
+
 def publish_rendezvous(db: Session, *, call: RoleCall, rendezvous: dict[str, Any]) -> None:
     """The root discriminator's process-group address for this attempt's replicas."""
     if call.role != REPLICA_OF:

@@ -288,6 +288,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/cluster/jobs/ended": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Ended Jobs
+         * @description Which of the jobs a cluster still keeps files of have ended there (to remove them).
+         */
+        post: operations["ended_jobs_api_v1_cluster_jobs_ended_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/cluster/jobs/{job_id}/roles/{role}/artifact": {
         parameters: {
             query?: never;
@@ -1677,6 +1697,8 @@ export interface components {
         ClaimOut: {
             /** Attempt */
             attempt: number;
+            /** Checkpoint Key */
+            checkpoint_key: string;
             /** Config */
             config: {
                 [key: string]: unknown;
@@ -1920,6 +1942,16 @@ export interface components {
              * @example cluster-a
              */
             generator: string;
+        };
+        /** EndedJobsIn */
+        EndedJobsIn: {
+            /** Job Ids */
+            job_ids: string[];
+        };
+        /** EndedJobsOut */
+        EndedJobsOut: {
+            /** Ended */
+            ended: string[];
         };
         /** EnrollIn */
         EnrollIn: {
@@ -3174,6 +3206,34 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    ended_jobs_api_v1_cluster_jobs_ended_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EndedJobsIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EndedJobsOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
