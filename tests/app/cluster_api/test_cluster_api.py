@@ -695,3 +695,19 @@ def test_admins_see_running_jobs_across_tenants_without_their_data(site: Site) -
     assert job["placement"] == CLUSTER_OF
     assert not {"config", "inputs", "metrics", "error"} & set(job)
     assert site.client.get(f"{API}/admin/jobs", headers=site.alice.headers).status_code == 403
+
+
+def test_a_cluster_learns_which_of_its_jobs_ended(site: Site) -> None:
+    path = f"{CLUSTER_API}/jobs/ended"
+    unknown = "00000000-0000-4000-8000-000000000000"
+    body = {"job_ids": [site.job_id, unknown]}
+    answer = site.client.post(path, json=body, headers=site.headers("cluster-a"))
+    assert answer.status_code == 200 and answer.json() == {"ended": [unknown]}
+    site.client.post(f"{API}/jobs/{site.job_id}/cancel", headers=site.alice.headers)
+    answer = site.client.post(path, json=body, headers=site.headers("cluster-a"))
+    assert answer.json() == {"ended": [site.job_id, unknown]}
+    assert site.client.post(path, json=body).status_code == 401
+    too_many = {"job_ids": [unknown] * 501}
+    assert (
+        site.client.post(path, json=too_many, headers=site.headers("cluster-a")).status_code == 422
+    )
