@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     job_token_ttl_s: float = 300.0  # a job token's life; every heartbeat renews it
     presence_report_s: float = 10.0  # how often switches and workers report in
     presence_timeout_s: float = 30.0  # one silent this long counts as offline
+    # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
+    # newer than the last anchor could be deleted unseen by someone with database rights
+    audit_anchor_interval_s: float = 1.0
     log_level: str = "INFO"
 
     @property
