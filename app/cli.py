@@ -172,6 +172,9 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
         crl_grace_s=args.crl_grace_s if args.crl_grace_s is not None else settings.crl_grace_s,
         control_plane_ca=control_plane_ca,
         credential=credential,
+        max_connections=settings.switch_max_connections,
+        max_connections_per_source=settings.switch_max_connections_per_source,
+        auth_timeout_s=settings.switch_auth_timeout_s,
     )
     return 0
 
