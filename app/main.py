@@ -91,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # outside admission: a method the path lacks is answered without taking a slot
     app.add_middleware(MethodNotAllowedMiddleware, paths=lambda: route_methods(app))
     app.add_middleware(MetricsMiddleware)
-    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware, always_https=settings.cookie_secure)
     app.add_middleware(RejectNulMiddleware)
     app.add_middleware(
         BodyLimitMiddleware,

@@ -80,8 +80,7 @@ def ensure_demo_admin(settings: Settings) -> dict[str, str]:
                 f"{DEMO_ADMIN_EMAIL} exists but {path} is gone; reset {settings.var_dir}"
             )
     engine.dispose()
-    path.write_text(json.dumps({"email": DEMO_ADMIN_EMAIL, "password": password}))
-    path.chmod(0o600)
+    write_private_file(path, json.dumps({"email": DEMO_ADMIN_EMAIL, "password": password}).encode())
     return {"email": DEMO_ADMIN_EMAIL, "password": password}
 
 

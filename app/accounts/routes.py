@@ -49,13 +49,14 @@ def login(
         db, email=body.email, password=body.password, ip=client_ip(request), settings=settings
     )
     max_age = settings.session_ttl_hours * 3600
+    secure = settings.cookie_secure or request.url.scheme == "https"
     response.set_cookie(
         SESSION_COOKIE,
         issued.secret,
         max_age=max_age,
         httponly=True,
         samesite="strict",
-        secure=settings.cookie_secure,
+        secure=secure,
         path="/",
     )
     response.set_cookie(
@@ -64,7 +65,7 @@ def login(
         max_age=max_age,
         httponly=False,
         samesite="strict",
-        secure=settings.cookie_secure,
+        secure=secure,
         path="/",
     )
     return LoginOut(

@@ -241,9 +241,24 @@ def change_password(
 ) -> None:
     """Set a new password; every other session and token of the user is revoked.
 
-    Argon2 runs before the transaction begins (the caller's user is already loaded).
+    A wrong current password counts as a failed login: a stolen session cannot guess it
+    at leisure, and the account's lockout stops both doors at once. Argon2 runs outside
+    any transaction (the caller's user is already loaded).
     """
+    if _recent_failures(db, email=user.email, settings=settings) >= settings.lockout_failures:
+        audit.record(
+            db,
+            actor=actor,
+            action="user.password",
+            subject_type="user",
+            subject_id=user.id,
+            outcome="locked",
+        )
+        db.commit()
+        raise TooManyAttempts("too many failed attempts; try again later")
+    db.commit()
     if not passwords.verify_password(current_password, user.password_hash, settings):
+        db.add(LoginFailure(email=user.email))
         audit.record(
             db,
             actor=actor,
@@ -379,7 +394,16 @@ def delete_user(db: Session, *, actor: Actor, user: User) -> None:
     grants.end_grants_of_user(db, actor=actor, user_id=user.id)
 
 
-def purge_expired(db: Session) -> int:
-    """Drop login failures older than any lockout window (housekeeping)."""
-    cutoff = utcnow() - timedelta(days=1)
-    return db.execute(delete(LoginFailure).where(LoginFailure.at < cutoff)).rowcount or 0  # type: ignore[attr-defined]
+def purge_expired(db: Session, *, settings: Settings) -> int:
+    """Drop login failures past the lockout window and tokens that can no longer be used."""
+    now = utcnow()
+    failures = delete(LoginFailure).where(
+        LoginFailure.at < now - timedelta(minutes=settings.lockout_window_minutes)
+    )
+    # an expired or revoked token authenticates nothing (its audit events keep its id);
+    # revoked ones stay a day, so that their owner still sees them listed as revoked
+    dead_tokens = delete(AuthToken).where(
+        (AuthToken.expires_at < now) | (AuthToken.revoked_at < now - timedelta(days=1))
+    )
+    purged = db.execute(failures).rowcount or 0  # type: ignore[attr-defined]
+    return purged + (db.execute(dead_tokens).rowcount or 0)  # type: ignore[attr-defined]

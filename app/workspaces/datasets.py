@@ -119,8 +119,10 @@ class IncomingFile:
     def __init__(self, plan: UploadPlan) -> None:
         self.plan = plan
         with disk_full_is_507():
-            plan.tmp_path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: BinaryIO = plan.tmp_path.open("xb")
+            plan.tmp_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # 0600 from creation on (encrypted, but still nobody else's to read or copy)
+            fd = os.open(plan.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self._file: BinaryIO = os.fdopen(fd, "wb")
             self._writer = EncryptedWriter(
                 self._file, data_key=plan.data_key, dataset_id=plan.dataset_id
             )
@@ -270,7 +272,7 @@ def finish_upload(
         },
     )
     with disk_full_is_507():
-        plan.final_path.parent.mkdir(parents=True, exist_ok=True)
+        plan.final_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.replace(plan.tmp_path, plan.final_path)
     try:
         db.commit()
@@ -426,9 +428,25 @@ def open_for_download(
 # ------------------------------------------------------------------------------ catalog
 
 
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A discoverable dataset as one viewer may see it."""
+
+    dataset: Dataset
+    owner_display_name: str
+    # the plaintext digest confirms a guess of the content: only for owner and grantees
+    sha256: str | None
+
+
 def catalog(
-    db: Session, *, q: str | None, kind: DatasetKind | None, limit: int, offset: int
-) -> tuple[list[tuple[Dataset, str]], int]:
+    db: Session,
+    *,
+    viewer_id: str,
+    q: str | None,
+    kind: DatasetKind | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[CatalogEntry], int]:
     """Discoverable live datasets of active users with their owner's display name, newest first."""
     stmt = (
         select(Dataset, User.display_name)
@@ -448,4 +466,15 @@ def catalog(
     rows = db.execute(
         stmt.order_by(Dataset.created_at.desc(), Dataset.id).limit(limit).offset(offset)
     ).all()
-    return [(row[0], row[1]) for row in rows], total
+    granted = grants.datasets_granted_to(
+        db, user_id=viewer_id, dataset_ids=[row[0].id for row in rows]
+    )
+    entries = [
+        CatalogEntry(
+            dataset=row[0],
+            owner_display_name=row[1],
+            sha256=row[0].sha256 if row[0].owner_id == viewer_id or row[0].id in granted else None,
+        )
+        for row in rows
+    ]
+    return entries, total
