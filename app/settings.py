@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     max_api_token_days: int = 365
     lockout_failures: int = 5
     lockout_window_minutes: int = 15
+    # failed logins from one address within the window before it gets 429 for any account:
+    # distinct unknown emails would otherwise each pass their own account's lockout
+    login_ip_failures: int = 50
     # argon2id cost; the defaults are argon2-cffi's own (~0.12 s a hash here)
     argon2_time_cost: int = 3
     argon2_memory_kib: int = 65536

@@ -68,10 +68,15 @@ class AuthToken(Base):
 
 
 class LoginFailure(Base):
-    """A failed login for an email (known or not), for the lockout window."""
+    """A failed login for an email (known or not), for the lockout window.
+
+    Each attempt is written before its password is checked and removed if it was right,
+    so that attempts running at once cannot all pass a count taken before any failed.
+    """
 
     __tablename__ = "login_failures"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     email: Mapped[str] = mapped_column(String(320), index=True)
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    ip: Mapped[str | None] = mapped_column(String(64), index=True)  # for the per-address limit
