@@ -249,6 +249,15 @@ def resolve_token(db: Session, *, secret: str) -> tuple[User, AuthToken] | None:
     return None if row is None else (row[0], row[1])
 
 
+def token_is_live(db: Session, *, token_id: str) -> bool:
+    """Whether the token still authenticates: not revoked, not expired, its user active."""
+    record = db.get(AuthToken, token_id)
+    if record is None or record.revoked_at is not None or record.expires_at <= utcnow():
+        return False
+    user = db.get(User, record.user_id)
+    return user is not None and user.status == UserStatus.active
+
+
 def revoke_token(db: Session, *, actor: Actor, record: AuthToken) -> None:
     """End one token now."""
     if record.revoked_at is None:

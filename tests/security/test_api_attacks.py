@@ -7,17 +7,22 @@ import stat
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
 from app.accounts import service as accounts
-from app.accounts.models import AuthToken, LoginFailure
+from app.accounts.models import AuthToken, LoginFailure, Role
+from app.audit.service import SYSTEM
+from app.clusters import service as clusters
 from app.db import utcnow
 from app.main import create_app
 from app.migrate import upgrade
+from app.pki import service as pki
 from app.settings import Settings
 from app.up import ensure_demo_admin
-from support import PASSWORD, Platform
+from support import PASSWORD, LiveServer, Platform
+from workers.switch.tls import make_switch_key_and_csr
 
 API = "/api/v1"
 CONTENT = b"a line whose digest an attacker could confirm by guessing it\n"
@@ -140,3 +145,53 @@ def test_files_with_secrets_or_data_are_private_from_their_first_byte(tmp_path: 
     stored = [p for p in settings.resolved_data_dir.rglob("*") if p.is_file()]
     assert stored and {mode(p) for p in stored} == {"0o600"}
     assert mode(settings.resolved_data_dir / "audit") == "0o700"
+
+
+def test_an_open_event_stream_ends_when_its_session_is_revoked(settings: Settings) -> None:
+    """A stolen session watching a job loses the stream at logout, not when it chooses."""
+    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        with server.app.state.sessionmaker() as db:
+            for name in ("cluster-a", "cluster-b"):
+                cluster = clusters.create(
+                    db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1
+                )
+                _key, csr = make_switch_key_and_csr(name)
+                pki.issue(
+                    db, actor=SYSTEM, cluster=cluster, csr_pem=csr.decode(), settings=settings
+                )
+            accounts.create_user(
+                db,
+                actor=SYSTEM,
+                email="watcher@example.org",
+                display_name="w",
+                role=Role.member,
+                password=PASSWORD,
+                settings=settings,
+            )
+            db.commit()
+        login = {"email": "watcher@example.org", "password": PASSWORD}
+        token = http.post(f"{API}/auth/login", json=login).json()["token"]
+        http.cookies.clear()
+        auth = {"Authorization": f"Bearer {token}"}
+        ws = http.get(f"{API}/workspaces", headers=auth).json()["items"][0]["id"]
+        lines = "".join(f"une phrase {i}\n" for i in range(64)).encode()
+        text_id = http.post(
+            f"{API}/workspaces/{ws}/datasets",
+            data={"name": "t.txt", "kind": "text", "discoverable": "false"},
+            files={"file": ("t.txt", lines)},
+            headers=auth,
+        ).json()["id"]
+        job = {
+            "kind": "electra_pretrain",
+            "config": {"preset": "tiny", "steps": 5},
+            "inputs": {"text": text_id},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        }
+        answer = http.post(f"{API}/workspaces/{ws}/jobs", json=job, headers=auth)
+        assert answer.status_code == 202, answer.text
+        with http.stream("GET", f"{API}/jobs/{answer.json()['id']}/events", headers=auth) as events:
+            received = events.iter_lines()
+            assert next(received) == "event: status"  # the job is queued: the stream stays open
+            assert http.post(f"{API}/auth/logout", headers=auth).status_code == 204
+            rest = list(received)  # returns only because the server ends the stream
+        assert all("keep-alive" in line or not line for line in rest[1:])

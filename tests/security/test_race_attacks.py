@@ -65,7 +65,7 @@ def test_parallel_wrong_passwords_cannot_outrun_the_lockout(
     checked = [o for o in outcomes if isinstance(o, NotAuthenticated)]
     locked = [o for o in outcomes if isinstance(o, TooManyAttempts)]
     assert len(checked) == settings.lockout_failures  # no more guesses were ever checked
-    assert len(checked) + len(locked) == 12
+    assert len(checked) + len(locked) == 12, outcomes
 
 
 def test_one_enrollment_token_enrolls_one_switch(
