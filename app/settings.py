@@ -44,6 +44,10 @@ class Settings(BaseSettings):
 
     default_storage_bytes_limit: int = 10 * 1024**3
     default_max_concurrent_jobs: int = 2
+    # per user, over all their workspaces (an admin may set other values per user)
+    default_user_max_workspaces: int = 10
+    default_user_storage_bytes_limit: int = 50 * 1024**3
+    default_user_max_concurrent_jobs: int = 4
     max_request_body_bytes: int = 1024 * 1024  # JSON bodies; uploads have their own limit
     max_upload_bytes: int = 2 * 1024**3
 

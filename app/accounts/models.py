@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from sqlalchemy import Enum, ForeignKey, String
+from sqlalchemy import BigInteger, Enum, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, new_id, utcnow
@@ -49,6 +49,10 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # per-user quotas over all the user's workspaces; None: the settings' defaults
+    max_workspaces: Mapped[int | None]
+    storage_bytes_limit: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_jobs: Mapped[int | None]
 
 
 class AuthToken(Base):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
+from sqlalchemy.orm import Session
 
-from app.accounts import service
+from app.accounts import quotas, service
+from app.accounts.models import User
 from app.accounts.schemas import (
     LoginIn,
     LoginOut,
@@ -16,6 +18,8 @@ from app.accounts.schemas import (
     UserCreateIn,
     UserList,
     UserOut,
+    UserQuotaIn,
+    UserQuotaOut,
     UserUpdateIn,
 )
 from app.accounts.tokens import csrf_token
@@ -35,6 +39,7 @@ from app.deps import (
 from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, raises
 from app.fields import TokenIdPath, UserIdPath
 from app.keyring import Purpose, subkey
+from app.settings import Settings
 
 router = APIRouter(prefix=API_PREFIX, tags=["accounts"])
 
@@ -197,6 +202,43 @@ def update_user(
     )
     db.commit()
     return UserOut.model_validate(user)
+
+
+def _quota_out(db: Session, user: User, settings: Settings) -> UserQuotaOut:
+    now = quotas.usage(db, user=user, settings=settings)
+    return UserQuotaOut(
+        max_workspaces=now.quota.max_workspaces,
+        storage_bytes_limit=now.quota.storage_bytes_limit,
+        max_concurrent_jobs=now.quota.max_concurrent_jobs,
+        workspaces=now.workspaces,
+        storage_bytes_used=now.storage_bytes_used,
+        active_jobs=now.active_jobs,
+    )
+
+
+@router.get("/users/{user_id}/quota", response_model=UserQuotaOut)
+def get_user_quota(
+    user_id: str, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> UserQuotaOut:
+    """A user's limits over all their workspaces, and their use of them."""
+    return _quota_out(db, service.get_user(db, user_id=user_id), settings)
+
+
+@router.patch("/users/{user_id}/quota", response_model=UserQuotaOut)
+def set_user_quota(
+    user_id: str, body: UserQuotaIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> UserQuotaOut:
+    """Set a user's limits on workspaces, storage and concurrent jobs (admins)."""
+    user = quotas.set_quota(
+        db,
+        actor=caller.actor,
+        user=service.get_user(db, user_id=user_id),
+        max_workspaces=body.max_workspaces,
+        storage_bytes_limit=body.storage_bytes_limit,
+        max_concurrent_jobs=body.max_concurrent_jobs,
+    )
+    db.commit()
+    return _quota_out(db, user, settings)
 
 
 @router.post("/users/{user_id}/suspend", response_model=UserOut)

@@ -99,6 +99,21 @@ class UserUpdateIn(StrictIn):
     role: Role | None = Field(default=None, strict=False)
 
 
+class UserQuotaIn(Strict):
+    max_workspaces: int | None = Field(default=None, ge=1, le=100_000)
+    storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**62)
+    max_concurrent_jobs: int | None = Field(default=None, ge=0, le=10_000)
+
+
+class UserQuotaOut(BaseModel):
+    max_workspaces: int
+    storage_bytes_limit: int
+    max_concurrent_jobs: int
+    workspaces: int
+    storage_bytes_used: int
+    active_jobs: int
+
+
 class UserList(BaseModel):
     items: list[UserOut]
     total: int

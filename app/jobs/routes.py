@@ -62,9 +62,12 @@ def submit_job(
     workspace = workspaces.get_owned(
         db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
     )
-    job = service.submit(db, actor=caller.actor, user=caller.user, workspace=workspace, body=body)
+    settings = request.app.state.settings
+    job = service.submit(
+        db, actor=caller.actor, user=caller.user, workspace=workspace, body=body, settings=settings
+    )
     db.commit()
-    dispatch.dispatch_job(db, settings=request.app.state.settings, job_id=job.id)
+    dispatch.dispatch_job(db, settings=settings, job_id=job.id)
     return JobAccepted(id=job.id, status=job.status.value)
 
 
