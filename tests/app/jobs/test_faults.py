@@ -180,7 +180,7 @@ def test_the_database_restarts_mid_job_and_the_job_succeeds(
     _outage(postgres.stop, postgres.start, 2.0)
     _succeeds(platform, user, job)
     with platform.factory() as db:
-        assert audit.verify(db).ok
+        assert audit.verify(db, settings=platform.settings).ok
 
 
 def test_the_broker_restarts_mid_job_and_the_job_succeeds(
