@@ -8,16 +8,16 @@ cannot be re-keyed without rewriting history. The control plane's first signed a
 (written at its next start, under the data directory) records how far that unkeyed
 chain reaches and pins its head; every later event is keyed. Nothing here changes rows.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
