@@ -1,5 +1,8 @@
 """Login attempts keep their address (a per-address limit); certificates their predecessor.
 
+Plain ALTER TABLE, not batches: SQLite (3.35+) adds and drops these columns in place, and a
+batch would recreate the tables.
+
 Revision ID: 0009
 Revises: 0008
 """
@@ -16,20 +19,16 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("login_failures", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("ip", sa.String(length=64), nullable=True))
-        batch_op.create_index(batch_op.f("ix_login_failures_ip"), ["ip"], unique=False)
-    with op.batch_alter_table("certificates", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("renewed_from", sa.String(length=64), nullable=True))
-        batch_op.create_index(
-            batch_op.f("ix_certificates_renewed_from"), ["renewed_from"], unique=False
-        )
+    op.add_column("login_failures", sa.Column("ip", sa.String(length=64), nullable=True))
+    op.create_index(op.f("ix_login_failures_ip"), "login_failures", ["ip"], unique=False)
+    op.add_column("certificates", sa.Column("renewed_from", sa.String(length=64), nullable=True))
+    op.create_index(
+        op.f("ix_certificates_renewed_from"), "certificates", ["renewed_from"], unique=False
+    )
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("certificates", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_certificates_renewed_from"))
-        batch_op.drop_column("renewed_from")
-    with op.batch_alter_table("login_failures", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_login_failures_ip"))
-        batch_op.drop_column("ip")
+    op.drop_index(op.f("ix_certificates_renewed_from"), table_name="certificates")
+    op.drop_column("certificates", "renewed_from")
+    op.drop_index(op.f("ix_login_failures_ip"), table_name="login_failures")
+    op.drop_column("login_failures", "ip")

@@ -21,13 +21,15 @@ COLUMNS = (
 )
 
 
+# Plain ALTER TABLE, not a batch: on SQLite a batch recreates `users`, which every other
+# table references, and dropping it fails under foreign keys once any row points at it.
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("users", schema=None) as batch_op:
-        for name, type_ in COLUMNS:
-            batch_op.add_column(sa.Column(name, type_, nullable=True))
+    for name, type_ in COLUMNS:
+        op.add_column("users", sa.Column(name, type_, nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("users", schema=None) as batch_op:
-        for name, _type in reversed(COLUMNS):
-            batch_op.drop_column(name)
+    for name, _type in reversed(COLUMNS):
+        op.drop_column("users", name)
