@@ -311,9 +311,10 @@ def change_password(
         )
         db.commit()
         raise NotAuthenticated("current password is wrong")
-    _attempt_succeeded(db, attempt)
     passwords.check_policy(new_password, email=user.email)
-    user.password_hash = passwords.hash_password(new_password, settings)
+    new_hash = passwords.hash_password(new_password, settings)  # before any statement: no lock
+    _attempt_succeeded(db, attempt)
+    user.password_hash = new_hash
     revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)
     audit.record(
         db,

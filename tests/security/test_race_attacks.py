@@ -102,7 +102,7 @@ def test_the_password_hash_runs_holding_no_database_lock(
     probes: list[bool] = []
     database = settings.resolved_database_url
 
-    def verify_while_probing(password: str, hashed: str) -> bool:
+    def verify_while_probing(password: str, hashed: str, settings: Settings) -> bool:
         if database.startswith("sqlite"):
             # another writer takes the database's one write lock at once, or it is held
             other = sqlite3.connect(database.removeprefix("sqlite:///"), timeout=0)
@@ -119,7 +119,7 @@ def test_the_password_hash_runs_holding_no_database_lock(
                 # the attempts' advisory lock is free while the hash runs
                 probes.append(bool(db.scalar(pg_try_lock)))
                 db.rollback()
-        return real_verify(password, hashed)
+        return real_verify(password, hashed, settings)
 
     pg_try_lock = text("SELECT pg_try_advisory_xact_lock(:k)").bindparams(
         k=accounts._ATTEMPTS_LOCK_KEY
