@@ -96,7 +96,7 @@ def me(caller: CallerDep) -> UserOut:
 
 
 @router.post("/me/password", status_code=status.HTTP_204_NO_CONTENT)
-@raises(Invalid)
+@raises(Invalid, TooManyAttempts)
 def change_password(
     body: PasswordChangeIn, caller: CallerDep, db: SessionDep, settings: SettingsDep
 ) -> None:
@@ -218,7 +218,7 @@ def _quota_out(db: Session, user: User, settings: Settings) -> UserQuotaOut:
 
 @router.get("/users/{user_id}/quota", response_model=UserQuotaOut)
 def get_user_quota(
-    user_id: str, caller: AdminDep, db: SessionDep, settings: SettingsDep
+    user_id: UserIdPath, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> UserQuotaOut:
     """A user's limits over all their workspaces, and their use of them."""
     return _quota_out(db, service.get_user(db, user_id=user_id), settings)
@@ -226,7 +226,7 @@ def get_user_quota(
 
 @router.patch("/users/{user_id}/quota", response_model=UserQuotaOut)
 def set_user_quota(
-    user_id: str, body: UserQuotaIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+    user_id: UserIdPath, body: UserQuotaIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> UserQuotaOut:
     """Set a user's limits on workspaces, storage and concurrent jobs (admins)."""
     user = quotas.set_quota(

@@ -99,7 +99,7 @@ class UserUpdateIn(StrictIn):
     role: Role | None = Field(default=None, strict=False)
 
 
-class UserQuotaIn(Strict):
+class UserQuotaIn(StrictIn):
     max_workspaces: int | None = Field(default=None, ge=1, le=100_000)
     storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**62)
     max_concurrent_jobs: int | None = Field(default=None, ge=0, le=10_000)

@@ -16,6 +16,7 @@ from app.audit.anchor import anchor_signing_key, public_key_b64
 from app.audit.schemas import AnchorOut, AuditEventOut, AuditList, ProblemOut, VerificationOut
 from app.db import begin_writing, session_scope
 from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
+from app.errors import NotFound, raises
 from app.fields import UUID_PATTERN, Timestamp
 
 router = APIRouter(prefix=API_PREFIX, tags=["audit"])
@@ -67,6 +68,7 @@ def verify_chain(caller: AuditorDep, db: SessionDep, settings: SettingsDep) -> V
 
 
 @router.get("/audit/anchor", response_model=AnchorOut)
+@raises(NotFound)
 def newest_anchor(caller: AuditorDep, settings: SettingsDep) -> AnchorOut:
     """The newest signed head of the chain, as kept outside the database."""
     anchor = service.newest_anchor(settings=settings)

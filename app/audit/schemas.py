@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -31,7 +31,7 @@ class AuditList(BaseModel):
 
 
 class ProblemOut(BaseModel):
-    kind: str  # removed, rewritten, forged, tail_deleted, unanchored
+    kind: Literal["removed", "rewritten", "forged", "tail_deleted", "unanchored"]
     first_seq: int
     last_seq: int
     detail: str

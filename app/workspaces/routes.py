@@ -50,7 +50,7 @@ def list_workspaces(
 
 
 @router.post("/workspaces", response_model=WorkspaceOut, status_code=status.HTTP_201_CREATED)
-@raises(Conflict)
+@raises(Conflict, QuotaExceeded)
 def create_workspace(
     body: WorkspaceCreateIn, caller: WriterDep, db: SessionDep, settings: SettingsDep
 ) -> WorkspaceOut:
