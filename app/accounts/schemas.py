@@ -100,8 +100,13 @@ class UserUpdateIn(StrictIn):
 
 
 class UserQuotaIn(StrictIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"max_workspaces": 20, "storage_bytes_limit": 10**11}]}
+    )
+
     max_workspaces: int | None = Field(default=None, ge=1, le=100_000)
-    storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**62)
+    # JSON numbers are exact up to 2**53 in every client (the workspace quota's bound too)
+    storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**53 - 1)
     max_concurrent_jobs: int | None = Field(default=None, ge=0, le=10_000)
 
 

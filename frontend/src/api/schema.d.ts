@@ -2657,7 +2657,13 @@ export interface components {
             role: components["schemas"]["Role"];
             status: components["schemas"]["UserStatus"];
         };
-        /** UserQuotaIn */
+        /**
+         * UserQuotaIn
+         * @example {
+         *       "max_workspaces": 20,
+         *       "storage_bytes_limit": 100000000000
+         *     }
+         */
         UserQuotaIn: {
             /** Max Concurrent Jobs */
             max_concurrent_jobs?: number | null;
