@@ -15,6 +15,7 @@ from workers.bundle import ClusterBundle
 from workers.settings import ClusterSettings, scrub_control_plane_secrets
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
     from sqlalchemy.orm import Session
 
     from app.clusters.models import Cluster
@@ -26,6 +27,28 @@ def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     upgrade(settings.resolved_database_url)
     print(f"database at head: {_redact(settings.resolved_database_url)}")
     return 0
+
+
+def _db_grants(args: argparse.Namespace, settings: Settings) -> int:
+    from app.audit.privileges import app_role_grants
+    from app.errors import DomainError
+
+    try:
+        statements = app_role_grants(args.role)
+    except DomainError as exc:
+        print(f"error: {exc.detail}", file=sys.stderr)
+        return 1
+    for statement in statements:
+        print(statement + ";")
+    return 0
+
+
+def _engine(settings: Settings) -> Engine:
+    """An engine on the platform's database whose sessions can append to the audit chain."""
+    from app.audit.service import use_chain_key
+    from app.db import make_engine
+
+    return use_chain_key(make_engine(settings.resolved_database_url), settings)
 
 
 def _redact(url: str) -> str:
@@ -48,11 +71,11 @@ def _create_admin(args: argparse.Namespace, settings: Settings) -> int:
     from app.accounts import service as accounts
     from app.accounts.models import Role
     from app.audit.service import SYSTEM
-    from app.db import make_engine, make_sessionmaker
+    from app.db import make_sessionmaker
     from app.errors import DomainError
 
     password = _read_password(f"password for {args.email}: ")
-    engine = make_engine(settings.resolved_database_url)
+    engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
         try:
             user = accounts.create_user(
@@ -75,16 +98,18 @@ def _create_admin(args: argparse.Namespace, settings: Settings) -> int:
 
 def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit import service as audit
-    from app.db import make_engine, make_sessionmaker
+    from app.db import make_sessionmaker
 
-    engine = make_engine(settings.resolved_database_url)
+    engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
-        result = audit.verify(db)
+        result = audit.verify(db, settings=settings)
     engine.dispose()
     if result.ok:
-        print(f"audit chain ok: {result.count} events")
+        print(f"audit chain ok: {result.count} events, signed head at seq {result.anchored_seq}")
         return 0
-    print(f"audit chain broken at seq {result.first_bad_seq}")
+    print(f"audit chain broken at seq {result.first_bad_seq} ({result.count} events checked)")
+    for problem in result.problems:
+        print(f"  {problem.detail}")
     return 1
 
 
@@ -147,6 +172,9 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
         crl_grace_s=args.crl_grace_s if args.crl_grace_s is not None else settings.crl_grace_s,
         control_plane_ca=control_plane_ca,
         credential=credential,
+        max_connections=settings.switch_max_connections,
+        max_connections_per_source=settings.switch_max_connections_per_source,
+        auth_timeout_s=settings.switch_auth_timeout_s,
     )
     return 0
 
@@ -244,10 +272,10 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
 def _worker_credential(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit.service import SYSTEM
     from app.clusters import service as clusters
-    from app.db import make_engine, make_sessionmaker
+    from app.db import make_sessionmaker
     from workers.switch.tls import write_private_file
 
-    engine = make_engine(settings.resolved_database_url)
+    engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
         cluster = clusters.by_name(db, name=args.name)
         if cluster is None:
@@ -276,12 +304,12 @@ def _cluster_named(db: Session, name: str) -> Cluster:
 def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
     from app.clusters import broker
     from app.clusters.bundle import broker_url_for
-    from app.db import make_engine, make_sessionmaker
+    from app.db import make_sessionmaker
     from workers.switch.tls import write_private_file
 
     if not broker.is_rabbitmq(settings.broker_url):
         raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")
-    engine = make_engine(settings.resolved_database_url)
+    engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
         _cluster_named(db, args.name)
     engine.dispose()
@@ -303,11 +331,11 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit.service import SYSTEM
     from app.clusters import broker
     from app.clusters.bundle import make_bundle
-    from app.db import make_engine, make_sessionmaker
+    from app.db import make_sessionmaker
 
     control_plane = args.control_plane or settings.public_url
     control_plane_ca = args.control_plane_ca.read_bytes() if args.control_plane_ca else None
-    engine = make_engine(settings.resolved_database_url)
+    engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
         cluster = _cluster_named(db, args.name)
         try:
@@ -484,9 +512,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("db", help="database").add_subparsers(dest="db", required=True)
     db.add_parser("upgrade", help="apply migrations up to head").set_defaults(run=_db_upgrade)
+    grants = db.add_parser("grants", help="print the SQL that limits the app's PostgreSQL role")
+    grants.add_argument("role", help="the role the control plane connects as")
+    grants.set_defaults(run=_db_grants)
 
     audit = sub.add_parser("audit", help="audit log").add_subparsers(dest="audit", required=True)
-    audit.add_parser("verify", help="exit 1 if the hash chain is broken").set_defaults(
+    audit.add_parser("verify", help="exit 1 if the chain or its anchor is broken").set_defaults(
         run=_audit_verify
     )
     return parser

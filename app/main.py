@@ -12,6 +12,8 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from app import registry
 from app.api_errors import install_error_handlers
+from app.audit.anchoring import Anchorer
+from app.audit.service import use_chain_key
 from app.db import make_engine, make_sessionmaker
 from app.jobs.dispatch import Reaper
 from app.middleware import (
@@ -48,6 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the pool has a connection for each of these threads (Settings.database_pool_size)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.thread_pool_size
         app.state.stream_limiter = anyio.CapacityLimiter(settings.stream_threads)
+        # first, so that the first anchor of an upgraded deployment pins its unkeyed events;
+        # it only reads the table, so it never queues behind (or before) the writers
+        anchorer = Anchorer(app.state.read_sessionmaker, settings).start()
         ensure_platform_keys(app.state.sessionmaker, settings)
         reaper = Reaper(app.state.sessionmaker, settings).start() if settings.run_reaper else None
         try:
@@ -55,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if reaper is not None:
                 reaper.stop()
+            anchorer.stop()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -66,8 +72,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
-    app.state.engine = make_engine(
-        settings.resolved_database_url, pool_size=settings.database_pool_size
+    app.state.engine = use_chain_key(
+        make_engine(settings.resolved_database_url, pool_size=settings.database_pool_size),
+        settings,
     )
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.read_sessionmaker = make_sessionmaker(app.state.engine, writes=False)
@@ -84,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # outside admission: a method the path lacks is answered without taking a slot
     app.add_middleware(MethodNotAllowedMiddleware, paths=lambda: route_methods(app))
     app.add_middleware(MetricsMiddleware)
-    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(SecurityHeadersMiddleware, always_https=settings.cookie_secure)
     app.add_middleware(RejectNulMiddleware)
     app.add_middleware(
         BodyLimitMiddleware,

@@ -112,20 +112,28 @@ class RejectNulMiddleware:
         await self.app(scope, receive, send)
 
 
-class SecurityHeadersMiddleware:
-    """Add defensive headers to every response."""
+HSTS = (b"strict-transport-security", b"max-age=31536000; includeSubDomains")
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class SecurityHeadersMiddleware:
+    """Add defensive headers to every response; HSTS whenever it is served over HTTPS."""
+
+    def __init__(self, app: ASGIApp, *, always_https: bool = False) -> None:
         self.app = app
+        # behind a proxy that ends TLS the request arrives as http: the setting says https
+        self.always_https = always_https
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        extra = [*SECURITY_HEADERS]
+        if self.always_https or scope.get("scheme") == "https":
+            extra.append(HSTS)
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         await self.app(scope, receive, with_headers)

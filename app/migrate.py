@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from alembic import command
@@ -21,7 +23,11 @@ def alembic_config(url: str) -> Config:
 def upgrade(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision`."""
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url.removeprefix("sqlite:///"))
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # an empty file is an empty database; SQLite gives its -wal and -shm files its mode
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     command.upgrade(alembic_config(url), revision)
 
 

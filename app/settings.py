@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from functools import lru_cache
 from pathlib import Path
@@ -30,6 +31,9 @@ class Settings(BaseSettings):
     max_api_token_days: int = 365
     lockout_failures: int = 5
     lockout_window_minutes: int = 15
+    # failed logins from one address within the window before it gets 429 for any account:
+    # distinct unknown emails would otherwise each pass their own account's lockout
+    login_ip_failures: int = 50
     # argon2id cost; the defaults are argon2-cffi's own (~0.12 s a hash here)
     argon2_time_cost: int = 3
     argon2_memory_kib: int = 65536
@@ -40,6 +44,10 @@ class Settings(BaseSettings):
 
     default_storage_bytes_limit: int = 10 * 1024**3
     default_max_concurrent_jobs: int = 2
+    # per user, over all their workspaces (an admin may set other values per user)
+    default_user_max_workspaces: int = 10
+    default_user_storage_bytes_limit: int = 50 * 1024**3
+    default_user_max_concurrent_jobs: int = 4
     max_request_body_bytes: int = 1024 * 1024  # JSON bodies; uploads have their own limit
     max_upload_bytes: int = 2 * 1024**3
 
@@ -48,7 +56,9 @@ class Settings(BaseSettings):
     thread_pool_size: int = 40
     stream_threads: int = 4
 
-    cookie_secure: bool = False  # set true behind HTTPS
+    # Secure cookies and HSTS go with HTTPS by themselves; set true to force them where a
+    # proxy ends TLS and forwards plain HTTP
+    cookie_secure: bool = False
     run_reaper: bool = True  # restart stalled job attempts and dispatch pending roles
     reaper_interval_s: float = 2.0
     heartbeat_timeout_s: float = 20.0  # a role silent this long is presumed dead
@@ -56,6 +66,10 @@ class Settings(BaseSettings):
     job_token_ttl_s: float = 300.0  # a job token's life; every heartbeat renews it
     presence_report_s: float = 10.0  # how often switches and workers report in
     presence_timeout_s: float = 30.0  # one silent this long counts as offline
+    purge_interval_s: float = 600.0  # the reaper drops expired login failures and tokens
+    # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
+    # newer than the last anchor could be deleted unseen by someone with database rights
+    audit_anchor_interval_s: float = 1.0
     log_level: str = "INFO"
 
     @property
@@ -79,11 +93,22 @@ class Settings(BaseSettings):
             return self.secret_key.get_secret_value().encode()
         path = self.var_dir / "secret_key"
         if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd_path = path.with_suffix(".tmp")
-            fd_path.write_text(secrets.token_urlsafe(48))
-            fd_path.chmod(0o600)
-            fd_path.replace(path)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # 0600 from its first byte, complete before it has its name, and never replaced:
+            # two processes starting at once both read the one that was linked first
+            tmp = path.with_name(f".secret_key.{secrets.token_hex(8)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, secrets.token_urlsafe(48).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
         return path.read_text().strip().encode()
 
 

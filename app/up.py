@@ -27,7 +27,7 @@ from sqlalchemy import select
 
 from app.accounts import service as accounts
 from app.accounts.models import Role, User
-from app.audit.service import SYSTEM
+from app.audit.service import SYSTEM, use_chain_key
 from app.clusters import service as clusters
 from app.db import make_engine, make_sessionmaker
 from app.migrate import upgrade
@@ -62,7 +62,7 @@ def ensure_demo_admin(settings: Settings) -> dict[str, str]:
         login: dict[str, str] = json.loads(path.read_text())
         return login
     password = secrets.token_urlsafe(18)
-    engine = make_engine(settings.resolved_database_url)
+    engine = use_chain_key(make_engine(settings.resolved_database_url), settings)
     with make_sessionmaker(engine)() as db:
         if db.scalar(select(User.id).where(User.email == DEMO_ADMIN_EMAIL)) is None:
             accounts.create_user(
@@ -80,8 +80,7 @@ def ensure_demo_admin(settings: Settings) -> dict[str, str]:
                 f"{DEMO_ADMIN_EMAIL} exists but {path} is gone; reset {settings.var_dir}"
             )
     engine.dispose()
-    path.write_text(json.dumps({"email": DEMO_ADMIN_EMAIL, "password": password}))
-    path.chmod(0o600)
+    write_private_file(path, json.dumps({"email": DEMO_ADMIN_EMAIL, "password": password}).encode())
     return {"email": DEMO_ADMIN_EMAIL, "password": password}
 
 
@@ -102,7 +101,7 @@ def plan_clusters(settings: Settings) -> list[ClusterPlan]:
     state_file = settings.var_dir / "clusters" / "ports.json"
     ports: dict[str, list[int]] = json.loads(state_file.read_text()) if state_file.exists() else {}
     plans = []
-    engine = make_engine(settings.resolved_database_url)
+    engine = use_chain_key(make_engine(settings.resolved_database_url), settings)
     with make_sessionmaker(engine)() as db:
         for name in DEMO_CLUSTERS:
             peer_port, worker_port = ports.get(name) or (free_port(), free_port())

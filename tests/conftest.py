@@ -117,6 +117,8 @@ def settings(database_url: str, tmp_path: Path) -> Settings:
         argon2_memory_kib=1024,
         argon2_parallelism=1,
         run_reaper=False,
+        # the authorization matrices make a workspace per row; tests/security tries the quota
+        default_user_max_workspaces=1000,
     )
 
 

@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.accounts import service as accounts
 from app.accounts.models import Role
+from app.audit import service as audit
+from app.audit.anchor import Anchor
 from app.audit.service import SYSTEM
 from app.settings import Settings
 
@@ -82,6 +85,37 @@ def model_file_bytes(tag: str = "test") -> bytes:
     from safetensors.numpy import save
 
     return save({"w": np.zeros((2, 2), dtype=np.float32)}, metadata={"nebula": tag})
+
+
+def anchor_now(platform: Platform) -> Anchor:
+    """Sign the audit chain's head now, as the anchorer does every second."""
+    with platform.factory() as db:
+        anchor = audit.anchor_head(db, settings=platform.settings)
+    assert anchor is not None
+    return anchor
+
+
+def disable_audit_triggers(factory: sessionmaker[Session]) -> None:
+    """What someone with rights over the database can do before editing audit rows."""
+    with factory() as db:
+        if db.get_bind().dialect.name == "postgresql":
+            db.execute(text("ALTER TABLE audit_events DISABLE TRIGGER USER"))
+        else:
+            db.execute(text("DROP TRIGGER audit_events_no_update"))
+            db.execute(text("DROP TRIGGER audit_events_no_delete"))
+        db.commit()
+
+
+def cli_env(settings: Settings) -> dict[str, str]:
+    """The environment of a `nebula` command run against the same platform as `settings`."""
+    assert settings.secret_key is not None
+    return {
+        "NEBULA_DATABASE_URL": settings.resolved_database_url,
+        "NEBULA_VAR_DIR": str(settings.var_dir),
+        "NEBULA_DATA_DIR": str(settings.resolved_data_dir),
+        "NEBULA_SECRET_KEY": settings.secret_key.get_secret_value(),
+        "PATH": "/usr/bin:/bin",
+    }
 
 
 class LiveServer:

@@ -30,8 +30,12 @@ def broker_options(broker_url: str, var_dir: Path) -> tuple[str, dict[str, Any]]
     if broker_url:
         return broker_url, {}
     folder = (var_dir / "broker").resolve()
+    # messages carry job tokens: only this account may list or read them
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
     for sub in ("queue", "control", "processed"):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
+        (folder / sub).mkdir(mode=0o700, exist_ok=True)
+        (folder / sub).chmod(0o700)
     return "filesystem://", {
         "data_folder_in": str(folder / "queue"),
         "data_folder_out": str(folder / "queue"),
@@ -56,9 +60,22 @@ def broker_check(settings: Settings, *, timeout_s: float = 2.0) -> None:
         conn.default_channel  # noqa: B018  (opening a channel is what talks to the server)
 
 
+def _private_files() -> None:
+    """Make every file this process creates from now on 0600 (folders 0700).
+
+    kombu's filesystem transport writes each message (a job token inside) with the
+    default mode and has no option for another; the umask is the one place to say it.
+    It only ever tightens: bits already masked stay masked.
+    """
+    previous = os.umask(0o077)
+    os.umask(previous | 0o077)
+
+
 def make_celery(broker_url: str, var_dir: Path) -> Celery:
     """A Celery app bound to the broker; no result backend (state lives on the control plane)."""
     url, options = broker_options(broker_url, var_dir)
+    if url == "filesystem://":
+        _private_files()
     app = Celery("nebula", broker=url, set_as_current=False)
     app.conf.update(
         broker_transport_options=options,

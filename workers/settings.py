@@ -29,6 +29,11 @@ class ClusterSettings(BaseSettings):
     crl_grace_s: float = 300.0
     log_level: str = "INFO"
 
+    # a switch (`nebula switch`): what it takes from the network before anyone authenticates
+    switch_max_connections: int = 1024  # both doors together
+    switch_max_connections_per_source: int = 64  # per source IP address
+    switch_auth_timeout_s: float = 5.0  # a connection not through its hello by then is closed
+
 
 def scrub_control_plane_secrets() -> list[str]:
     """Drop the control plane's secrets from this process's environment; returns the names."""

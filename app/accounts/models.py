@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from sqlalchemy import Enum, ForeignKey, String
+from sqlalchemy import BigInteger, Enum, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, new_id, utcnow
@@ -49,6 +49,10 @@ class User(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # per-user quotas over all the user's workspaces; None: the settings' defaults
+    max_workspaces: Mapped[int | None]
+    storage_bytes_limit: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_jobs: Mapped[int | None]
 
 
 class AuthToken(Base):
@@ -68,10 +72,15 @@ class AuthToken(Base):
 
 
 class LoginFailure(Base):
-    """A failed login for an email (known or not), for the lockout window."""
+    """A failed login for an email (known or not), for the lockout window.
+
+    Each attempt is written before its password is checked and removed if it was right,
+    so that attempts running at once cannot all pass a count taken before any failed.
+    """
 
     __tablename__ = "login_failures"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     email: Mapped[str] = mapped_column(String(320), index=True)
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    ip: Mapped[str | None] = mapped_column(String(64), index=True)  # for the per-address limit

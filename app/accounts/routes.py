@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
+from sqlalchemy.orm import Session
 
-from app.accounts import service
+from app.accounts import quotas, service
+from app.accounts.models import User
 from app.accounts.schemas import (
     LoginIn,
     LoginOut,
@@ -16,6 +18,8 @@ from app.accounts.schemas import (
     UserCreateIn,
     UserList,
     UserOut,
+    UserQuotaIn,
+    UserQuotaOut,
     UserUpdateIn,
 )
 from app.accounts.tokens import csrf_token
@@ -35,6 +39,7 @@ from app.deps import (
 from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, raises
 from app.fields import TokenIdPath, UserIdPath
 from app.keyring import Purpose, subkey
+from app.settings import Settings
 
 router = APIRouter(prefix=API_PREFIX, tags=["accounts"])
 
@@ -49,13 +54,14 @@ def login(
         db, email=body.email, password=body.password, ip=client_ip(request), settings=settings
     )
     max_age = settings.session_ttl_hours * 3600
+    secure = settings.cookie_secure or request.url.scheme == "https"
     response.set_cookie(
         SESSION_COOKIE,
         issued.secret,
         max_age=max_age,
         httponly=True,
         samesite="strict",
-        secure=settings.cookie_secure,
+        secure=secure,
         path="/",
     )
     response.set_cookie(
@@ -64,7 +70,7 @@ def login(
         max_age=max_age,
         httponly=False,
         samesite="strict",
-        secure=settings.cookie_secure,
+        secure=secure,
         path="/",
     )
     return LoginOut(
@@ -90,7 +96,7 @@ def me(caller: CallerDep) -> UserOut:
 
 
 @router.post("/me/password", status_code=status.HTTP_204_NO_CONTENT)
-@raises(Invalid)
+@raises(Invalid, TooManyAttempts)
 def change_password(
     body: PasswordChangeIn, caller: CallerDep, db: SessionDep, settings: SettingsDep
 ) -> None:
@@ -196,6 +202,43 @@ def update_user(
     )
     db.commit()
     return UserOut.model_validate(user)
+
+
+def _quota_out(db: Session, user: User, settings: Settings) -> UserQuotaOut:
+    now = quotas.usage(db, user=user, settings=settings)
+    return UserQuotaOut(
+        max_workspaces=now.quota.max_workspaces,
+        storage_bytes_limit=now.quota.storage_bytes_limit,
+        max_concurrent_jobs=now.quota.max_concurrent_jobs,
+        workspaces=now.workspaces,
+        storage_bytes_used=now.storage_bytes_used,
+        active_jobs=now.active_jobs,
+    )
+
+
+@router.get("/users/{user_id}/quota", response_model=UserQuotaOut)
+def get_user_quota(
+    user_id: UserIdPath, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> UserQuotaOut:
+    """A user's limits over all their workspaces, and their use of them."""
+    return _quota_out(db, service.get_user(db, user_id=user_id), settings)
+
+
+@router.patch("/users/{user_id}/quota", response_model=UserQuotaOut)
+def set_user_quota(
+    user_id: UserIdPath, body: UserQuotaIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> UserQuotaOut:
+    """Set a user's limits on workspaces, storage and concurrent jobs (admins)."""
+    user = quotas.set_quota(
+        db,
+        actor=caller.actor,
+        user=service.get_user(db, user_id=user_id),
+        max_workspaces=body.max_workspaces,
+        storage_bytes_limit=body.storage_bytes_limit,
+        max_concurrent_jobs=body.max_concurrent_jobs,
+    )
+    db.commit()
+    return _quota_out(db, user, settings)
 
 
 @router.post("/users/{user_id}/suspend", response_model=UserOut)

@@ -99,6 +99,26 @@ class UserUpdateIn(StrictIn):
     role: Role | None = Field(default=None, strict=False)
 
 
+class UserQuotaIn(StrictIn):
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"max_workspaces": 20, "storage_bytes_limit": 10**11}]}
+    )
+
+    max_workspaces: int | None = Field(default=None, ge=1, le=100_000)
+    # JSON numbers are exact up to 2**53 in every client (the workspace quota's bound too)
+    storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**53 - 1)
+    max_concurrent_jobs: int | None = Field(default=None, ge=0, le=10_000)
+
+
+class UserQuotaOut(BaseModel):
+    max_workspaces: int
+    storage_bytes_limit: int
+    max_concurrent_jobs: int
+    workspaces: int
+    storage_bytes_used: int
+    active_jobs: int
+
+
 class UserList(BaseModel):
     items: list[UserOut]
     total: int

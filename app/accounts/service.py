@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NoReturn
 
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import ColumnElement, bindparam, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -101,29 +100,70 @@ def _issue(db: Session, *, user: User, kind: TokenKind, name: str, ttl: timedelt
     return IssuedToken(record=record, secret=secret)
 
 
-def _recent_failures(db: Session, *, email: str, settings: Settings) -> int:
+def _recent_failures(db: Session, match: ColumnElement[bool], *, settings: Settings) -> int:
+    """Failed attempts within the lockout window that `match` (an email, an address)."""
     since = utcnow() - timedelta(minutes=settings.lockout_window_minutes)
     return (
         db.scalar(
-            select(func.count())
-            .select_from(LoginFailure)
-            .where(LoginFailure.email == email, LoginFailure.at >= since)
+            select(func.count()).select_from(LoginFailure).where(match, LoginFailure.at >= since)
         )
         or 0
     )
 
 
-def _refuse_locked(db: Session, *, email: str, ip: str | None) -> NoReturn:
-    audit.record(
-        db,
-        actor=Actor(None, ip),
-        action="auth.login",
-        subject_type="email",
-        subject_id=email[:64],
-        outcome="locked",
-    )
+# Any constant works; it names the advisory lock that serializes counting attempts.
+_ATTEMPTS_LOCK_KEY = 0x4E4542554C42
+
+
+@dataclass(frozen=True)
+class _Door:
+    """Where a password is tried, for the audit trail and the answer when locked."""
+
+    actor: Actor
+    action: str
+    subject_type: str
+    subject_id: str
+    locked_message: str
+
+
+def _begin_attempt(
+    db: Session, *, door: _Door, email: str, ip: str | None, settings: Settings
+) -> str:
+    """Count one password attempt as failed before it is checked, and commit; its id.
+
+    TooManyAttempts when the account, or the address it comes from, is locked out. The
+    count and the insert are one short serialized transaction (an advisory lock on
+    PostgreSQL, SQLite's write lock), so parallel attempts cannot all pass one count;
+    the hash is checked after the commit, holding no lock.
+    """
+    begin_writing(db)
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ATTEMPTS_LOCK_KEY})
+    by_account = _recent_failures(db, LoginFailure.email == email, settings=settings)
+    locked = by_account >= settings.lockout_failures
+    if ip is not None and not locked:
+        by_address = _recent_failures(db, LoginFailure.ip == ip, settings=settings)
+        locked = by_address >= settings.login_ip_failures
+    if locked:
+        audit.record(
+            db,
+            actor=door.actor,
+            action=door.action,
+            subject_type=door.subject_type,
+            subject_id=door.subject_id,
+            outcome="locked",
+        )
+        db.commit()
+        raise TooManyAttempts(door.locked_message)
+    attempt = LoginFailure(email=email, ip=ip)
+    db.add(attempt)
     db.commit()
-    raise TooManyAttempts("too many failed logins; try again later")
+    return attempt.id
+
+
+def _attempt_succeeded(db: Session, attempt_id: str) -> None:
+    """The password was right: the attempt no longer counts."""
+    db.execute(delete(LoginFailure).where(LoginFailure.id == attempt_id))
 
 
 def login(
@@ -131,17 +171,23 @@ def login(
 ) -> tuple[User, IssuedToken]:
     """A new session for valid credentials; one message for every failure; lockout after N.
 
-    The password is checked between two transactions, never inside one: a read that
-    finds the account, then argon2 holding nothing, then a short write that records it.
+    The password is checked between transactions, never inside one: a short serialized
+    write that counts the attempt as failed (so parallel guesses cannot outrun the
+    lockout), a read that finds the account, argon2 holding nothing, then a short write
+    that records the outcome (a right password uncounts its attempt).
     """
     email = normalize_email(email)
+    door = _Door(
+        Actor(None, ip),
+        "auth.login",
+        "email",
+        email[:64],
+        "too many failed logins; try again later",
+    )
+    attempt = _begin_attempt(db, door=door, email=email, ip=ip, settings=settings)
     begin_reading(db)
-    locked = _recent_failures(db, email=email, settings=settings) >= settings.lockout_failures
-    user = None if locked else db.scalar(select(User).where(User.email == email))
+    user = db.scalar(select(User).where(User.email == email))
     db.commit()
-    if locked:
-        begin_writing(db)
-        _refuse_locked(db, email=email, ip=ip)
     if user is None:
         passwords.burn_verify(password, settings)
         ok, checked_hash = False, None
@@ -149,14 +195,11 @@ def login(
         checked_hash = user.password_hash
         ok = passwords.verify_password(password, checked_hash, settings)
     begin_writing(db)
-    if _recent_failures(db, email=email, settings=settings) >= settings.lockout_failures:
-        _refuse_locked(db, email=email, ip=ip)  # failures recorded while this one was checked
     if user is not None:
         # a password change or a suspension while argon2 ran wins over this login
         db.refresh(user)
         ok = ok and user.password_hash == checked_hash
     if not ok or user is None or user.status != UserStatus.active:
-        db.add(LoginFailure(email=email))
         audit.record(
             db,
             actor=Actor(None, ip),
@@ -167,6 +210,7 @@ def login(
         )
         db.commit()
         raise NotAuthenticated(LOGIN_FAILED)
+    _attempt_succeeded(db, attempt)
     issued = _issue(
         db,
         user=user,
@@ -205,6 +249,15 @@ def resolve_token(db: Session, *, secret: str) -> tuple[User, AuthToken] | None:
     return None if row is None else (row[0], row[1])
 
 
+def token_is_live(db: Session, *, token_id: str) -> bool:
+    """Whether the token still authenticates: not revoked, not expired, its user active."""
+    record = db.get(AuthToken, token_id)
+    if record is None or record.revoked_at is not None or record.expires_at <= utcnow():
+        return False
+    user = db.get(User, record.user_id)
+    return user is not None and user.status == UserStatus.active
+
+
 def revoke_token(db: Session, *, actor: Actor, record: AuthToken) -> None:
     """End one token now."""
     if record.revoked_at is None:
@@ -241,8 +294,12 @@ def change_password(
 ) -> None:
     """Set a new password; every other session and token of the user is revoked.
 
-    Argon2 runs before the transaction begins (the caller's user is already loaded).
+    A wrong current password counts as a failed login: a stolen session cannot guess it
+    at leisure, and the account's lockout stops both doors at once. Argon2 runs outside
+    any transaction (the caller's user is already loaded).
     """
+    door = _Door(actor, "user.password", "user", user.id, "too many failed attempts; try later")
+    attempt = _begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
     if not passwords.verify_password(current_password, user.password_hash, settings):
         audit.record(
             db,
@@ -255,7 +312,9 @@ def change_password(
         db.commit()
         raise NotAuthenticated("current password is wrong")
     passwords.check_policy(new_password, email=user.email)
-    user.password_hash = passwords.hash_password(new_password, settings)
+    new_hash = passwords.hash_password(new_password, settings)  # before any statement: no lock
+    _attempt_succeeded(db, attempt)
+    user.password_hash = new_hash
     revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)
     audit.record(
         db,
@@ -379,7 +438,16 @@ def delete_user(db: Session, *, actor: Actor, user: User) -> None:
     grants.end_grants_of_user(db, actor=actor, user_id=user.id)
 
 
-def purge_expired(db: Session) -> int:
-    """Drop login failures older than any lockout window (housekeeping)."""
-    cutoff = utcnow() - timedelta(days=1)
-    return db.execute(delete(LoginFailure).where(LoginFailure.at < cutoff)).rowcount or 0  # type: ignore[attr-defined]
+def purge_expired(db: Session, *, settings: Settings) -> int:
+    """Drop login failures past the lockout window and tokens that can no longer be used."""
+    now = utcnow()
+    failures = delete(LoginFailure).where(
+        LoginFailure.at < now - timedelta(minutes=settings.lockout_window_minutes)
+    )
+    # an expired or revoked token authenticates nothing (its audit events keep its id);
+    # revoked ones stay a day, so that their owner still sees them listed as revoked
+    dead_tokens = delete(AuthToken).where(
+        (AuthToken.expires_at < now) | (AuthToken.revoked_at < now - timedelta(days=1))
+    )
+    purged = db.execute(failures).rowcount or 0  # type: ignore[attr-defined]
+    return purged + (db.execute(dead_tokens).rowcount or 0)  # type: ignore[attr-defined]

@@ -12,9 +12,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.audit import service
-from app.audit.schemas import AuditEventOut, AuditList, VerificationOut
+from app.audit.anchor import anchor_signing_key, public_key_b64
+from app.audit.schemas import AnchorOut, AuditEventOut, AuditList, ProblemOut, VerificationOut
 from app.db import begin_writing, session_scope
-from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, stream_items
+from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
+from app.errors import NotFound, raises
 from app.fields import UUID_PATTERN, Timestamp
 
 router = APIRouter(prefix=API_PREFIX, tags=["audit"])
@@ -50,10 +52,34 @@ def list_events(
 
 
 @router.get("/audit/verify", response_model=VerificationOut)
-def verify_chain(caller: AuditorDep, db: SessionDep) -> VerificationOut:
-    """Recompute the hash chain."""
-    result = service.verify(db)
-    return VerificationOut(ok=result.ok, count=result.count, first_bad_seq=result.first_bad_seq)
+def verify_chain(caller: AuditorDep, db: SessionDep, settings: SettingsDep) -> VerificationOut:
+    """Recompute the keyed chain and check it against the newest signed anchor."""
+    result = service.verify(db, settings=settings)
+    return VerificationOut(
+        ok=result.ok,
+        count=result.count,
+        first_bad_seq=result.first_bad_seq,
+        anchored_seq=result.anchored_seq,
+        problems=[
+            ProblemOut(kind=p.kind, first_seq=p.first_seq, last_seq=p.last_seq, detail=p.detail)
+            for p in result.problems
+        ],
+    )
+
+
+@router.get("/audit/anchor", response_model=AnchorOut)
+@raises(NotFound)
+def newest_anchor(caller: AuditorDep, settings: SettingsDep) -> AnchorOut:
+    """The newest signed head of the chain, as kept outside the database."""
+    anchor = service.newest_anchor(settings=settings)
+    return AnchorOut(
+        seq=anchor.seq,
+        hash=anchor.hash,
+        signed_at=anchor.signed_at,
+        signature=anchor.signature,
+        legacy_through=anchor.legacy_through,
+        public_key=public_key_b64(anchor_signing_key(settings).public_key()),
+    )
 
 
 @router.get(

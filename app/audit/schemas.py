@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,7 +30,26 @@ class AuditList(BaseModel):
     total: int
 
 
+class ProblemOut(BaseModel):
+    kind: Literal["removed", "rewritten", "forged", "tail_deleted", "unanchored"]
+    first_seq: int
+    last_seq: int
+    detail: str
+
+
 class VerificationOut(BaseModel):
     ok: bool
     count: int
     first_bad_seq: int | None
+    anchored_seq: int | None
+    problems: list[ProblemOut]
+
+
+class AnchorOut(BaseModel):
+    seq: int
+    hash: str
+    signed_at: datetime
+    # Ed25519 over {"hash","legacy_through","seq","signed_at"} as sorted compact JSON
+    signature: str
+    legacy_through: int
+    public_key: str  # raw Ed25519 public key, base64

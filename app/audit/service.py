@@ -3,22 +3,50 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import func, select, text
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
 from app.audit.models import AuditEvent
 from app.db import begin_writing, utcnow
 from app.errors import Forbidden, NotFound
+from app.keyring import Purpose, subkey
+from app.settings import Settings
+
+log = logging.getLogger("nebula.audit")
 
 GENESIS_HASH = "0" * 64
 # Any constant works; it names the one advisory lock that serializes appends on PostgreSQL.
 _CHAIN_LOCK_KEY = 0x4E4542554C41
+
+# The chain key of each engine's sessions. A key is bound where the engine is made (the
+# app, the CLI), from settings, so that the many services that record events need not
+# carry settings; a session on an engine without one refuses to record rather than
+# write events nobody can verify.
+_chain_keys: WeakKeyDictionary[Engine, bytes] = WeakKeyDictionary()
+
+
+def use_chain_key(engine: Engine, settings: Settings) -> Engine:
+    """Key the audit chain of every session on `engine` with this platform's audit key."""
+    _chain_keys[engine] = subkey(settings, Purpose.audit_chain)
+    return engine
+
+
+def _chain_key(db: Session) -> bytes:
+    key = _chain_keys.get(db.get_bind().engine)
+    if key is None:
+        raise RuntimeError("no audit chain key for this engine: call audit.use_chain_key first")
+    return key
 
 
 @dataclass(frozen=True)
@@ -48,8 +76,13 @@ def canonical_json(event: AuditEvent) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def chain_hash(prev_hash: str, event: AuditEvent) -> str:
-    """sha256(prev_hash || canonical JSON)."""
+def chain_hash(key: bytes, prev_hash: str, event: AuditEvent) -> str:
+    """HMAC-SHA256 under the chain key of prev_hash || canonical JSON."""
+    return hmac.new(key, prev_hash.encode() + canonical_json(event), hashlib.sha256).hexdigest()
+
+
+def legacy_chain_hash(prev_hash: str, event: AuditEvent) -> str:
+    """sha256(prev_hash || canonical JSON): the unkeyed chain of deployments before the key."""
     return hashlib.sha256(prev_hash.encode() + canonical_json(event)).hexdigest()
 
 
@@ -89,7 +122,7 @@ def record(
         details=details or {},
         prev_hash=prev_hash,
     )
-    event.hash = chain_hash(prev_hash, event)
+    event.hash = chain_hash(_chain_key(db), prev_hash, event)
     db.add(event)
     db.flush()
     return event
@@ -125,29 +158,185 @@ def deny(
     raise NotFound()
 
 
+ProblemKind = Literal["removed", "rewritten", "forged", "tail_deleted", "unanchored"]
+
+_PROBLEM_TEXT: dict[str, str] = {
+    "removed": "missing from the middle of the chain",
+    "rewritten": (
+        "not what the platform wrote: their keyed hash or the signed anchor disagrees"
+        " (altered, or recomputed without the key)"
+    ),
+    "forged": "after the newest signed anchor and not written by the platform (inserted)",
+    "tail_deleted": "missing from the end: the newest signed anchor covers them",
+}
+# Past this many findings the log is plainly broken; the first ones say where and how.
+_MAX_PROBLEMS = 100
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of `verify`: what is wrong with a run of consecutive events."""
+
+    kind: ProblemKind
+    first_seq: int
+    last_seq: int
+
+    @property
+    def detail(self) -> str:
+        """The finding in words."""
+        if self.kind == "unanchored":
+            return "unanchored: no valid signed anchor, so deleted newest events would go unseen"
+        span = (
+            f"event {self.first_seq}"
+            if self.first_seq == self.last_seq
+            else f"events {self.first_seq}..{self.last_seq}"
+        )
+        return f"{self.kind}: {span} {_PROBLEM_TEXT[self.kind]}"
+
+
 @dataclass(frozen=True)
 class Verification:
-    """The result of recomputing the chain."""
+    """The result of checking the chain against its key and its newest signed anchor."""
 
     ok: bool
     count: int
     first_bad_seq: int | None
+    anchored_seq: int | None = None
+    problems: tuple[Problem, ...] = ()
 
 
-def verify(db: Session) -> Verification:
-    """Recompute the chain; report the first event altered, removed or inserted."""
+@dataclass
+class _Findings:
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, kind: ProblemKind, first_seq: int, last_seq: int) -> None:
+        last = self.problems[-1] if self.problems else None
+        if last is not None and last.kind == kind and last.last_seq + 1 >= first_seq:
+            self.problems[-1] = Problem(kind, last.first_seq, max(last.last_seq, last_seq))
+        elif len(self.problems) < _MAX_PROBLEMS:
+            self.problems.append(Problem(kind, first_seq, last_seq))
+
+
+def _valid_anchor(line: Anchor | None, settings: Settings) -> Anchor | None:
+    public = anchor_signing_key(settings).public_key()
+    return line if line is not None and signature_holds(line, public) else None
+
+
+def _read_anchors(anchors: AnchorLog, settings: Settings) -> tuple[Anchor | None, Anchor | None]:
+    """The oldest and newest anchors, each None when missing, unreadable or not signed by us."""
+    try:
+        return _valid_anchor(anchors.first(), settings), _valid_anchor(anchors.newest(), settings)
+    except ValueError:
+        return None, None
+
+
+def verify(db: Session, *, settings: Settings) -> Verification:
+    """Check every event's keyed hash and link, and the table against the newest anchor."""
+    key = subkey(settings, Purpose.audit_chain)
+    first, newest = _read_anchors(AnchorLog.for_settings(settings), settings)
+    legacy_through = newest.legacy_through if newest is not None else 0
+    anchored_seq = newest.seq if newest is not None else 0
+    # the oldest anchor pins the head of the unkeyed legacy events, the newest one the tail
+    pinned = {a.seq: a.hash for a in (first, newest) if a is not None and a.seq > 0}
+    findings = _Findings()
     expected_seq, prev_hash, count = 1, GENESIS_HASH, 0
     rows: Iterator[AuditEvent] = db.scalars(
         select(AuditEvent).order_by(AuditEvent.seq).execution_options(yield_per=1000)
     )
     for event in rows:
         count += 1
-        if event.seq != expected_seq:  # a gap: the event at expected_seq was removed
-            return Verification(ok=False, count=count, first_bad_seq=expected_seq)
-        if event.prev_hash != prev_hash or chain_hash(prev_hash, event) != event.hash:
-            return Verification(ok=False, count=count, first_bad_seq=event.seq)
-        prev_hash, expected_seq = event.hash, expected_seq + 1
-    return Verification(ok=True, count=count, first_bad_seq=None)
+        if event.seq != expected_seq:
+            findings.add("removed", expected_seq, event.seq - 1)
+            prev_hash = event.prev_hash  # the gap is reported; check what follows on its own
+        if event.seq <= legacy_through:
+            computed = legacy_chain_hash(prev_hash, event)
+        else:
+            computed = chain_hash(key, prev_hash, event)
+        unkeyed = event.prev_hash != prev_hash or computed != event.hash
+        if unkeyed or pinned.get(event.seq, event.hash) != event.hash:
+            kind: ProblemKind = "rewritten" if event.seq <= anchored_seq else "forged"
+            findings.add(kind, event.seq, event.seq)
+        prev_hash, expected_seq = event.hash, event.seq + 1
+    if newest is None:
+        findings.add("unanchored", 1, max(expected_seq - 1, 1))
+    elif expected_seq <= newest.seq:
+        findings.add("tail_deleted", expected_seq, newest.seq)
+    problems = tuple(findings.problems)
+    return Verification(
+        ok=not problems,
+        count=count,
+        first_bad_seq=min((p.first_seq for p in problems), default=None),
+        anchored_seq=newest.seq if newest is not None else None,
+        problems=problems,
+    )
+
+
+def _legacy_head(db: Session) -> tuple[int, str]:
+    """The last event of the unkeyed sha256 chain an older deployment left, or (0, genesis)."""
+    seq, head = 0, GENESIS_HASH
+    for event in db.scalars(
+        select(AuditEvent).order_by(AuditEvent.seq).execution_options(yield_per=1000)
+    ):
+        if event.seq != seq + 1 or legacy_chain_hash(head, event) != event.hash:
+            break
+        seq, head = event.seq, event.hash
+    return seq, head
+
+
+def anchor_head(db: Session, *, settings: Settings) -> Anchor | None:
+    """Sign the chain's head into the anchor file if it moved; returns the newest anchor.
+
+    Only a head that extends the last anchor through events carrying the platform's keyed
+    hash is signed: a cut tail or a forged event is never made to look anchored.
+    """
+    key = subkey(settings, Purpose.audit_chain)
+    signer = anchor_signing_key(settings)
+    anchors = AnchorLog.for_settings(settings)
+    with anchors.locked():
+        newest = anchors.newest()
+        if newest is None:
+            # the first anchor of this deployment: events an older release chained without
+            # the key are kept as they are, and their head is pinned by this signature
+            legacy_through, head = _legacy_head(db)
+            seq = legacy_through
+            if legacy_through:
+                log.warning("audit events 1..%d predate the keyed chain; anchored as they are", seq)
+        elif not signature_holds(newest, signer.public_key()):
+            log.error("the newest audit anchor is not signed by this control plane; not anchoring")
+            return None
+        else:
+            legacy_through, seq, head = newest.legacy_through, newest.seq, newest.hash
+            stored = db.scalar(select(AuditEvent.hash).where(AuditEvent.seq == seq))
+            if seq and stored != head:
+                log.error("audit event %d differs from its anchor; not anchoring (verify it)", seq)
+                return newest
+        for event in db.scalars(
+            select(AuditEvent)
+            .where(AuditEvent.seq > seq)
+            .order_by(AuditEvent.seq)
+            .execution_options(yield_per=1000)
+        ):
+            if (
+                event.seq != seq + 1
+                or event.prev_hash != head
+                or chain_hash(key, head, event) != event.hash
+            ):
+                log.error("audit event %d is not the platform's; not anchored", event.seq)
+                break
+            seq, head = event.seq, event.hash
+        if newest is not None and seq == newest.seq:
+            return newest
+        anchor = sign(signer, seq=seq, hash=head, legacy_through=legacy_through, at=utcnow())
+        anchors.append(anchor)
+        return anchor
+
+
+def newest_anchor(*, settings: Settings) -> Anchor:
+    """The newest signed head kept outside the database."""
+    _first, newest = _read_anchors(AnchorLog.for_settings(settings), settings)
+    if newest is None:
+        raise NotFound("no signed anchor yet")
+    return newest
 
 
 def query(

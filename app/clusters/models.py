@@ -35,6 +35,8 @@ class Certificate(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(String(200))
+    # the certificate whose key proved this renewal: revoking that one revokes this one
+    renewed_from: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class EnrollmentToken(Base):

@@ -110,6 +110,21 @@ def active_grant_ids_for(db: Session, *, dataset_id: str, user_id: str) -> list[
     )
 
 
+def datasets_granted_to(db: Session, *, user_id: str, dataset_ids: list[str]) -> set[str]:
+    """Which of `dataset_ids` `user_id` holds an approved, unexpired grant on."""
+    if not dataset_ids:
+        return set()
+    return set(
+        db.scalars(
+            select(AccessRequest.dataset_id).where(
+                AccessRequest.dataset_id.in_(dataset_ids),
+                AccessRequest.requester_id == user_id,
+                _active_clause(utcnow()),
+            )
+        )
+    )
+
+
 def _live_dataset(db: Session, dataset_id: str) -> Dataset | None:
     dataset = db.get(Dataset, dataset_id)
     if dataset is None or dataset.deleted_at is not None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from datetime import timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.accounts import service as accounts
 from app.db import session_scope, utcnow
 from app.jobs import service
 from app.jobs.models import FINAL_STATUSES, Job, JobRole, RoleStatus
@@ -81,6 +83,7 @@ class Reaper:
         self.factory = factory
         self.settings = settings
         self.interval_s = settings.reaper_interval_s
+        self._next_purge = 0.0  # monotonic time of the next housekeeping pass
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nebula-reaper", daemon=True)
 
@@ -98,5 +101,12 @@ class Reaper:
             try:
                 for db in session_scope(self.factory):
                     reap_once(db, settings=self.settings)
+                    if time.monotonic() >= self._next_purge:
+                        self._next_purge = time.monotonic() + self.settings.purge_interval_s
+                        purged = accounts.purge_expired(db, settings=self.settings)
+                        db.commit()
+                        log.info(
+                            "housekeeping: %d expired login failures and tokens purged", purged
+                        )
             except Exception:
                 log.exception("reaper pass failed")

@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import new_id
 from app.errors import Forbidden, NotFound
 from app.grants import service as grants
 from app.jobs import service as jobs
@@ -20,7 +19,6 @@ from app.jobs.models import Job
 from app.releases import provenance
 from app.settings import Settings
 from app.workspaces import datasets
-from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 
 
@@ -77,17 +75,7 @@ def store_job_output(
     workspace = db.get(Workspace, workspace_id)
     if workspace is None or workspace.owner_id != owner_id:
         raise NotFound()
-    dataset_id = new_id()
-    plan = datasets.UploadPlan(
-        workspace_id=workspace.id,
-        owner_id=owner_id,
-        dataset_id=dataset_id,
-        data_key=workspaces.data_key(db, workspace=workspace, settings=settings),
-        size_limit=settings.max_upload_bytes,
-        quota_left=max(0, workspace.storage_bytes_limit - workspace.storage_bytes_used),
-        tmp_path=workspaces.upload_tmp_dir(settings) / f"{new_id()}.part",
-        final_path=workspaces.dataset_path(settings, dataset_id),
-    )
+    plan = datasets.plan_upload(db, workspace=workspace, settings=settings)
     db.commit()  # nothing held while the bytes stream in
 
     def record_provenance(dataset: Dataset) -> None:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.accounts import service as accounts
 from app.db import session_scope
 from app.deps import (
     API_PREFIX,
@@ -61,9 +62,12 @@ def submit_job(
     workspace = workspaces.get_owned(
         db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
     )
-    job = service.submit(db, actor=caller.actor, user=caller.user, workspace=workspace, body=body)
+    settings = request.app.state.settings
+    job = service.submit(
+        db, actor=caller.actor, user=caller.user, workspace=workspace, body=body, settings=settings
+    )
     db.commit()
-    dispatch.dispatch_job(db, settings=request.app.state.settings, job_id=job.id)
+    dispatch.dispatch_job(db, settings=settings, job_id=job.id)
     return JobAccepted(id=job.id, status=job.status.value)
 
 
@@ -136,8 +140,14 @@ def _snapshot(job: Job) -> dict[str, Any]:
     }
 
 
-def _read_snapshot(factory: sessionmaker[Session], job_id: str) -> dict[str, Any] | None:
+def _read_snapshot(
+    factory: sessionmaker[Session], job_id: str, token_id: str
+) -> dict[str, Any] | None:
+    """The job's state, or None when it is gone or the caller's credential no longer holds."""
     for db in session_scope(factory):
+        # an open stream ends with its session: logout, a password change, a suspension
+        if not accounts.token_is_live(db, token_id=token_id):
+            return None
         job = db.get(Job, job_id)
         return None if job is None else _snapshot(job)
     return None
@@ -159,6 +169,7 @@ def job_events(
 ) -> StreamingResponse:
     """Server-sent events: a `status` event whenever status, progress or metrics change."""
     service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    token_id = caller.token.id  # read before the rollback, which expires it
     db.rollback()  # release the request's session: the stream reads with short ones of its own
     factory: sessionmaker[Session] = request.app.state.read_sessionmaker
 
@@ -166,7 +177,7 @@ def job_events(
         last: dict[str, Any] | None = None
         quiet = 0.0
         while not await request.is_disconnected():
-            snapshot = await in_stream_thread(request, _read_snapshot, factory, job_id)
+            snapshot = await in_stream_thread(request, _read_snapshot, factory, job_id, token_id)
             if snapshot is None:
                 return
             if snapshot != last:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, func, select, true, update
 from sqlalchemy.orm import Session
 
+from app.accounts import quotas
 from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
@@ -28,6 +29,7 @@ from app.jobs.models import (
 )
 from app.jobs.schemas import KINDS, JobSubmitIn, job_roles
 from app.pki import service as pki
+from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
 
@@ -89,7 +91,13 @@ def _check_placement(db: Session, *, kind: str, placement: dict[str, str]) -> No
 
 
 def submit(
-    db: Session, *, actor: Actor, user: User, workspace: Workspace, body: JobSubmitIn
+    db: Session,
+    *,
+    actor: Actor,
+    user: User,
+    workspace: Workspace,
+    body: JobSubmitIn,
+    settings: Settings,
 ) -> Job:
     """Validate and write a job with its roles (pending); dispatch happens after commit."""
     inputs: dict[str, str] = body.inputs.model_dump(exclude_none=True)
@@ -97,9 +105,14 @@ def submit(
     config, total_steps = _validate_config(body.kind, body.config.model_dump())
     _check_inputs(db, user=user, kind=body.kind, inputs=inputs)
     _check_placement(db, kind=body.kind, placement=placement)
+    owner = quotas.lock_user(db, user_id=user.id)  # the user's lock first, then the workspace's
     locked = workspaces.lock(db, workspace_id=workspace.id)
-    if locked is None:
+    if locked is None or owner is None:
         raise NotFound()
+    limit = quotas.quota_of(owner, settings).max_concurrent_jobs
+    running = quotas.active_jobs(db, user_id=owner.id)
+    if running >= limit:
+        raise Conflict(f"you run {running} jobs in all your workspaces, your quota is {limit}")
     workspace = locked
     active = (
         db.scalar(

@@ -7,13 +7,14 @@ import hashlib
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NoReturn
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -208,6 +209,20 @@ def create_enrollment_token(
     return row, secret
 
 
+def _refuse_enrollment(db: Session, *, ip: str | None, token_id: str | None) -> NoReturn:
+    db.rollback()
+    audit.record(
+        db,
+        actor=Actor(None, ip),
+        action="pki.enroll",
+        subject_type="enrollment_token",
+        subject_id=token_id,
+        outcome="failure",
+    )
+    db.commit()
+    raise NotAuthenticated("invalid, used or expired enrollment token")
+
+
 def enroll(
     db: Session, *, token: str, csr_pem: str, ip: str | None, settings: Settings
 ) -> tuple[Cluster, Certificate]:
@@ -216,20 +231,19 @@ def enroll(
         select(EnrollmentToken).where(EnrollmentToken.token_hash == tokens.token_hash(token))
     )
     if row is None or row.used_at is not None or row.expires_at <= utcnow():
-        audit.record(
-            db,
-            actor=Actor(None, ip),
-            action="pki.enroll",
-            subject_type="enrollment_token",
-            subject_id=row.id if row else None,
-            outcome="failure",
-        )
-        db.commit()
-        raise NotAuthenticated("invalid, used or expired enrollment token")
+        _refuse_enrollment(db, ip=ip, token_id=row.id if row else None)
     cluster = db.get(Cluster, row.cluster_id)
     if cluster is None:
         raise NotFound()
-    row.used_at = utcnow()
+    # single use even when two enrollments race: only one UPDATE finds it still unused
+    claimed = db.execute(
+        update(EnrollmentToken)
+        .where(EnrollmentToken.id == row.id, EnrollmentToken.used_at.is_(None))
+        .values(used_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+        _refuse_enrollment(db, ip=ip, token_id=row.id)
     certificate = _sign(
         db,
         keys=platform_keys(db, settings),
@@ -274,7 +288,8 @@ def renew(
         )
     except (ValueError, TypeError, AssertionError, InvalidSignature):
         raise NotAuthenticated("renewal proof refused") from None
-    stored = db.get(Certificate, str(current.serial_number))
+    # locked: a revocation running now either sees this renewal or refuses it
+    stored = db.get(Certificate, str(current.serial_number), with_for_update=True)
     if stored is None or stored.revoked_at is not None or stored.not_after <= utcnow():
         raise NotAuthenticated("renewal proof refused")
     cluster = db.get(Cluster, stored.cluster_id)
@@ -283,6 +298,8 @@ def renew(
     certificate = _sign(
         db, keys=keys, cluster=cluster, csr_pem=csr_pem, valid_days=ca.DEFAULT_CERT_DAYS
     )
+    certificate.renewed_from = stored.serial
+    db.flush()
     audit.record(
         db,
         actor=Actor(None, ip),
@@ -295,23 +312,55 @@ def renew(
 
 
 def revoke(db: Session, *, actor: Actor, serial: str, reason: str) -> Certificate:
-    """Put a certificate on the CRL."""
-    certificate = db.get(Certificate, serial)
+    """Put a certificate on the CRL, and every certificate renewed from it.
+
+    Whoever holds a revoked certificate's key could have renewed it first: the renewals
+    are revoked with it, down the chain.
+    """
+    certificate = db.get(Certificate, serial, with_for_update=True)
     if certificate is None:
         raise NotFound()
     if certificate.revoked_at is not None:
         raise Conflict("the certificate is already revoked")
+    _revoke_one(db, actor=actor, certificate=certificate, reason=reason, renewed_from=None)
+    frontier = [certificate.serial]
+    while frontier:
+        renewals = db.scalars(
+            select(Certificate)
+            .where(Certificate.renewed_from.in_(frontier), Certificate.revoked_at.is_(None))
+            .with_for_update()
+        ).all()
+        for renewal in renewals:
+            _revoke_one(
+                db,
+                actor=actor,
+                certificate=renewal,
+                reason=f"renewed from revoked certificate {renewal.renewed_from}",
+                renewed_from=renewal.renewed_from,
+            )
+        frontier = [r.serial for r in renewals]
+    return certificate
+
+
+def _revoke_one(
+    db: Session, *, actor: Actor, certificate: Certificate, reason: str, renewed_from: str | None
+) -> None:
     certificate.revoked_at = utcnow()
-    certificate.revocation_reason = reason
+    certificate.revocation_reason = reason[:200]
+    details = (
+        {"reason": reason}
+        if renewed_from is None
+        else {"reason": reason, "renewed_from": renewed_from}
+    )
     audit.record(
         db,
         actor=actor,
         action="pki.certificate.revoke",
         subject_type="certificate",
-        subject_id=serial[:64],
-        details={"reason": reason},
+        subject_id=certificate.serial[:64],
+        details=details,
     )
-    return certificate
+    db.flush()
 
 
 def crl_pem(db: Session, settings: Settings) -> bytes:

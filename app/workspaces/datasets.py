@@ -24,6 +24,7 @@ from typing import BinaryIO
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.accounts import quotas
 from app.accounts.models import User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
@@ -60,6 +61,7 @@ class UploadPlan:
     quota_left: int  # at the start; checked again under the row lock at the end
     tmp_path: Path
     final_path: Path
+    user_storage_limit: int  # the owner's quota over all their workspaces
 
     @property
     def budget(self) -> int:
@@ -70,7 +72,30 @@ class UploadPlan:
         """The 413 for a file of `size` bytes."""
         if size > self.size_limit:
             return QuotaExceeded(f"the file is larger than the limit of {self.size_limit} bytes")
-        return QuotaExceeded("the workspace's storage quota would be exceeded")
+        return QuotaExceeded("the storage quota (the workspace's or yours) would be exceeded")
+
+
+def plan_upload(db: Session, *, workspace: Workspace, settings: Settings) -> UploadPlan:
+    """The plan of a new dataset in `workspace`: key, paths, and the budget known now."""
+    owner = db.get(User, workspace.owner_id)
+    if owner is None:
+        raise NotFound()
+    user_limit = quotas.quota_of(owner, settings).storage_bytes_limit
+    user_left = user_limit - quotas.storage_used(db, user_id=owner.id)
+    dataset_id = new_id()
+    return UploadPlan(
+        workspace_id=workspace.id,
+        owner_id=workspace.owner_id,
+        dataset_id=dataset_id,
+        data_key=workspaces.data_key(db, workspace=workspace, settings=settings),
+        size_limit=settings.max_upload_bytes,
+        quota_left=max(
+            0, min(workspace.storage_bytes_limit - workspace.storage_bytes_used, user_left)
+        ),
+        tmp_path=workspaces.upload_tmp_dir(settings) / f"{new_id()}.part",
+        final_path=workspaces.dataset_path(settings, dataset_id),
+        user_storage_limit=user_limit,
+    )
 
 
 def begin_upload(
@@ -78,18 +103,7 @@ def begin_upload(
 ) -> UploadPlan:
     """Check ownership, settle the key and budget, and end the transaction before streaming."""
     workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
-    key = workspaces.data_key(db, workspace=workspace, settings=settings)
-    dataset_id = new_id()
-    plan = UploadPlan(
-        workspace_id=workspace.id,
-        owner_id=workspace.owner_id,
-        dataset_id=dataset_id,
-        data_key=key,
-        size_limit=settings.max_upload_bytes,
-        quota_left=max(0, workspace.storage_bytes_limit - workspace.storage_bytes_used),
-        tmp_path=workspaces.upload_tmp_dir(settings) / f"{new_id()}.part",
-        final_path=workspaces.dataset_path(settings, dataset_id),
-    )
+    plan = plan_upload(db, workspace=workspace, settings=settings)
     # Nothing may be held while the body streams (on SQLite every transaction holds the
     # write lock); this also commits a data key made for an older workspace.
     db.commit()
@@ -119,8 +133,10 @@ class IncomingFile:
     def __init__(self, plan: UploadPlan) -> None:
         self.plan = plan
         with disk_full_is_507():
-            plan.tmp_path.parent.mkdir(parents=True, exist_ok=True)
-            self._file: BinaryIO = plan.tmp_path.open("xb")
+            plan.tmp_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # 0600 from creation on (encrypted, but still nobody else's to read or copy)
+            fd = os.open(plan.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self._file: BinaryIO = os.fdopen(fd, "wb")
             self._writer = EncryptedWriter(
                 self._file, data_key=plan.data_key, dataset_id=plan.dataset_id
             )
@@ -229,18 +245,23 @@ def finish_upload(
     fields: UploadFields,
     also: Callable[[Dataset], None] | None = None,
 ) -> Dataset:
-    """One transaction under the workspace row lock: quota, dataset row, audit, file in place.
+    """One transaction under the owner's and the workspace's row locks: quotas, dataset row,
+    audit, file in place.
 
     `also` writes more rows about the new dataset in the same transaction (a job output's
     provenance), so that it never exists without them.
     """
+    owner = quotas.lock_user(db, user_id=plan.owner_id)
     workspace = workspaces.lock(db, workspace_id=plan.workspace_id)
-    if workspace is None or workspace.owner_id != plan.owner_id:
+    if owner is None or workspace is None or workspace.owner_id != plan.owner_id:
         db.rollback()
         raise NotFound()
     if workspace.storage_bytes_used + incoming.size > workspace.storage_bytes_limit:
         db.rollback()
         raise plan.too_large(incoming.size)
+    if quotas.storage_used(db, user_id=owner.id) + incoming.size > plan.user_storage_limit:
+        db.rollback()
+        raise QuotaExceeded("your storage quota (over all your workspaces) would be exceeded")
     workspace.storage_bytes_used += incoming.size
     dataset = Dataset(
         id=plan.dataset_id,
@@ -270,7 +291,7 @@ def finish_upload(
         },
     )
     with disk_full_is_507():
-        plan.final_path.parent.mkdir(parents=True, exist_ok=True)
+        plan.final_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.replace(plan.tmp_path, plan.final_path)
     try:
         db.commit()
@@ -426,9 +447,25 @@ def open_for_download(
 # ------------------------------------------------------------------------------ catalog
 
 
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A discoverable dataset as one viewer may see it."""
+
+    dataset: Dataset
+    owner_display_name: str
+    # the plaintext digest confirms a guess of the content: only for owner and grantees
+    sha256: str | None
+
+
 def catalog(
-    db: Session, *, q: str | None, kind: DatasetKind | None, limit: int, offset: int
-) -> tuple[list[tuple[Dataset, str]], int]:
+    db: Session,
+    *,
+    viewer_id: str,
+    q: str | None,
+    kind: DatasetKind | None,
+    limit: int,
+    offset: int,
+) -> tuple[list[CatalogEntry], int]:
     """Discoverable live datasets of active users with their owner's display name, newest first."""
     stmt = (
         select(Dataset, User.display_name)
@@ -448,4 +485,15 @@ def catalog(
     rows = db.execute(
         stmt.order_by(Dataset.created_at.desc(), Dataset.id).limit(limit).offset(offset)
     ).all()
-    return [(row[0], row[1]) for row in rows], total
+    granted = grants.datasets_granted_to(
+        db, user_id=viewer_id, dataset_ids=[row[0].id for row in rows]
+    )
+    entries = [
+        CatalogEntry(
+            dataset=row[0],
+            owner_display_name=row[1],
+            sha256=row[0].sha256 if row[0].owner_id == viewer_id or row[0].id in granted else None,
+        )
+        for row in rows
+    ]
+    return entries, total

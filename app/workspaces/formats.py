@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from app.errors import Invalid
 from app.workspaces.models import DatasetKind
+from workers.training.limits import ModelTooLarge, check_bert_config
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
@@ -157,6 +158,8 @@ class SafetensorsValidator:
             header: Any = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise Invalid("not a safetensors file: the header is not JSON") from None
+        except RecursionError:
+            raise Invalid("not a safetensors file: the header is nested too deeply") from None
         if not isinstance(header, dict):
             raise Invalid("not a safetensors file: the header is not a JSON object")
         meta = header.pop("__metadata__", None)
@@ -166,6 +169,8 @@ class SafetensorsValidator:
             raise Invalid("not a checkpoint written by Nebula: no string metadata")
         if not any(key == "nebula" or key.startswith("nebula.") for key in meta):
             raise Invalid("not a checkpoint written by Nebula: no nebula metadata")
+        if meta.get("nebula.architecture") == "electra-discriminator":
+            _check_model_config(meta.get("config"))
         spans: list[tuple[int, int]] = []
         for name, info in header.items():
             spans.append(self._check_tensor(name, info))
@@ -207,6 +212,15 @@ class SafetensorsValidator:
                 f"not a safetensors file: {self._data_seen} data bytes, "
                 f"the header describes {self._data_expected}"
             )
+
+
+def _check_model_config(raw: str | None) -> None:
+    """A pre-trained model's config must describe a body a worker may build (see limits)."""
+    try:
+        check_bert_config(json.loads(raw or "null"))
+    except (ValueError, RecursionError) as exc:  # ModelTooLarge is a ValueError too
+        detail = str(exc) if isinstance(exc, ModelTooLarge) else "the model config is not JSON"
+        raise Invalid(f"model refused: {detail}") from None
 
 
 def validator_for(kind: DatasetKind) -> Validator:

@@ -50,7 +50,7 @@ def list_workspaces(
 
 
 @router.post("/workspaces", response_model=WorkspaceOut, status_code=status.HTTP_201_CREATED)
-@raises(Conflict)
+@raises(Conflict, QuotaExceeded)
 def create_workspace(
     body: WorkspaceCreateIn, caller: WriterDep, db: SessionDep, settings: SettingsDep
 ) -> WorkspaceOut:
@@ -313,11 +313,15 @@ def get_catalog(
     kind: DatasetKind | None = None,
 ) -> DatasetList:
     """Metadata of the datasets their owners made discoverable, to request access to."""
-    rows, total = datasets.catalog(db, q=q, kind=kind, limit=page.limit, offset=page.offset)
+    entries, total = datasets.catalog(
+        db, viewer_id=caller.user.id, q=q, kind=kind, limit=page.limit, offset=page.offset
+    )
     items = [
-        out.model_copy(update={"owner_display_name": owner})
-        for out, (_d, owner) in zip(
-            _datasets_out(db, caller.user, [d for d, _ in rows]), rows, strict=True
+        out.model_copy(
+            update={"owner_display_name": entry.owner_display_name, "sha256": entry.sha256}
+        )
+        for out, entry in zip(
+            _datasets_out(db, caller.user, [e.dataset for e in entries]), entries, strict=True
         )
     ]
     return DatasetList(items=items, total=total)

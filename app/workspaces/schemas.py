@@ -54,7 +54,7 @@ class DatasetOut(BaseModel):
     name: str
     kind: DatasetKind
     size_bytes: int
-    sha256: str
+    sha256: str | None  # null in the catalog for those without a grant
     discoverable: bool
     created_at: datetime
     owner_display_name: str | None = None

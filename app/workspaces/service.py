@@ -7,11 +7,12 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.accounts import quotas
 from app.accounts.models import Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import new_id, newest_first
-from app.errors import Conflict, Forbidden, NotFound
+from app.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from app.settings import Settings
 from app.workspaces import storage
 from app.workspaces.models import Dataset, Workspace
@@ -32,6 +33,12 @@ def create(
     """A new workspace for `owner` with the default quotas."""
     if owner.role == Role.auditor and not personal:
         raise Forbidden("auditors have a read-only role")
+    if not personal:
+        locked = quotas.lock_user(db, user_id=owner.id)
+        limit = quotas.quota_of(locked or owner, settings).max_workspaces
+        held = quotas.workspace_count(db, user_id=owner.id)
+        if held >= limit:
+            raise QuotaExceeded(f"you have {held} workspaces, your quota is {limit}")
     taken = db.scalar(
         select(Workspace.id).where(Workspace.owner_id == owner.id, Workspace.name == name)
     )

@@ -38,4 +38,4 @@ def test_a_small_pool_serves_a_crowd_of_reads_and_audited_writes(settings: Setti
         with server.app.state.sessionmaker() as db:
             events_after = db.scalar(select(func.count()).select_from(AuditEvent)) or 0
             assert events_after - events_before == 12  # one event per write, none per read
-            assert audit.verify(db).ok
+            assert audit.verify(db, settings=settings).ok

@@ -2,11 +2,13 @@
 
 codec = parse_spec("fp16(lowrank(0.2,method=power))")
 blob = codec.encode(x)            # self-describing bytes
-y = codec.decode(blob)            # or decode(blob): no encoder state needed
+y = codec.decode(blob, shape=x.shape)  # this spec's blobs only, of the expected shape
+y = decode(blob)                  # any codec's blob (capped at MAX_DECODED_NUMEL elements)
 codec.wire_nbytes(x.shape) == len(blob)
 """
 
 from workers.compression.codecs import (
+    MAX_DECODED_NUMEL,
     CastCodec,
     Codec,
     DenseCodec,
@@ -30,6 +32,7 @@ from workers.compression.schedule import Schedule
 from workers.compression.spec import parse_spec
 
 __all__ = [
+    "MAX_DECODED_NUMEL",
     "AdaptivePolicy",
     "CastCodec",
     "Choice",

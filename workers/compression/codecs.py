@@ -37,6 +37,19 @@ LAYOUT_CODE: dict[str, int] = {"flat": 0, "sample": 1}
 _LOWRANK_BODY = struct.Struct("<B3xI")
 INT8_TINY = 1e-30
 """Rows of int8 whose absolute maximum is below this are sent as zeros."""
+MAX_DECODED_NUMEL = 1 << 28
+"""Elements a blob may decode to unless the caller says otherwise (1 GiB of float32).
+
+Low-rank blobs expand: a 16 KiB one can claim 64 MiB, a 4 MiB one 4 TiB. The claimed
+shape is checked against this (or the shape the stream expects) before allocating."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """The blob kinds a codec produces, hence the only ones its receiver takes."""
+
+    kinds: frozenset[Kind]
+    factor_kinds: frozenset[Kind] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -107,9 +120,21 @@ class Codec(ABC):
         """Exact length of the blob `encode` produces for a tensor of `shape`."""
         return self.plan(shape).nbytes
 
-    def decode(self, blob: bytes | bytearray | memoryview) -> torch.Tensor:
-        """The float32 tensor a blob carries (any codec's blob)."""
-        return decode(blob)
+    @abstractmethod
+    def accepts(self) -> Accepted:
+        """The kinds of blob this codec writes."""
+
+    def decode(
+        self,
+        blob: bytes | bytearray | memoryview,
+        *,
+        shape: Sequence[int | None] | None = None,
+        max_numel: int = MAX_DECODED_NUMEL,
+    ) -> torch.Tensor:
+        """The float32 tensor a blob of this codec carries; WireError for any other codec's
+        blob, or a claimed shape other than `shape` (None: any size on that axis) or past
+        `max_numel` elements, before anything is allocated."""
+        return decode(blob, shape=shape, max_numel=max_numel, accepted=self.accepts())
 
     def reset(self) -> None:
         """Forget carried state (warm starts, residuals); stateless codecs have none."""
@@ -135,6 +160,10 @@ class DenseCodec(Codec):
     def plan(self, shape: Sequence[int]) -> WirePlan:
         """Exact bytes for a tensor of `shape`."""
         return WirePlan(nbytes=self.dense_nbytes(shape), fp32_nbytes=fp32_nbytes(shape))
+
+    def accepts(self) -> Accepted:
+        """Its own dense kind."""
+        return Accepted(frozenset({self.kind}))
 
 
 class CastCodec(DenseCodec):
@@ -300,6 +329,10 @@ class LowRankCodec(Codec):
             return f"{name}({core},{options}"
         return f"{inner}({core})"
 
+    def accepts(self) -> Accepted:
+        """Low-rank blobs with factors of the nested codec, or its dense fallback."""
+        return Accepted(frozenset({Kind.LOWRANK, self.inner.kind}), frozenset({self.inner.kind}))
+
     def reset(self) -> None:
         """Drop the warm start and restart the random sketches from the seed."""
         self._warm = None
@@ -402,6 +435,10 @@ class ErrorFeedback(Codec):
         """The inner codec's plan: feedback changes values, not bytes."""
         return self.inner.plan(shape)
 
+    def accepts(self) -> Accepted:
+        """The inner codec's kinds: feedback changes values, not the wire form."""
+        return self.inner.accepts()
+
     def reset(self) -> None:
         """Drop the residual and the inner state."""
         self._residual = None
@@ -422,6 +459,21 @@ class ErrorFeedback(Codec):
         return blob
 
 
+def check_claimed_shape(
+    claimed: tuple[int, ...], expected: Sequence[int | None] | None, max_numel: int
+) -> None:
+    """WireError unless `claimed` fits `expected` (None: any size) and `max_numel`."""
+    if expected is not None and (
+        len(claimed) != len(expected)
+        or any(
+            want is not None and got != want for got, want in zip(claimed, expected, strict=True)
+        )
+    ):
+        raise WireError(f"blob claims shape {claimed}, the stream expects {tuple(expected)}")
+    if numel(claimed) > max_numel:
+        raise WireError(f"blob claims {numel(claimed)} elements, more than {max_numel}")
+
+
 def _dense_from(
     buf: memoryview, offset: int, kind: Kind, shape: tuple[int, ...]
 ) -> tuple[torch.Tensor, int]:
@@ -438,8 +490,24 @@ def _dense_from(
     raise WireError(f"a low-rank factor must be a dense blob, got kind {kind.name.lower()}")
 
 
-def _decode_at(buf: memoryview, offset: int) -> tuple[torch.Tensor, int]:
+def _factor_at(buf: memoryview, offset: int, accepted: Accepted | None) -> tuple[torch.Tensor, int]:
+    body, kind, shape = _header_of(buf, offset)
+    if accepted is not None and kind not in accepted.factor_kinds:
+        raise WireError(f"low-rank factors of kind {kind.name.lower()} are not this stream's")
+    # a factor is read from bytes the blob holds, so its size is bounded by the blob's
+    return _dense_from(buf, body, kind, shape)
+
+
+def _decode_at(
+    buf: memoryview,
+    offset: int,
+    shape_check: tuple[Sequence[int | None] | None, int],
+    accepted: Accepted | None,
+) -> tuple[torch.Tensor, int]:
     kind, shape, offset = unpack_header(buf, offset)
+    if accepted is not None and kind not in accepted.kinds:
+        raise WireError(f"a {kind.name.lower()} blob is not what this stream's codec sends")
+    check_claimed_shape(shape, *shape_check)
     if kind != Kind.LOWRANK:
         return _dense_from(buf, offset, kind, shape)
     if len(buf) - offset < _LOWRANK_BODY.size:
@@ -447,14 +515,16 @@ def _decode_at(buf: memoryview, offset: int) -> tuple[torch.Tensor, int]:
     layout, k = _LOWRANK_BODY.unpack_from(buf, offset)
     if layout not in LAYOUT_CODE.values():
         raise WireError(f"unknown low-rank layout {layout}")
-    pt, offset = _dense_from(buf, *_header_of(buf, offset + _LOWRANK_BODY.size))
-    qt, end = _dense_from(buf, *_header_of(buf, offset))
     b, m, n = (
         (shape[0], math.prod(shape[1:-1]), shape[-1])
         if layout == LAYOUT_CODE["sample"] and len(shape) >= 3
         else (1, math.prod(shape[:-1]) if shape else 1, shape[-1] if shape else 1)
     )
-    if pt.numel() != b * k * m or qt.numel() != b * k * n or k < 1:
+    if not 1 <= k <= min(m, n):
+        raise WireError(f"rank {k} is impossible for {m} x {n} matrices")
+    pt, offset = _factor_at(buf, offset + _LOWRANK_BODY.size, accepted)
+    qt, end = _factor_at(buf, offset, accepted)
+    if pt.numel() != b * k * m or qt.numel() != b * k * n:
         raise WireError(
             f"low-rank factors {tuple(pt.shape)} and {tuple(qt.shape)} do not fit "
             f"shape {shape} at rank {k}"
@@ -468,10 +538,17 @@ def _header_of(buf: memoryview, offset: int) -> tuple[int, Kind, tuple[int, ...]
     return body, kind, shape
 
 
-def decode(blob: bytes | bytearray | memoryview) -> torch.Tensor:
-    """The float32 tensor carried by any codec's blob; WireError on malformed input."""
+def decode(
+    blob: bytes | bytearray | memoryview,
+    *,
+    shape: Sequence[int | None] | None = None,
+    max_numel: int = MAX_DECODED_NUMEL,
+    accepted: Accepted | None = None,
+) -> torch.Tensor:
+    """The float32 tensor carried by a blob; WireError on malformed input, on a kind not in
+    `accepted` (None: any), or on a claimed shape off `shape` or past `max_numel`."""
     buf = memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
-    x, end = _decode_at(buf, 0)
+    x, end = _decode_at(buf, 0, (shape, max_numel), accepted)
     if end != len(buf):
         raise WireError(f"{len(buf) - end} unexpected bytes after the blob")
     return x

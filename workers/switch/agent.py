@@ -139,6 +139,9 @@ def run(
     crl_grace_s: float = 300.0,
     control_plane_ca: Path | None = None,
     credential: str | None = None,
+    max_connections: int = 1024,
+    max_connections_per_source: int = 64,
+    auth_timeout_s: float = 5.0,
     stop: threading.Event | None = None,
 ) -> None:
     """Enroll if needed, start the switch, write its state file, serve until stopped."""
@@ -167,6 +170,9 @@ def run(
         peers=dict(peers),
         crl_refresh_s=crl_refresh_s,
         crl_grace_s=crl_grace_s,
+        max_connections=max_connections,
+        max_connections_per_source=max_connections_per_source,
+        auth_timeout_s=auth_timeout_s,
         shaper=shaper,
         metrics_address=metrics_address,
         renew=renew,  # type: ignore[arg-type]

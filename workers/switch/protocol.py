@@ -6,11 +6,14 @@ Every frame is a 16-byte header, a JSON meta block and a binary body::
 
 Only DATA frames have a body. The header is checked before anything is
 buffered, so a peer announcing a huge frame gets a `ProtocolError`, not an
-allocation. `Connection` is the state machine a shell (server.py, client.py)
-drives: `receive_data()` / `next_event()` on the way in (or `body_view()` /
-`advance_body()` to receive straight into a frame's body), `send()` on the way
-out, which returns the buffers to write: a DATA body goes out as the caller's
-memoryview, never copied.
+allocation; so does a kind the connection's state does not allow: until the
+handshake is done a server reads only a HELLO (or PEER_HELLO) with a small
+meta and no body, so a stranger who has not authenticated never makes it
+allocate a body. `Connection` is the state machine a shell (server.py,
+client.py) drives: `receive_data()` / `next_event()` on the way in (or
+`body_view()` / `advance_body()` to receive straight into a frame's body),
+`send()` on the way out, which returns the buffers to write: a DATA body goes
+out as the caller's memoryview, never copied.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ MAGIC: Final = b"NB"
 VERSION: Final = 1
 HEADER = struct.Struct("!2sBBIQ")
 MAX_META_BYTES: Final = 64 * 1024
+# a hello's meta is a job token (at most 8192 characters) and four short names
+MAX_HANDSHAKE_META_BYTES: Final = 12 * 1024
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 MAX_NAME_CHARS: Final = 256
 MAX_TENSOR_DIMS: Final = 32
@@ -297,11 +302,17 @@ class _State(enum.Enum):
     FAILED = "failed"
 
 
+ALL_KINDS: Final = frozenset(Kind)
+
+
 class FrameDecoder:
     """Turns a byte stream into frames; holds at most one frame's bytes plus what it was given."""
 
     def __init__(self, *, max_body: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.max_body = max_body
+        self.max_meta = MAX_META_BYTES
+        self.allowed: frozenset[Kind] = ALL_KINDS
+        self.stage = "here"
         self._buf = bytearray()
         self._pos = 0
         self._eof = False
@@ -331,6 +342,11 @@ class FrameDecoder:
                 self._buf.clear()
                 self._pos = 0
             self._buf += view
+
+    def expect(self, allowed: frozenset[Kind], *, max_meta: int, max_body: int, stage: str) -> None:
+        """From the next header on, accept only `allowed` kinds within these sizes."""
+        self.allowed, self.max_meta, self.max_body = allowed, max_meta, max_body
+        self.stage = stage
 
     def body_view(self) -> memoryview | None:
         """Where a shell may `recv_into` the rest of the current body, or None."""
@@ -411,8 +427,11 @@ class FrameDecoder:
             self._kind = Kind(kind)
         except ValueError:
             raise ProtocolError(f"unknown frame kind {kind}") from None
-        if meta_len > MAX_META_BYTES:
-            raise ProtocolError(f"meta of {meta_len} bytes exceeds {MAX_META_BYTES}")
+        # refused on the header alone: nothing of the frame is buffered or allocated yet
+        if self._kind not in self.allowed:
+            raise ProtocolError(f"unexpected {self._kind.name} frame {self.stage}")
+        if meta_len > self.max_meta:
+            raise ProtocolError(f"meta of {meta_len} bytes exceeds {self.max_meta}")
         if body_len > self.max_body:
             raise ProtocolError(
                 f"frame body of {body_len} bytes exceeds the maximum {self.max_body}"
@@ -457,6 +476,13 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
+_HANDSHAKE_KINDS: Final[Mapping[Side, frozenset[Kind]]] = {
+    Side.SERVER: frozenset({Kind.HELLO, Kind.PEER_HELLO, Kind.ERROR}),
+    Side.CLIENT: frozenset({Kind.WELCOME, Kind.ERROR}),
+}
+_OPEN_KINDS: Final = frozenset({Kind.DATA, Kind.ACK, Kind.ERROR})
+
+
 class Connection:
     """One end of a switch connection: frame order rules on top of the decoder."""
 
@@ -466,6 +492,21 @@ class Connection:
         self.max_body = max_body
         self._decoder = FrameDecoder(max_body=max_body)
         self._hello_sent = False
+        # Until the handshake is done only its frames may come, small and bodiless: a
+        # server has not authenticated anyone yet, a client not yet heard its switch.
+        first = _HANDSHAKE_KINDS[side]
+        self._decoder.expect(
+            first, max_meta=MAX_HANDSHAKE_META_BYTES, max_body=0, stage="before the handshake"
+        )
+
+    def _open(self) -> None:
+        self.state = ConnState.OPEN
+        self._decoder.expect(
+            _OPEN_KINDS,
+            max_meta=MAX_META_BYTES,
+            max_body=self.max_body,
+            stage="after the handshake",
+        )
 
     def receive_data(self, data: Buffer) -> None:
         """Feed bytes read from the stream (b"" at end of stream)."""
@@ -501,7 +542,7 @@ class Connection:
             if self.side is Side.SERVER and isinstance(frame, Hello | PeerHello):
                 return
             if self.side is Side.CLIENT and isinstance(frame, Welcome):
-                self.state = ConnState.OPEN
+                self._open()
                 return
             raise ProtocolError(f"unexpected {type(frame).__name__} frame before the handshake")
         if not isinstance(frame, Data | Ack):
@@ -519,7 +560,7 @@ class Connection:
                     raise ProtocolError("hello already sent")
                 self._hello_sent = True
             elif self.side is Side.SERVER and isinstance(frame, Welcome):
-                self.state = ConnState.OPEN
+                self._open()
             else:
                 raise ProtocolError(f"cannot send {type(frame).__name__} during the handshake")
         elif not isinstance(frame, Data | Ack):
@@ -552,7 +593,19 @@ class StreamTracker:
         self._next[stream] = seq + 1
         return True
 
-    def forget(self, prefix: str) -> None:
-        """Drop every stream whose key starts with `prefix` (a finished job)."""
-        for key in [k for k in self._next if k and k[0] == prefix]:
+    def forget(self, job_id: str, dst_role: str | None = None) -> int:
+        """Drop the streams of a finished job (only those to `dst_role` when given).
+
+        Keys are (job, src, dst, channel); returns how many were dropped.
+        """
+        doomed = [
+            k
+            for k in self._next
+            if k and k[0] == job_id and (dst_role is None or (len(k) > 2 and k[2] == dst_role))
+        ]
+        for key in doomed:
             del self._next[key]
+        return len(doomed)
+
+    def __len__(self) -> int:
+        return len(self._next)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import itertools
 import logging
 import queue
 import secrets
@@ -29,7 +28,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -108,6 +107,11 @@ class SwitchConfig:
     resend_frames: int = 64
     resend_bytes: int = 256 * 1024 * 1024
     max_mailboxes: int = 4096
+    # accepted connections, both doors together: in all, and from one source address
+    max_connections: int = 1024
+    max_connections_per_source: int = 64
+    auth_timeout_s: float = 5.0  # a connection not through its hello by then is closed
+    ended_roles_kept: int = 65536  # finished (job, role)s remembered, to drop late frames
     handshake_timeout_s: float = 10.0
     io_timeout_s: float = 60.0  # a peer that takes no bytes for this long is reconnected
     backoff_initial_s: float = 0.05
@@ -116,6 +120,39 @@ class SwitchConfig:
     # renew(csr_pem) -> cert_pem: when set, the switch renews its own certificate in time
     renew: Callable[[bytes], bytes] | None = None
     renew_check_s: float = 3600.0
+
+
+@dataclass
+class _Role:
+    """A job attempt's role on this switch: its live connections and what it holds."""
+
+    claims: JobClaims
+    connections: dict[Direction, FrameStream] = field(default_factory=dict)
+
+
+def admit_worker(
+    hello: Hello, claims: JobClaims, cluster: str, live: Collection[Direction], *, ended: bool
+) -> str | None:
+    """Why a worker whose token verified is refused, or None to admit it.
+
+    `live` holds the directions this (job, attempt, role) already has connected here;
+    `ended` says its attempt has come and gone here.
+    """
+    if claims.cluster != cluster:
+        return f"job token is for cluster {claims.cluster!r}"
+    if (claims.job_id, claims.role) != (hello.job_id, hello.role):
+        return "hello names another job or role than its token"
+    # Newest-wins would let anyone holding the token take over a live role's stream;
+    # a role reconnects only once its first connection is gone.
+    if hello.direction in live:
+        return (
+            f"role {hello.role!r} of job {hello.job_id!r} is already connected to {hello.direction}"
+        )
+    # What an ended attempt held is freed; its streams cannot resume from nothing, and the
+    # control plane starts a new attempt (a new job id) for a role that must run again.
+    if ended:
+        return f"role {hello.role!r} of job {hello.job_id!r} has ended here"
+    return None
 
 
 @dataclass
@@ -157,9 +194,14 @@ class Switch:
         self._trackers: dict[tuple[str, str], tuple[threading.Lock, StreamTracker]] = {}
         self._peer_in: dict[tuple[str, str], FrameStream] = {}
         self._mailboxes: dict[tuple[str, str], queue.Queue[Data]] = {}
-        self._receivers: dict[tuple[str, str], int] = {}
-        self._claims: dict[tuple[str, str], JobClaims] = {}
-        self._generations = itertools.count(1)
+        self._roles: dict[tuple[str, str], _Role] = {}
+        # (job, role)s whose attempt ended here, oldest first: their late frames are dropped
+        self._ended: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        self._role_ended = threading.Condition(self._lock)
+        self._connections: collections.Counter[str] = collections.Counter()
+        self._connection_closed = threading.Condition(self._lock)
+        # serving thread -> (deadline, a dup of its socket that can cut it at any stage)
+        self._unauthenticated: dict[int, tuple[float, socket.socket]] = {}
         self._outbound: dict[str, _Outbound] = {}
         self._metrics_server: object | None = None
         self.registry = CollectorRegistry()
@@ -197,6 +239,7 @@ class Switch:
         self._spawn(self._accept_loop, worker_listener, self._serve_worker, name="workers")
         self._spawn(self._accept_loop, peer_listener, self._serve_peer, name="peers")
         self._spawn(self._crl_loop, name="crl")
+        self._spawn(self._auth_watchdog, name="auth-watchdog")
         if self.config.renew is not None:
             self._spawn(self._renew_loop, name="renew")
         for cluster, address in self.config.peers.items():
@@ -387,8 +430,88 @@ class Switch:
                 raw, address = listener.accept()
             except OSError:
                 return
+            source = address[0]
+            with self._lock:
+                total = sum(self._connections.values())
+                if total >= self.config.max_connections:
+                    refusal = f"{total} connections open, the most this switch takes"
+                elif self._connections[source] >= self.config.max_connections_per_source:
+                    refusal = f"{self._connections[source]} connections open from this source"
+                else:
+                    refusal = None
+                    self._connections[source] += 1
+            if refusal is not None:
+                log.info(
+                    "switch %s: refused a connection from %s: %s", self.cluster, address, refusal
+                )
+                self._refused.labels("connections").inc()
+                _shutdown(raw)
+                continue
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._spawn(serve, raw, address, name=f"conn-{address[1]}")
+            self._spawn(self._serve_counted, serve, raw, address, name=f"conn-{address[1]}")
+
+    def _serve_counted(
+        self, serve: Callable[[socket.socket, Address], None], raw: socket.socket, address: Address
+    ) -> None:
+        # wrap_socket takes the descriptor over; the dup stays valid to cut the TCP connection
+        guard = raw.dup()
+        with self._lock:
+            deadline = time.monotonic() + self.config.auth_timeout_s
+            self._unauthenticated[threading.get_ident()] = (deadline, guard)
+        try:
+            serve(raw, address)
+        finally:
+            self._authenticated()
+            with self._connection_closed:
+                self._connections[address[0]] -= 1
+                if self._connections[address[0]] <= 0:
+                    del self._connections[address[0]]
+                self._connection_closed.notify_all()
+
+    def _authenticated(self) -> None:
+        """The calling connection is through its hello: no deadline from here on."""
+        with self._lock:
+            pending = self._unauthenticated.pop(threading.get_ident(), None)
+        if pending is not None:
+            pending[1].close()
+
+    def _auth_watchdog(self) -> None:
+        # one thread for every deadline: a stranger trickling a byte at a time through the
+        # TLS handshake or the hello is cut all the same
+        step = min(0.25, self.config.auth_timeout_s / 4)
+        while not self._stop.wait(step):
+            now = time.monotonic()
+            with self._lock:
+                late = [k for k, (deadline, _) in self._unauthenticated.items() if deadline < now]
+                guards = [self._unauthenticated.pop(k)[1] for k in late]
+            for guard in guards:
+                log.info(
+                    "switch %s: closed a connection silent past its hello deadline", self.cluster
+                )
+                self._refused.labels("auth_timeout").inc()
+                _shutdown(guard)
+
+    def wait_connections(self, at_most: int, timeout: float) -> bool:
+        """Wait until at most `at_most` accepted connections are open, both doors together."""
+        with self._connection_closed:
+            return self._connection_closed.wait_for(
+                lambda: sum(self._connections.values()) <= at_most, timeout
+            )
+
+    def held_state(self) -> dict[str, int]:
+        """How much per-job state the switch holds now (mailboxes, roles, streams)."""
+        with self._lock:
+            return {
+                "mailboxes": len(self._mailboxes),
+                "roles": len(self._roles),
+                "out_streams": len(self._out_seq),
+                "in_streams": sum(len(tracker) for _, tracker in self._trackers.values()),
+            }
+
+    def wait_role_ended(self, job_id: str, role: str, timeout: float) -> bool:
+        """Wait until the attempt `job_id`'s `role` has no connection left here."""
+        with self._role_ended:
+            return self._role_ended.wait_for(lambda: (job_id, role) not in self._roles, timeout)
 
     def _handshake(
         self, raw: socket.socket, context: ssl.SSLContext, what: str, address: Address
@@ -431,6 +554,7 @@ class Switch:
         stream = FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
         with self._lock:
             self._worker_streams.add(stream)
+        admitted: tuple[tuple[str, str], Direction] | None = None
         try:
             hello = stream.read_event()
             if not isinstance(hello, Hello):
@@ -441,16 +565,24 @@ class Switch:
             except JobTokenError as exc:
                 self._refuse(sock, "worker", address, f"job token: {exc}", "token", stream)
                 return
-            if claims.cluster != self.cluster:
-                reason = f"job token is for cluster {claims.cluster!r}"
-                self._refuse(sock, "worker", address, reason, "token", stream)
-                return
-            if (claims.job_id, claims.role) != (hello.job_id, hello.role):
-                reason = "hello names another job or role than its token"
-                self._refuse(sock, "worker", address, reason, "token", stream)
+            with self._lock:
+                role = self._roles.get((claims.job_id, claims.role))
+                live = role.connections if role is not None else {}
+                key = (claims.job_id, claims.role)
+                ended = key in self._ended
+                refusal = admit_worker(hello, claims, self.cluster, live, ended=ended)
+                if refusal is None:
+                    if role is None:
+                        role = self._roles[key] = _Role(claims)
+                    role.connections[hello.direction] = stream
+                    admitted = key, hello.direction
+            if refusal is not None:
+                label = "token" if refusal.startswith(("job token", "hello")) else "role"
+                self._refuse(sock, "worker", address, refusal, label, stream)
                 return
             sock.settimeout(None)
             stream.write(Welcome())
+            self._authenticated()
             if hello.direction is Direction.SEND:
                 self._worker_sends(stream, claims, hello, address)
             else:
@@ -463,7 +595,37 @@ class Switch:
         finally:
             with self._lock:
                 self._worker_streams.discard(stream)
+            if admitted is not None:
+                self._leave(*admitted, stream)
             stream.close()
+
+    def _leave(self, key: tuple[str, str], direction: Direction, stream: FrameStream) -> None:
+        """A role's connection has closed; the last one to go ends its attempt here."""
+        with self._lock:
+            role = self._roles.get(key)
+            if role is None or role.connections.get(direction) is not stream:
+                return
+            del role.connections[direction]
+            if role.connections:
+                return
+            # No client reconnects within an attempt (a new attempt has a new job id), so
+            # what the attempt held here is freed now, not when the switch restarts.
+            job_id, name = key
+            del self._roles[key]
+            self._mailboxes.pop(key, None)
+            for stream_key in [k for k in self._out_seq if k[0] == job_id and k[1] == name]:
+                del self._out_seq[stream_key]
+            self._ended[key] = None
+            while len(self._ended) > self.config.ended_roles_kept:
+                self._ended.popitem(last=False)
+            trackers = list(self._trackers.values())
+        # each tracker's lock is taken apart from the switch's: a peer thread holds it
+        # while it waits (a poll at most) for room in a mailbox, which needs the switch's
+        for lock, tracker in trackers:
+            with lock:
+                tracker.forget(job_id, name)
+        with self._role_ended:
+            self._role_ended.notify_all()
 
     def _route(self, claims: JobClaims, dst_role: str) -> str:
         """The cluster whose switch serves `dst_role` of the job."""
@@ -534,26 +696,45 @@ class Switch:
                 continue
         raise OSError("switch stopping or connection closed")
 
-    def _mailbox(self, job_id: str, role: str) -> queue.Queue[Data]:
-        with self._lock:
-            box = self._mailboxes.get((job_id, role))
-            if box is None:
-                if len(self._mailboxes) >= self.config.max_mailboxes:
-                    raise ProtocolError("too many mailboxes")
-                box = self._mailboxes[(job_id, role)] = queue.Queue(self.config.queue_frames)
-            return box
+    def _mailbox_locked(self, key: tuple[str, str]) -> queue.Queue[Data] | None:
+        """The mailbox of (job, role), made if there is room; the caller holds the lock."""
+        box = self._mailboxes.get(key)
+        if box is None and len(self._mailboxes) < self.config.max_mailboxes:
+            box = self._mailboxes[key] = queue.Queue(self.config.queue_frames)
+        return box
 
-    def _deliver(self, frame: Data, alive: Callable[[], bool]) -> None:
-        self._put(self._mailbox(frame.job_id, frame.dst_role), frame, alive)
+    def _deliver(self, frame: Data, alive: Callable[[], bool]) -> bool:
+        """Put `frame` in its role's mailbox; False when dropped (that attempt has ended here,
+        or no mailbox is left for a new one); OSError when stopping or `alive()` turns false."""
+        key = (frame.job_id, frame.dst_role)
+        while not self._stop.is_set() and alive():
+            with self._lock:
+                if key in self._ended:
+                    return False
+                box = self._mailbox_locked(key)
+            if box is None:
+                log.warning(
+                    "switch %s: dropped a frame of job %s: %d mailboxes in use",
+                    self.cluster,
+                    frame.job_id,
+                    self.config.max_mailboxes,
+                )
+                self._refused.labels("mailboxes").inc()
+                return False
+            try:
+                # a poll at a time, so that an attempt ending meanwhile is noticed
+                box.put(frame, timeout=POLL_S)
+                return True
+            except queue.Full:
+                continue
+        raise OSError("switch stopping or connection closed")
 
     def _worker_receives(self, stream: FrameStream, claims: JobClaims) -> None:
-        key = (claims.job_id, claims.role)
-        generation = next(self._generations)
         with self._lock:
-            self._receivers[key] = generation  # the newest connection of a role wins
-            self._claims[key] = claims
-        box = self._mailbox(*key)
-        while not self._stop.is_set() and self._receivers.get(key) == generation:
+            box = self._mailbox_locked((claims.job_id, claims.role))
+        if box is None:
+            raise ProtocolError("too many mailboxes")
+        while not self._stop.is_set():
             try:
                 frame = box.get(timeout=POLL_S)
             except queue.Empty:
@@ -601,6 +782,7 @@ class Switch:
             if older is not None:
                 _cut(older.sock)
             stream.write(Welcome())
+            self._authenticated()
             log.info("switch %s: peer %s connected from %s", self.cluster, cluster, address)
             self._receive_from_peer(stream, cluster, tracker)
         except (OSError, ProtocolError) as exc:
@@ -625,9 +807,20 @@ class Switch:
                 return
             if not isinstance(frame, Data):
                 raise ProtocolError("peers send only data frames")
-            claims = self._claims.get((frame.job_id, frame.dst_role))
-            placed = claims.placement.get(frame.src_role) if claims is not None else None
-            if placed is not None and placed != cluster:
+            with self._lock:
+                role = self._roles.get((frame.job_id, frame.dst_role))
+                ended = (frame.job_id, frame.dst_role) in self._ended
+            placed = role.claims.placement.get(frame.src_role) if role is not None else None
+            if ended:
+                # late or resent frames of an attempt that is over here: acknowledged, dropped
+                log.info(
+                    "switch %s: dropped a late frame of job %s for %s: its attempt has ended",
+                    self.cluster,
+                    frame.job_id,
+                    frame.dst_role,
+                )
+                self._refused.labels("ended").inc()
+            elif placed is not None and placed != cluster:
                 log.warning(
                     "switch %s: dropped a frame of job %s from cluster %s: role %s runs on %s",
                     self.cluster,
@@ -642,8 +835,7 @@ class Switch:
                 # a frame counts as delivered only once it is in the mailbox: a link cut
                 # while waiting for room leaves it to the resend
                 with lock:
-                    if seqs.is_new(key, frame.seq):
-                        self._deliver(frame, alive)
+                    if seqs.is_new(key, frame.seq) and self._deliver(frame, alive):
                         seqs.admit(key, frame.seq)
                         self._bytes.labels(frame.job_id, "from_peer").inc(len(frame.body))
                         self._frames.labels(frame.job_id, "from_peer").inc()

@@ -756,7 +756,8 @@ def _backward_oldest(
 ) -> None:
     """Backpropagate the oldest micro-batch in flight with the gradient T sent for it."""
     h = pending.popleft()
-    grad = codec.decode(expect_bytes(link.recv(GRAD, timeout=timeout)))
+    # the gradient of exactly what was sent: another shape is refused before it is built
+    grad = codec.decode(expect_bytes(link.recv(GRAD, timeout=timeout)), shape=tuple(h.shape))
     h.backward(grad.to(h.device))
 
 
@@ -818,7 +819,10 @@ def run_abnet_decoder(
     }
     peer = hello(link, HELLO, mine, cfg.recv_timeout_s)
     _check_peer(peer, mine, "abnet-encoder")
-    side = DecoderSide(cfg, plm, lines, int(peer["d_model"]), seed, device)
+    d_model = int(peer["d_model"])
+    side = DecoderSide(cfg, plm, lines, d_model, seed, device)
+    # what one activation blob may decode to: (pairs, positions, d_model) of a batch
+    max_memory_numel = max(cfg.batch_size, cfg.eval_batch_size) * cfg.src_len * d_model
     start = resume_step(store.steps(), peer["checkpoints"])
     if start:
         tensors, meta = store.load(start)
@@ -835,8 +839,13 @@ def run_abnet_decoder(
         if header["kind"] not in ("train", "eval"):
             return header, torch.empty(0), torch.empty(0), None
         fwd = codecs.get("forward", cfg.codecs(int(header["step"]))[0])
-        memory = fwd.decode(expect_bytes(link.recv(ACT, timeout=cfg.recv_timeout_s)))
-        return header, unpack_int(arrays["index"]), unpack_int(arrays["src_len"]), memory
+        index = unpack_int(arrays["index"])
+        memory = fwd.decode(
+            expect_bytes(link.recv(ACT, timeout=cfg.recv_timeout_s)),
+            shape=(len(index), None, d_model),
+            max_numel=max_memory_numel,
+        )
+        return header, index, unpack_int(arrays["src_len"]), memory
 
     k = start
     hyps: list[str] = []

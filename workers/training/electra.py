@@ -70,6 +70,7 @@ from workers.training.data import (
     lines_digest,
     train_tokenizer,
 )
+from workers.training.limits import check_bert_config
 from workers.training.runtime import (
     AsyncSender,
     CheckpointStore,
@@ -457,7 +458,8 @@ def load_pretrained(blob: bytes, device: str = "cpu") -> PretrainedModel:
     meta = read_safetensors_metadata(blob)
     if meta.get("nebula.architecture") != "electra-discriminator":
         raise ValueError("not a Nebula ELECTRA discriminator model file")
-    cfg = BertConfig(**json.loads(meta["config"]))
+    # checked before anything is built: the config is the file's claim, not its weights
+    cfg = BertConfig(**check_bert_config(json.loads(meta["config"])))
     model = Discriminator(cfg)
     model.load_state_dict(load_safetensors_bytes(blob))
     return PretrainedModel(

@@ -13,7 +13,7 @@ import queue
 import re
 import struct
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -191,7 +191,13 @@ class Codec(Protocol):
 
     def encode(self, x: torch.Tensor) -> bytes: ...
 
-    def decode(self, blob: bytes) -> torch.Tensor: ...
+    def decode(
+        self,
+        blob: bytes,
+        *,
+        shape: Sequence[int | None] | None = None,
+        max_numel: int = ...,
+    ) -> torch.Tensor: ...
 
 
 class CodecBook:
@@ -271,8 +277,11 @@ class CheckpointStore:
 def read_safetensors_metadata(blob: bytes) -> dict[str, str]:
     """The `__metadata__` strings of a safetensors file given as bytes."""
     (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8 : 8 + n])
-    meta: dict[str, str] = header.get("__metadata__", {})
+    try:
+        header = json.loads(blob[8 : 8 + n])
+    except RecursionError:  # a header nested past the parser's depth
+        raise ValueError("the safetensors header is nested too deeply") from None
+    meta: dict[str, str] = header.get("__metadata__", {}) if isinstance(header, dict) else {}
     return meta
 
 

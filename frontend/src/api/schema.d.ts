@@ -168,6 +168,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/audit/anchor": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Newest Anchor
+         * @description The newest signed head of the chain, as kept outside the database.
+         */
+        get: operations["newest_anchor_api_v1_audit_anchor_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/audit/export": {
         parameters: {
             query?: never;
@@ -197,7 +217,7 @@ export interface paths {
         };
         /**
          * Verify Chain
-         * @description Recompute the hash chain.
+         * @description Recompute the keyed chain and check it against the newest signed anchor.
          */
         get: operations["verify_chain_api_v1_audit_verify_get"];
         put?: never;
@@ -1168,6 +1188,30 @@ export interface paths {
         patch: operations["update_user_api_v1_users__user_id__patch"];
         trace?: never;
     };
+    "/api/v1/users/{user_id}/quota": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get User Quota
+         * @description A user's limits over all their workspaces, and their use of them.
+         */
+        get: operations["get_user_quota_api_v1_users__user_id__quota_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Set User Quota
+         * @description Set a user's limits on workspaces, storage and concurrent jobs (admins).
+         */
+        patch: operations["set_user_quota_api_v1_users__user_id__quota_patch"];
+        trace?: never;
+    };
     "/api/v1/users/{user_id}/reactivate": {
         parameters: {
             query?: never;
@@ -1562,6 +1606,24 @@ export interface components {
              */
             status: "pending" | "approved" | "denied" | "revoked" | "withdrawn" | "expired";
         };
+        /** AnchorOut */
+        AnchorOut: {
+            /** Hash */
+            hash: string;
+            /** Legacy Through */
+            legacy_through: number;
+            /** Public Key */
+            public_key: string;
+            /** Seq */
+            seq: number;
+            /** Signature */
+            signature: string;
+            /**
+             * Signed At
+             * Format: date-time
+             */
+            signed_at: string;
+        };
         /** ApprovalOut */
         ApprovalOut: {
             /** Decided At */
@@ -1844,7 +1906,7 @@ export interface components {
              */
             release: "not_needed" | "required" | "pending" | "released";
             /** Sha256 */
-            sha256: string;
+            sha256: string | null;
             /** Size Bytes */
             size_bytes: number;
             /** Workspace Id */
@@ -2333,6 +2395,20 @@ export interface components {
             /** Version */
             version: string;
         };
+        /** ProblemOut */
+        ProblemOut: {
+            /** Detail */
+            detail: string;
+            /** First Seq */
+            first_seq: number;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored";
+            /** Last Seq */
+            last_seq: number;
+        };
         /**
          * QuotaIn
          * @example {
@@ -2582,6 +2658,36 @@ export interface components {
             status: components["schemas"]["UserStatus"];
         };
         /**
+         * UserQuotaIn
+         * @example {
+         *       "max_workspaces": 20,
+         *       "storage_bytes_limit": 100000000000
+         *     }
+         */
+        UserQuotaIn: {
+            /** Max Concurrent Jobs */
+            max_concurrent_jobs?: number | null;
+            /** Max Workspaces */
+            max_workspaces?: number | null;
+            /** Storage Bytes Limit */
+            storage_bytes_limit?: number | null;
+        };
+        /** UserQuotaOut */
+        UserQuotaOut: {
+            /** Active Jobs */
+            active_jobs: number;
+            /** Max Concurrent Jobs */
+            max_concurrent_jobs: number;
+            /** Max Workspaces */
+            max_workspaces: number;
+            /** Storage Bytes Limit */
+            storage_bytes_limit: number;
+            /** Storage Bytes Used */
+            storage_bytes_used: number;
+            /** Workspaces */
+            workspaces: number;
+        };
+        /**
          * UserStatus
          * @description Where a user stands in the account life cycle.
          * @enum {string}
@@ -2595,12 +2701,16 @@ export interface components {
         };
         /** VerificationOut */
         VerificationOut: {
+            /** Anchored Seq */
+            anchored_seq: number | null;
             /** Count */
             count: number;
             /** First Bad Seq */
             first_bad_seq: number | null;
             /** Ok */
             ok: boolean;
+            /** Problems */
+            problems: components["schemas"]["ProblemOut"][];
         };
         /** WorkerCredentialIssued */
         WorkerCredentialIssued: {
@@ -3046,6 +3156,30 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
+        };
+    };
+    newest_anchor_api_v1_audit_anchor_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AnchorOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
         };
     };
     export_api_v1_audit_export_get: {
@@ -4236,6 +4370,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_tokens_api_v1_me_tokens_get: {
@@ -4694,6 +4829,67 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    get_user_quota_api_v1_users__user_id__quota_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The user's id */
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UserQuotaOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    set_user_quota_api_v1_users__user_id__quota_patch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The user's id */
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UserQuotaIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UserQuotaOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };

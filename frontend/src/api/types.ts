@@ -49,7 +49,7 @@ export interface Dataset {
   name: string;
   kind: DatasetKind;
   size_bytes: number;
-  sha256: string;
+  sha256: string | null; // null in the catalog without a grant: it would confirm a guess
   discoverable: boolean;
   workspace_id?: string | null;
   owner_id?: string;
@@ -266,8 +266,18 @@ export interface AuditEvent {
   prev_hash: string | null;
 }
 
+/** One finding of the audit chain's verification, over a run of events. */
+export interface AuditProblem {
+  kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored";
+  first_seq: number;
+  last_seq: number;
+  detail: string;
+}
+
 export interface AuditVerification {
   ok: boolean;
   count: number;
   first_bad_seq: number | null;
+  anchored_seq?: number | null;
+  problems?: AuditProblem[];
 }

@@ -40,6 +40,13 @@ describe("AuditPage", () => {
     expect(await screen.findByText(/Chain broken at event #4/)).toBeInTheDocument();
   });
 
+  it("names what verification found", async () => {
+    const problems = [{ kind: "tail_deleted", first_seq: 7, last_seq: 9, detail: "tail_deleted: events 7..9 missing from the end" }];
+    mockApi({ "GET /me": auditor, "GET /audit/verify": { ok: false, count: 6, first_bad_seq: 7, anchored_seq: 9, problems }, "GET /audit": page([]) });
+    renderPage(<AuditPage />, { path: "/audit", route: "/audit" });
+    expect(await screen.findByText("tail_deleted: events 7..9 missing from the end")).toBeInTheDocument();
+  });
+
   it("filters by actor, action, outcome and time", async () => {
     const fake = mockApi({ "GET /me": auditor, "GET /audit/verify": { ok: true, count: 1, first_bad_seq: null }, "GET /audit": page([event]) });
     renderPage(<AuditPage />, { path: "/audit", route: "/audit" });

@@ -22,9 +22,18 @@ export function ChainBadge({ result, error, loading, onVerify }: { result?: Audi
   else if (result?.ok) content = <span className="chain chain-ok">✓ Chain intact · {result.count.toLocaleString()} events</span>;
   else if (result)
     content = (
-      <span className="chain chain-bad">
-        ✗ Chain broken at event #{result.first_bad_seq ?? "?"} · {result.count.toLocaleString()} events checked
-      </span>
+      <>
+        <span className="chain chain-bad">
+          ✗ Chain broken at event #{result.first_bad_seq ?? "?"} · {result.count.toLocaleString()} events checked
+        </span>
+        {result.problems?.length ? (
+          <ul className="chain-problems small">
+            {result.problems.map((p) => (
+              <li key={`${p.kind}-${p.first_seq}`}>{p.detail}</li>
+            ))}
+          </ul>
+        ) : null}
+      </>
     );
   return (
     <div className="chain-row" role="status" aria-live="polite" aria-label="Audit chain verification">

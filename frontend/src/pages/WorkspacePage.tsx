@@ -47,7 +47,7 @@ export function DatasetTable({
                 <Badge status="neutral">{d.kind}</Badge> <ReleaseBadge dataset={d} />
               </td>
               <td>{formatBytes(d.size_bytes)}</td>
-              <td className="mono" title={d.sha256}>
+              <td className="mono" title={d.sha256 ?? undefined}>
                 {shortId(d.sha256, 12)}…
               </td>
               <td>

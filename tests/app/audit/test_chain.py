@@ -17,18 +17,7 @@ from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.audit.service import Actor
 from app.settings import Settings
-from support import Platform
-
-
-def _disable_append_only(platform: Platform) -> None:
-    """What someone with rights over the database can do before editing rows."""
-    with platform.factory() as db:
-        if db.get_bind().dialect.name == "postgresql":
-            db.execute(text("ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_change"))
-        else:
-            db.execute(text("DROP TRIGGER audit_events_no_update"))
-            db.execute(text("DROP TRIGGER audit_events_no_delete"))
-        db.commit()
+from support import Platform, anchor_now, cli_env, disable_audit_triggers
 
 
 def _seed(client: TestClient, platform: Platform, n: int = 6) -> None:
@@ -64,7 +53,7 @@ def test_twenty_concurrent_writers_leave_a_gap_free_verifying_chain(
     assert not errors, errors
     with platform.factory() as db:
         seqs = db.scalars(select(AuditEvent.seq).order_by(AuditEvent.seq)).all()
-        result = audit.verify(db)
+        result = audit.verify(db, settings=settings)
     assert seqs == list(range(1, len(seqs) + 1))
     assert result.ok and result.count == len(seqs)
 
@@ -84,26 +73,28 @@ def test_update_and_delete_are_refused_by_the_database(
 
 def test_an_altered_event_is_found(client: TestClient, platform: Platform) -> None:
     _seed(client, platform)
-    _disable_append_only(platform)
+    disable_audit_triggers(platform.factory)
     with platform.factory() as db:
         db.execute(text("UPDATE audit_events SET outcome = 'failure' WHERE seq = 4"))
         db.commit()
-        assert audit.verify(db).first_bad_seq == 4
+        assert audit.verify(db, settings=platform.settings).first_bad_seq == 4
 
 
 def test_a_removed_event_is_found(client: TestClient, platform: Platform) -> None:
     _seed(client, platform)
-    _disable_append_only(platform)
+    disable_audit_triggers(platform.factory)
     with platform.factory() as db:
         db.execute(text("DELETE FROM audit_events WHERE seq = 5"))
         db.commit()
-        result = audit.verify(db)
+        result = audit.verify(db, settings=platform.settings)
     assert (result.ok, result.first_bad_seq) == (False, 5)
+    assert [(p.kind, p.first_seq, p.last_seq) for p in result.problems] == [("removed", 5, 5)]
 
 
 def test_an_inserted_event_is_found(client: TestClient, platform: Platform) -> None:
     _seed(client, platform)
-    _disable_append_only(platform)
+    anchor_now(platform)
+    disable_audit_triggers(platform.factory)
     with platform.factory() as db:
         # make room at seq 3 and insert a forged event there
         last = db.scalar(select(AuditEvent.seq).order_by(AuditEvent.seq.desc()).limit(1))
@@ -123,11 +114,13 @@ def test_an_inserted_event_is_found(client: TestClient, platform: Platform) -> N
             prev_hash=prev,
         )
         forged.at = db.scalar(select(AuditEvent.at).where(AuditEvent.seq == 2))
-        forged.hash = audit.chain_hash(prev or "", forged)  # even a correctly chained forgery
+        # chained as well as one can without the key: the old, unkeyed hash
+        forged.hash = audit.legacy_chain_hash(prev or "", forged)
         db.add(forged)
         db.commit()
-        result = audit.verify(db)
-    assert (result.ok, result.first_bad_seq) == (False, 4)  # the next event no longer chains
+        result = audit.verify(db, settings=platform.settings)
+    assert (result.ok, result.first_bad_seq) == (False, 3)
+    assert result.problems[0].kind == "rewritten"  # inside the anchored part of the chain
 
 
 def test_verify_endpoint_and_cli_agree(
@@ -135,12 +128,13 @@ def test_verify_endpoint_and_cli_agree(
 ) -> None:
     _seed(client, platform)
     auditor = platform.user(Role.auditor)
-    env = {"NEBULA_DATABASE_URL": settings.resolved_database_url, "PATH": "/usr/bin:/bin"}
+    anchor_now(platform)
+    env = cli_env(settings)
     cli = [sys.executable, "-m", "app.cli", "audit", "verify"]
     ok = subprocess.run(cli, env=env, capture_output=True, text=True, cwd=Path(__file__).parents[3])
     assert ok.returncode == 0, ok.stderr
     assert client.get("/api/v1/audit/verify", headers=auditor.headers).json()["ok"] is True
-    _disable_append_only(platform)
+    disable_audit_triggers(platform.factory)
     with platform.factory() as db:
         db.execute(text("UPDATE audit_events SET details = '{\"x\": 1}' WHERE seq = 2"))
         db.commit()
@@ -148,11 +142,9 @@ def test_verify_endpoint_and_cli_agree(
         cli, env=env, capture_output=True, text=True, cwd=Path(__file__).parents[3]
     )
     assert bad.returncode == 1 and "seq 2" in bad.stdout
-    assert client.get("/api/v1/audit/verify", headers=auditor.headers).json() == {
-        "ok": False,
-        "count": 2,
-        "first_bad_seq": 2,
-    }
+    answer = client.get("/api/v1/audit/verify", headers=auditor.headers).json()
+    assert (answer["ok"], answer["first_bad_seq"]) == (False, 2)
+    assert answer["problems"][0]["kind"] == "rewritten"
 
 
 def test_export_streams_every_event_in_order(client: TestClient, platform: Platform) -> None:

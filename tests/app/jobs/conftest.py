@@ -23,7 +23,7 @@ from conftest import REDIS_URL, PostgresTemplates, service_unavailable
 
 from app.accounts import service as accounts
 from app.accounts.models import Role
-from app.audit.service import SYSTEM
+from app.audit.service import SYSTEM, use_chain_key
 from app.clusters import service as clusters
 from app.db import make_engine, make_sessionmaker
 from app.pki import service as pki
@@ -154,7 +154,7 @@ def platform_on(
         presence_timeout_s=4.0,
         **overrides,
     )
-    engine = make_engine(url)
+    engine = use_chain_key(make_engine(url), settings)
     factory = make_sessionmaker(engine)
     ports = {name: (free_port(), free_port()) for name in CLUSTERS}
     tokens, credentials = {}, {}

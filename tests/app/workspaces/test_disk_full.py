@@ -37,7 +37,8 @@ def test_a_full_disk_answers_507_and_stores_nothing(settings: Settings, small_di
         status, body = upload(client, owner, ws, lines)
         assert status == 507, body
         assert "full" in body["detail"]
-        assert files_under(small_disk) == []  # the partial file is gone
+        # the partial file is gone; only the audit chain's signed heads live there
+        assert files_under(small_disk) == [small_disk / "audit" / "anchors.jsonl"]
         with app.state.sessionmaker() as db:
             assert db.scalar(select(func.count()).select_from(Dataset)) == 0
             uploads = select(func.count()).where(AuditEvent.action == "dataset.upload")

@@ -353,10 +353,15 @@ def test_requires_grad_and_non_contiguous_inputs() -> None:
     assert torch.equal(decode(parse_spec("none").encode(strided)), strided)
 
 
-def test_a_fresh_codec_decodes_any_blob() -> None:
+def test_a_fresh_codec_of_the_spec_decodes_its_blobs_and_no_other() -> None:
     x = torch.randn(64, 48)
-    blob = parse_spec("fp16(lowrank(0.2,method=power))").encode(x)
-    assert torch.equal(parse_spec("int8").decode(blob), decode(blob))
+    spec = "fp16(lowrank(0.2,method=power))"
+    blob = parse_spec(spec).encode(x)
+    assert torch.equal(parse_spec(spec).decode(blob), decode(blob))  # no encoder state needed
+    with pytest.raises(WireError, match="not what this stream's codec sends"):
+        parse_spec("int8").decode(blob)
+    with pytest.raises(WireError, match="factors of kind fp16 are not this stream's"):
+        parse_spec("int8(lowrank(0.2))").decode(blob)
 
 
 def test_error_feedback_carries_the_residual() -> None:

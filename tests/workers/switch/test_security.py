@@ -217,12 +217,14 @@ def test_bad_job_tokens_are_refused(pair, switch_log) -> None:  # type: ignore[n
 
 
 def test_a_worker_cannot_send_on_another_jobs_channel(pair, switch_log) -> None:  # type: ignore[no-untyped-def]
-    token = pair.pki.token("j1", "G", "cluster-a")
     context = client_context(ca_path=pair.pki.ca_path)
-    for job, src in (("j2", "G"), ("j1", "D")):
+    # (the job a token is for, the job and source role its frame claims); an attempt that
+    # has ended on a switch cannot come back, so each try is an attempt of its own
+    for mine, job, src in (("j1", "j2", "G"), ("j3", "j3", "D")):
+        token = pair.pki.token(mine, "G", "cluster-a")
         raw = socket.create_connection(pair.a.worker_address, timeout=10)
         stream = FrameStream(context.wrap_socket(raw), p.Connection(p.Side.CLIENT))
-        stream.write(p.Hello(token, "j1", "G", "D", p.Direction.SEND))
+        stream.write(p.Hello(token, mine, "G", "D", p.Direction.SEND))
         assert stream.read_event() == p.Welcome()
         stream.write(p.Data(job, "x", 0, src, "D", body=b"sneaky"))
         answer = stream.read_event()

@@ -1,0 +1,311 @@
+"""Switch test parts: a throwaway PKI, switch pairs on loopback, a link-cutting proxy, a log waiter.
+
+Fixtures live here so that the switch tests and the security suite share them (their
+conftest.py files import them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from app.pki import ca
+from workers.switch.client import SwitchLink
+from workers.switch.server import Switch, SwitchConfig, crl_from_file
+from workers.switch.shaper import ShaperConfig
+
+
+@dataclass
+class Pki:
+    """A CA, its CRL file and a job-token key, in a temporary folder."""
+
+    root: Path
+    ca_key: object
+    ca_cert: object
+    token_key: Ed25519PrivateKey
+    revoked: list[tuple[int, datetime]] = field(default_factory=list)
+
+    @property
+    def ca_path(self) -> Path:
+        return self.root / "ca.pem"
+
+    @property
+    def crl_path(self) -> Path:
+        return self.root / "crl.pem"
+
+    def issue(
+        self,
+        cluster: str,
+        *,
+        name: str | None = None,
+        now: datetime | None = None,
+        days: float = 30,
+    ) -> tuple[Path, Path, int]:
+        """Key and certificate files for `cluster`; returns (key_path, cert_path, serial)."""
+        key_pem, csr = ca.make_switch_key_and_csr(cluster)
+        serial = ca.new_serial()
+        cert = ca.sign_csr(
+            self.ca_key,
+            self.ca_cert,
+            csr,
+            cluster_name=cluster,
+            serial=serial,
+            now=now,
+            valid_days=days,
+        )  # type: ignore[arg-type]
+        stem = self.root / f"{name or cluster}-{serial}"
+        key_path, cert_path = stem.with_suffix(".key"), stem.with_suffix(".crt")
+        key_path.write_bytes(key_pem)
+        cert_path.write_bytes(cert)
+        return key_path, cert_path, serial
+
+    def revoke(self, serial: int) -> None:
+        """Add `serial` to the CRL file."""
+        self.revoked.append((serial, datetime.now(UTC)))
+        self.write_crl()
+
+    def write_crl(self) -> None:
+        crl = ca.build_crl(
+            self.ca_key,
+            self.ca_cert,
+            self.revoked,
+            next_update=datetime.now(UTC) + timedelta(days=1),
+        )  # type: ignore[arg-type]
+        self.crl_path.write_bytes(crl)
+
+    def token(self, job: str, role: str, cluster: str, *, ttl: float = 600, **kw: object) -> str:
+        return ca.sign_job_token(
+            self.token_key,
+            job_id=job,
+            role=role,
+            cluster=cluster,
+            expires_at=time.time() + ttl,
+            **kw,
+        )  # type: ignore[arg-type]
+
+
+def make_pki(root: Path, name: str = "Test CA") -> Pki:
+    key, cert = ca.create_root_ca(name)
+    pki = Pki(root=root, ca_key=key, ca_cert=cert, token_key=ca.make_job_token_key())
+    root.mkdir(parents=True, exist_ok=True)
+    pki.ca_path.write_bytes(ca.certificate_pem(cert))
+    pki.write_crl()
+    return pki
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki")
+
+
+@pytest.fixture
+def other_pki(tmp_path: Path) -> Pki:
+    """A second, unrelated CA."""
+    return make_pki(tmp_path / "other-pki", "Other CA")
+
+
+@pytest.fixture
+def configure(pki: Pki) -> Callable[..., SwitchConfig]:
+    """`configure(cluster, **overrides)`: a switch config with a fresh certificate."""
+    return lambda cluster, **kw: switch_config(pki, cluster, **kw)
+
+
+@dataclass
+class Pair:
+    """Two switches on loopback, each the other's peer."""
+
+    pki: Pki
+    a: Switch
+    b: Switch
+
+    def link(self, side: str, job: str, role: str, peer: str, **kw: object) -> SwitchLink:
+        switch = self.a if side == "a" else self.b
+        return SwitchLink(
+            switch.worker_address,
+            ca_path=self.pki.ca_path,
+            token=self.pki.token(job, role, switch.cluster),
+            job_id=job,
+            role=role,
+            peer_role=peer,
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+def switch_config(pki: Pki, cluster: str, **overrides: object) -> SwitchConfig:
+    key_path, cert_path, _ = pki.issue(cluster)
+    fields: dict[str, object] = {
+        "cluster": cluster,
+        "key_path": key_path,
+        "cert_path": cert_path,
+        "ca_path": pki.ca_path,
+        "crl_source": crl_from_file(pki.crl_path),
+        "job_token_public_key": ca.job_token_public_key_pem(pki.token_key),
+        "crl_refresh_s": 3600,  # tests refresh explicitly
+        "backoff_initial_s": 0.01,
+        "backoff_max_s": 0.2,
+        "shaper": ShaperConfig(rate_mbit=None),
+    }
+    fields.update(overrides)
+    return SwitchConfig(**fields)  # type: ignore[arg-type]
+
+
+def start_pair(
+    pki: Pki, *, a_peer_address: Callable[[Switch], tuple[str, int]] | None = None, **kw: object
+) -> Pair:
+    a = Switch(switch_config(pki, "cluster-a", **kw)).start()
+    b = Switch(switch_config(pki, "cluster-b", **kw)).start()
+    b.add_peer("cluster-a", a.peer_address)
+    a.add_peer("cluster-b", a_peer_address(b) if a_peer_address else b.peer_address)
+    return Pair(pki, a, b)
+
+
+@pytest.fixture
+def make_pair(pki: Pki) -> Iterator[Callable[..., Pair]]:
+    """Start switch pairs that are stopped when the test ends."""
+    started: list[Pair] = []
+
+    def make(**kw: object) -> Pair:
+        started.append(start_pair(pki, **kw))  # type: ignore[arg-type]
+        return started[-1]
+
+    yield make
+    for p in started:
+        p.a.stop()
+        p.b.stop()
+
+
+@pytest.fixture
+def pair(make_pair: Callable[..., Pair]) -> Pair:
+    return make_pair()
+
+
+class CuttingProxy:
+    """A TCP forwarder whose connections a test can cut at will (a flaky WAN).
+
+    A cut shuts the sockets down without closing them, as a wedged peer or a middlebox
+    would: the far end gets an end of stream, and bytes that were not read stay unread.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = self.listener.getsockname()[:2]
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self._gates: list[threading.Event] = []  # set: the connection's pumps forward
+        self._all_gates: list[threading.Event] = []
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            gate = threading.Event()
+            gate.set()
+            with self._lock:
+                self._socks += [client, upstream]
+                self._gates.append(gate)
+                self._all_gates.append(gate)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, gate: threading.Event) -> None:
+        buf = bytearray(1 << 20)
+        try:
+            while gate.wait() and (n := src.recv_into(buf)):
+                dst.sendall(memoryview(buf)[:n])
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def hold(self) -> None:
+        """Stop reading the open connections (new ones still flow): their senders fill up."""
+        with self._lock:
+            for gate in self._gates:
+                gate.clear()
+
+    def cut(self) -> None:
+        """Drop every open connection mid-stream."""
+        with self._lock:
+            socks, self._socks = self._socks, []
+            self._gates = []
+            self.cuts += 1
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+        with self._lock:
+            for gate in self._all_gates:
+                gate.set()
+
+
+class LogWaiter(logging.Handler):
+    """Collects switch log lines and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._cond:
+            self.lines.append(record.getMessage())
+            self._cond.notify_all()
+
+    def wait_for(self, *parts: str, timeout: float = 10) -> str:
+        """The first line holding every one of `parts`; fails after `timeout` seconds."""
+
+        def found() -> str | None:
+            return next((ln for ln in self.lines if all(p in ln for p in parts)), None)
+
+        with self._cond:
+            assert self._cond.wait_for(found, timeout), f"no log line with {parts}: {self.lines}"
+            line = found()
+            assert line is not None
+            return line
+
+
+@pytest.fixture
+def switch_log() -> Iterator[LogWaiter]:
+    waiter = LogWaiter()
+    logger = logging.getLogger("nebula.switch")
+    logger.addHandler(waiter)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield waiter
+    logger.removeHandler(waiter)
+    logger.setLevel(old)
+
+
+@pytest.fixture
+def cutting_proxy() -> Iterator[Callable[[tuple[str, int]], CuttingProxy]]:
+    """Make proxies that are closed when the test ends."""
+    proxies: list[CuttingProxy] = []
+
+    def make(target: tuple[str, int]) -> CuttingProxy:
+        proxies.append(CuttingProxy(target))
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.close()
