@@ -203,9 +203,6 @@ def test_the_anchor_api_serves_the_signed_head(client: TestClient, platform: Pla
 @pytest.fixture
 def app_role(platform: Platform, settings: Settings) -> Iterator[str]:
     """A second PostgreSQL role with the documented grants, and the URL to connect as it."""
-    with platform.factory() as db:
-        if db.get_bind().dialect.name != "postgresql":
-            pytest.skip("roles and grants are PostgreSQL's")
     role = f"nebula_app_{uuid.uuid4().hex[:8]}"
     owner = make_engine(settings.resolved_database_url).execution_options(
         isolation_level="AUTOCOMMIT"
@@ -224,6 +221,7 @@ def app_role(platform: Platform, settings: Settings) -> Iterator[str]:
         owner.dispose()
 
 
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)  # roles are PostgreSQL's
 def test_the_app_role_may_only_insert_and_select(
     client: TestClient, platform: Platform, settings: Settings, app_role: str
 ) -> None:
