@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 
 from app.jobs.schemas import REPLICA_OF, replica_rank
-from app.workspaces.storage import split_lines
 from workers.control_plane import (
     ClusterClient,
     ControlPlaneError,
@@ -34,6 +33,7 @@ from workers.control_plane import (
 )
 from workers.presence import instance_name
 from workers.switch.link import Link
+from workers.text import split_lines
 from workers.training import sealed
 from workers.training.rendezvous import Rendezvous
 from workers.training.runtime import Hooks, RoleResult

@@ -20,9 +20,10 @@ from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound
 from app.grants import service as grants
 from app.grants.models import AccessRequest
 from app.jobs import service as jobs
-from app.jobs.models import FINAL_STATUSES, Job, JobRole
+from app.jobs.models import Job, JobRole
 from app.jobs.outputs import store_job_output
 from app.jobs.schemas import REPLICA_OF, replica_rank, role_reads, role_spec
+from app.jobs.states import FINAL_STATUSES
 from app.keyring import job_checkpoint_key
 from app.pki import service as pki
 from app.settings import Settings

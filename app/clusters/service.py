@@ -189,7 +189,8 @@ def _online(db: Session, *, cluster_id: str, timeout: timedelta) -> list[Cluster
 
 def health(db: Session, *, cluster: Cluster, timeout: timedelta) -> ClusterHealth:
     """Whether the cluster's switch is online, how many workers are, how many jobs run there."""
-    from app.jobs.models import FINAL_STATUSES, Job, JobRole, RoleStatus
+    from app.jobs.models import Job, JobRole, RoleStatus
+    from app.jobs.states import FINAL_STATUSES
 
     online = _online(db, cluster_id=cluster.id, timeout=timeout)
     running = db.scalar(

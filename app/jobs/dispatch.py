@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.accounts import service as accounts
 from app.db import session_scope, utcnow
 from app.jobs import service
-from app.jobs.models import FINAL_STATUSES, Job, JobRole, RoleStatus
+from app.jobs.models import Job, JobRole, RoleStatus
+from app.jobs.states import FINAL_STATUSES
 from app.settings import Settings
 
 log = logging.getLogger("nebula.jobs")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 from typing import Any
 
@@ -10,30 +9,7 @@ from sqlalchemy import JSON, BigInteger, Enum, Float, ForeignKey, Index, Integer
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, new_id, utcnow
-
-
-class JobStatus(enum.StrEnum):
-    """Where a job stands; the last three are final."""
-
-    queued = "queued"
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    cancelled = "cancelled"
-
-
-FINAL_STATUSES = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})
-
-
-class RoleStatus(enum.StrEnum):
-    """Where one role of the current attempt stands."""
-
-    pending = "pending"  # written, not yet handed to the broker
-    dispatched = "dispatched"  # on its cluster's queue
-    running = "running"
-    succeeded = "succeeded"
-    failed = "failed"
-    stopped = "stopped"
+from app.jobs.states import JobStatus, RoleStatus
 
 
 class Job(Base):

@@ -25,7 +25,7 @@ from app.deps import (
 from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
 from app.fields import JobIdPath, WorkspaceIdPath
 from app.jobs import dispatch, service
-from app.jobs.models import FINAL_STATUSES, Job
+from app.jobs.models import Job
 from app.jobs.schemas import (
     ArtifactList,
     ArtifactOut,
@@ -37,6 +37,7 @@ from app.jobs.schemas import (
     JobSubmitIn,
     MetricsOut,
 )
+from app.jobs.states import FINAL_STATUSES
 from app.workspaces import service as workspaces
 
 router = APIRouter(prefix=API_PREFIX, tags=["jobs"])

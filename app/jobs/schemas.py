@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.fields import EXAMPLE_ID, Id, StrictIn
-from app.jobs.models import JobStatus
+from app.jobs.states import JobStatus
 
 Preset = Literal["tiny", "paper"]
 ClusterName = Annotated[

@@ -18,16 +18,9 @@ from app.clusters import service as clusters
 from app.db import newest_first, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
-from app.jobs.models import (
-    FINAL_STATUSES,
-    Job,
-    JobArtifact,
-    JobMetric,
-    JobRole,
-    JobStatus,
-    RoleStatus,
-)
+from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
 from app.jobs.schemas import KINDS, JobSubmitIn, job_roles
+from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces

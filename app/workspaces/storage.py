@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app.errors import DomainError
+from workers.text import split_lines
 
 MAGIC = b"NBDS"
 VERSION = 1
@@ -201,19 +202,6 @@ def decrypt_chunks(src: BinaryIO, *, data_key: bytes, dataset_id: str) -> Iterat
             return
         yield plain
         index += 1
-
-
-def split_lines(chunks: Iterable[bytes]) -> Iterator[str]:
-    """UTF-8 lines without their line ending, from chunks cut anywhere."""
-    pending = b""
-    for chunk in chunks:
-        data = pending + chunk
-        lines = data.split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            yield line.removesuffix(b"\r").decode("utf-8")
-    if pending:
-        yield pending.removesuffix(b"\r").decode("utf-8")
 
 
 @dataclass(frozen=True)
