@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from workers.switch.jobtoken import unverified_claims
-from workers.switch.link import LinkClosed, Payload
+from workers.switch.link import LinkClosed, LinkEstimate, Payload
 from workers.switch.protocol import (
     CLOSED,
     DEFAULT_MAX_BODY_BYTES,
@@ -90,6 +90,7 @@ class SwitchLink:
         self._max_frame = max_frame_bytes
         self._seq: defaultdict[str, int] = defaultdict(int)
         self._sent: defaultdict[str, int] = defaultdict(int)
+        self._estimate: LinkEstimate | None = None
         self._send_lock = threading.Lock()
         self._closed = threading.Event()
         self._queues: defaultdict[str, queue.Queue[Data | None]] = defaultdict(
@@ -211,6 +212,10 @@ class SwitchLink:
     def bytes_sent(self) -> dict[str, int]:
         """Payload bytes sent so far, per channel."""
         return dict(self._sent)
+
+    def link_estimate(self) -> LinkEstimate | None:
+        """The switches' latest measurement of the link (None until they report one)."""
+        return self._estimate
 
     def close(self) -> None:
         """Close both connections; blocked receivers get LinkClosed."""

@@ -27,6 +27,21 @@ def payload_nbytes(payload: Payload) -> int:
     return len(payload)
 
 
+@dataclass(frozen=True)
+class LinkEstimate:
+    """What the switches measured of the link between two clusters.
+
+    Measured on the live link from acknowledged bytes: `bandwidth_bytes_per_s` is the rate
+    at which the far switch acknowledged payload bytes while the sender had data queued,
+    `rtt_s` the time from a frame leaving to its acknowledgement coming back. `samples`
+    counts the acknowledgements the figures rest on (0: nothing measured yet).
+    """
+
+    bandwidth_bytes_per_s: float
+    rtt_s: float
+    samples: int
+
+
 class LinkClosed(Exception):
     """The link was closed while a role was sending or waiting to receive."""
 
@@ -48,6 +63,10 @@ class Link(Protocol):
 
     def close(self) -> None:
         """Stop the link; blocked receivers get LinkClosed."""
+        ...
+
+    def link_estimate(self) -> LinkEstimate | None:
+        """The latest measurement of the link to the peer, or None while there is none."""
         ...
 
 
@@ -103,6 +122,10 @@ class LocalLink:
     def bytes_sent(self) -> dict[str, int]:
         """Payload bytes sent so far, per channel."""
         return dict(self._sent)
+
+    def link_estimate(self) -> LinkEstimate | None:
+        """None: both ends share one process, there is no link to measure."""
+        return None
 
     def close(self) -> None:
         """Wake every receiver blocked on this end."""

@@ -15,7 +15,7 @@ import torch
 
 from app.pki import ca
 from workers.switch.client import SwitchLink
-from workers.switch.link import Link, LocalLink, Payload
+from workers.switch.link import Link, LinkEstimate, LocalLink, Payload
 from workers.switch.server import Switch, SwitchConfig, crl_from_file
 from workers.switch.shaper import ShaperConfig
 from workers.training.data import write_demo_corpus
@@ -188,6 +188,9 @@ class RecordingLink:
 
     def bytes_sent(self) -> dict[str, int]:
         return self.inner.bytes_sent()
+
+    def link_estimate(self) -> LinkEstimate | None:
+        return self.inner.link_estimate()
 
     def close(self) -> None:
         self.inner.close()
