@@ -16,7 +16,7 @@ from switch_support import Pair
 from workers.switch import protocol as p
 from workers.switch.client import SwitchLink
 from workers.switch.jobtoken import JobClaims
-from workers.switch.server import admit_worker
+from workers.switch.rules import admit_worker
 from workers.switch.stream import FrameStream
 from workers.switch.tls import client_context
 
@@ -175,6 +175,7 @@ def test_a_role_reconnects_only_once_its_first_connection_is_gone(pair: Pair) ->
         g.send("c", b"to the new connection")
         frame = again.read_event()
         assert isinstance(frame, p.Data) and bytes(frame.body) == b"to the new connection"
+    sender.write(p.Error("done"))  # the role's goodbye: it will not resume
     for stream in (again, sender):
         stream.close()
     assert pair.b.wait_role_ended("j2", "D", timeout=10)
@@ -220,8 +221,8 @@ def test_more_attempts_than_mailboxes_each_deliver(make_pair) -> None:  # type: 
         assert switch.held_state() == {
             "mailboxes": 0,
             "roles": 0,
-            "out_streams": 0,
-            "in_streams": 0,
+            "detached_roles": 0,
+            "job_queues": 0,
         }
 
 

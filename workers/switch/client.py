@@ -1,10 +1,19 @@
 """`SwitchLink`: the `Link` a training role holds, through its cluster's switch.
 
 A link opens two TLS connections to the local switch, each introduced by the
-role's job token: one to send, one to receive, so that each TLS socket is
-only ever used by one thread. Tensors leave as a memoryview of their storage
-(`send` returns once the bytes are written, so the caller may then reuse
-them) and arrive as tensors over the received buffer, without another copy.
+role's job token: one to send, one to receive, each used by one thread of its
+own (a writer, a reader), so that no TLS socket is used by two threads.
+
+Delivery is end to end: `send` keeps a copy of each frame in a `ResendWindow`
+(so the caller may reuse its tensor at once) until the far role's RECEIPT says
+it arrived. When a connection drops, or the switch restarts, the link dials
+again with its job token; its writer sends every unacknowledged frame again,
+its reader asks the far role to do the same (a RECEIPT with `resend`), and
+each end drops by sequence number what it already has. A switch restart or a
+dropped connection thus loses nothing and delivers nothing twice. Frames
+arrive as tensors over the received buffer, without another copy. The switch
+also tells the link what it measured of the link to the peer switch
+(`link_estimate()`).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import queue
 import socket
 import ssl
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -32,12 +42,15 @@ from workers.switch.protocol import (
     Direction,
     Error,
     Hello,
+    LinkReport,
     ProtocolError,
+    Receipt,
     Side,
     TensorSpec,
     Welcome,
 )
-from workers.switch.stream import FrameStream
+from workers.switch.rules import ResendWindow
+from workers.switch.stream import FrameStream, tune
 from workers.switch.tls import PeerRejected, check_peer, client_context
 
 log = logging.getLogger("nebula.switch.client")
@@ -46,6 +59,9 @@ Address = tuple[str, int]
 
 class LinkRefused(Exception):
     """The switch refused this link (token, job, role or TLS); the reason says which."""
+
+
+GOODBYE = "the role closed its link"
 
 
 def tensor_to_wire(tensor: torch.Tensor) -> tuple[memoryview, TensorSpec]:
@@ -82,35 +98,55 @@ class SwitchLink:
         timeout: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_BODY_BYTES,
         recv_queue_frames: int = 16,
+        window_frames: int = 64,
+        window_bytes: int = 256 * 1024 * 1024,
+        resume_timeout_s: float = 120.0,
+        resend_after_s: float = 15.0,
     ) -> None:
         self.job_id, self.role, self.peer_role = str(job_id), role, peer_role
         # the switch must prove it serves the cluster the token was issued for
         self.cluster = cluster or unverified_claims(token).cluster
+        self._address, self._token, self._timeout = address, token, timeout
         self._context = client_context(ca_path=ca_path)
         self._max_frame = max_frame_bytes
-        self._seq: defaultdict[str, int] = defaultdict(int)
+        self.resume_timeout_s, self.resend_after_s = resume_timeout_s, resend_after_s
         self._sent: defaultdict[str, int] = defaultdict(int)
         self._estimate: LinkEstimate | None = None
-        self._send_lock = threading.Lock()
+        # the state below is the writer's and the reader's, under `_cond`
+        self._cond = threading.Condition()
+        self._window: ResendWindow[Data] = ResendWindow(
+            max_frames=window_frames, max_bytes=window_bytes
+        )
+        self._write_from = 0  # the next frame of the window the writer sends
+        self._expected = 0  # the next sequence number from the peer
+        self._receipt_due = False
+        self._ask_resend = False
+        self._asked: tuple[int, float] = (-1, 0.0)  # (expected, when) of the last ask
+        self._heard_at = time.monotonic()  # the last receipt from the peer
+        self._failure: str | None = None  # why the link cannot go on
         self._closed = threading.Event()
         self._queues: defaultdict[str, queue.Queue[Data | None]] = defaultdict(
             lambda: queue.Queue(recv_queue_frames)
         )
         self._queues_lock = threading.Lock()
-        self._out = self._open(address, token, Direction.SEND, timeout)
+        self._out = self._open(Direction.SEND)
         try:
-            self._in = self._open(address, token, Direction.RECV, timeout)
+            self._in = self._open(Direction.RECV)
         except BaseException:
             self._out.close()
             raise
         self._reader = threading.Thread(target=self._read_loop, name=f"link-{role}", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"link-{role}-out", daemon=True
+        )
         self._reader.start()
+        self._writer.start()
 
-    def _open(
-        self, address: Address, token: str, direction: Direction, timeout: float
-    ) -> FrameStream:
-        raw = socket.create_connection(address, timeout=timeout)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # connections
+
+    def _open(self, direction: Direction) -> FrameStream:
+        raw = socket.create_connection(self._address, timeout=self._timeout)
+        tune(raw)
         try:
             sock = self._context.wrap_socket(raw, server_hostname=self.cluster)
             check_peer(sock, expected_cluster=self.cluster, revoked=frozenset())
@@ -118,7 +154,7 @@ class SwitchLink:
             raw.close()
             raise LinkRefused(f"TLS to the switch failed: {exc}") from exc
         stream = FrameStream(sock, Connection(Side.CLIENT, max_body=self._max_frame))
-        hello = Hello(token, self.job_id, self.role, self.peer_role, direction)
+        hello = Hello(self._token, self.job_id, self.role, self.peer_role, direction)
         try:
             stream.write(hello)
             answer = stream.read_event()
@@ -134,30 +170,127 @@ class SwitchLink:
         sock.settimeout(None)
         return stream
 
+    def _reopen(self, direction: Direction, why: object) -> FrameStream | None:
+        """Dial the switch again until it takes us back; None when the link cannot go on."""
+        log.warning("link %s/%s: %s connection lost (%s)", self.job_id, self.role, direction, why)
+        deadline = time.monotonic() + self.resume_timeout_s
+        backoff = 0.05
+        while not self._closed.is_set():
+            try:
+                stream = self._open(direction)
+            except LinkRefused as exc:
+                # the switch may not have seen our old connection go yet; else it is final
+                if "already connected" not in str(exc):
+                    self._fail(f"the switch refused to resume the link: {exc}")
+                    return None
+            except OSError:
+                pass
+            else:
+                log.info("link %s/%s: %s connection resumed", self.job_id, self.role, direction)
+                return stream
+            if time.monotonic() > deadline:
+                self._fail(f"the switch did not come back within {self.resume_timeout_s:.0f} s")
+                return None
+            self._closed.wait(backoff)
+            backoff = min(backoff * 2, 1.0)
+        return None
+
+    def _fail(self, reason: str) -> None:
+        log.warning("link %s/%s: %s", self.job_id, self.role, reason)
+        with self._cond:
+            self._failure = self._failure or reason
+            self._cond.notify_all()
+        self._wake_receivers()
+
+    # receiving
+
     def _queue(self, channel: str) -> queue.Queue[Data | None]:
         with self._queues_lock:
             return self._queues[channel]
 
     def _read_loop(self) -> None:
         try:
-            while not self._closed.is_set():
-                event = self._in.read_event()
+            while not self._closed.is_set() and self._failure is None:
+                lost: Exception | None = None
+                try:
+                    event = self._in.read_event()
+                except (OSError, ProtocolError) as exc:
+                    if self._closed.is_set():
+                        return
+                    event, lost = CLOSED, exc
                 if isinstance(event, Error):
-                    log.warning(
-                        "link %s/%s: the switch ended it: %s", self.job_id, self.role, event.reason
-                    )
+                    self._fail(f"the switch ended the link: {event.reason}")
                     return
                 if event is CLOSED:
-                    log.info("link %s/%s: the switch closed the connection", self.job_id, self.role)
-                    return
-                if not isinstance(event, Data):
-                    raise ProtocolError("the switch sent a frame other than data")
-                self._queue(event.channel).put(event)
-        except (OSError, ProtocolError) as exc:
-            if not self._closed.is_set():
-                log.warning("link %s/%s: receiving stopped: %s", self.job_id, self.role, exc)
+                    if self._closed.is_set():
+                        return
+                    self._in.close()
+                    stream = self._reopen(Direction.RECV, lost or "end of stream")
+                    if stream is None:
+                        return
+                    self._in = stream
+                    with self._cond:  # what was on its way to us may be gone: ask for it
+                        self._ask_resend = self._receipt_due = True
+                        self._cond.notify_all()
+                elif isinstance(event, Data):
+                    self._take(event)
+                elif isinstance(event, Receipt):
+                    self._receipt(event)
+                elif isinstance(event, LinkReport):
+                    self._estimate = LinkEstimate(
+                        event.bandwidth_bytes_per_s, event.rtt_s, event.samples
+                    )
+                else:
+                    raise ProtocolError(f"the switch sent a {type(event).__name__} frame")
+        except ProtocolError as exc:
+            self._fail(f"receiving stopped: {exc}")
         finally:
             self._wake_receivers()
+
+    def _take(self, frame: Data) -> None:
+        """Deliver the next frame in order; drop a duplicate; ask again after a gap."""
+        if frame.seq == self._expected:
+            q = self._queue(frame.channel)
+            while not self._closed.is_set():
+                try:
+                    q.put(frame, timeout=1.0)
+                    break
+                except queue.Full:
+                    # the role reads slowly: tell the sender we are here, not gone
+                    with self._cond:
+                        self._receipt_due = True
+                        self._cond.notify_all()
+        with self._cond:
+            if frame.seq == self._expected:
+                self._expected += 1
+            elif frame.seq > self._expected:
+                # frames before it went missing (a switch restarted): ask for them, once
+                # a while, not once per frame that follows the gap
+                asked_for, asked_at = self._asked
+                now = time.monotonic()
+                if asked_for != self._expected or now - asked_at > 2.0:
+                    self._ask_resend = True
+            self._receipt_due = True
+            self._cond.notify_all()
+
+    def _receipt(self, receipt: Receipt) -> None:
+        with self._cond:
+            self._heard_at = time.monotonic()
+            if receipt.next_seq > self._window.next_seq:
+                raise ProtocolError(
+                    f"receipt up to {receipt.next_seq}, but only {self._window.next_seq} sent"
+                )
+            if receipt.next_seq >= self._window.acked:  # an older one is no news
+                self._window.ack(receipt.next_seq)
+            if receipt.resend:
+                log.info(
+                    "link %s/%s: the peer asks again from frame %d",
+                    self.job_id,
+                    self.role,
+                    receipt.next_seq,
+                )
+                self._write_from = min(self._write_from, max(receipt.next_seq, self._window.acked))
+            self._cond.notify_all()
 
     def _wake_receivers(self) -> None:
         with self._queues_lock:
@@ -166,8 +299,67 @@ class SwitchLink:
             with contextlib.suppress(queue.Full):
                 q.put_nowait(None)
 
+    # sending
+
+    def _next_to_write(self) -> tuple[Receipt | None, Data | None] | None:
+        """What the writer sends next (waiting for it); None when the link is done."""
+        with self._cond:
+            while True:
+                if self._failure is not None:
+                    return None
+                window = self._window
+                self._write_from = max(self._write_from, window.acked)
+                pending = self._write_from < window.next_seq
+                if (
+                    len(window)
+                    and not pending
+                    and time.monotonic() - self._heard_at > self.resend_after_s
+                ):
+                    # nothing heard of frames long sent: send them again (the receiver
+                    # drops what it has); a lost frame with none after it is found so
+                    log.info("link %s/%s: no receipt, sending again", self.job_id, self.role)
+                    self._write_from, self._heard_at = window.acked, time.monotonic()
+                    pending = True
+                if self._receipt_due or pending:
+                    break
+                if self._closed.is_set():
+                    return None
+                self._cond.wait(timeout=1.0)
+            receipt = None
+            if self._receipt_due:
+                resend = self._ask_resend
+                receipt = Receipt(self.job_id, self.role, self.peer_role, self._expected, resend)
+                if resend:
+                    self._asked = (self._expected, time.monotonic())
+                self._receipt_due = self._ask_resend = False
+            frame = None
+            if pending:
+                frame = window.get(self._write_from)
+                self._write_from += 1
+            return receipt, frame
+
+    def _write_loop(self) -> None:
+        while (work := self._next_to_write()) is not None:
+            for frame in work:
+                while frame is not None:
+                    try:
+                        self._out.write(frame)
+                        break
+                    except (OSError, ProtocolError) as exc:
+                        self._out.close()
+                        stream = self._reopen(Direction.SEND, exc)
+                        if stream is None:
+                            return
+                        self._out = stream
+                        with self._cond:  # the new connection starts with all unacknowledged
+                            self._write_from = self._window.acked
+                            self._receipt_due = True
+                        if isinstance(frame, Data):
+                            break  # it is among those
+
     def send(self, channel: str, payload: Payload) -> None:
-        """Write a payload for the peer on `channel`; returns once written (backpressure)."""
+        """Send a payload to the peer on `channel`; returns once it is kept for resending
+        (a copy: the caller may reuse it), waiting while the window is full."""
         if isinstance(payload, torch.Tensor):
             body, spec = tensor_to_wire(payload)
             self.send_encoded(channel, body, spec)
@@ -176,17 +368,22 @@ class SwitchLink:
 
     def send_encoded(self, channel: str, body: Buffer, tensor: TensorSpec | None) -> None:
         """Send a body as it is; `tensor` describes it (a codec's output travels untouched)."""
-        if self._closed.is_set():
-            raise LinkClosed(channel)
-        with self._send_lock:
-            seq = self._seq[channel]
-            frame = Data(self.job_id, channel, seq, self.role, self.peer_role, body, tensor)
-            try:
-                self._out.write(frame)
-            except (OSError, ProtocolError) as exc:
-                raise LinkClosed(f"{channel}: {exc}") from exc
-            self._seq[channel] = seq + 1
-            self._sent[channel] += memoryview(body).nbytes
+        kept = bytes(body)
+        with self._cond:
+            self._cond.wait_for(
+                lambda: (
+                    self._closed.is_set()
+                    or self._failure is not None
+                    or self._window.has_room(len(kept))
+                )
+            )
+            if self._closed.is_set() or self._failure is not None:
+                raise LinkClosed(f"{channel}: {self._failure or 'closed'}")
+            seq = self._window.next_seq
+            frame = Data(self.job_id, channel, seq, self.role, self.peer_role, kept, tensor)
+            self._window.push(frame, len(kept))
+            self._sent[channel] += len(kept)
+            self._cond.notify_all()
 
     def recv_frame(self, channel: str, timeout: float | None = None) -> Data:
         """The next frame from the peer on `channel`, with its tensor spec and codec."""
@@ -197,7 +394,7 @@ class SwitchLink:
             raise TimeoutError(f"nothing on channel {channel!r} within {timeout} s") from None
         if item is None:
             q.put(None)  # keep waking the next receiver
-            raise LinkClosed(channel)
+            raise LinkClosed(f"{channel}: {self._failure or 'closed'}")
         return item
 
     def recv(self, channel: str, timeout: float | None = None) -> Payload:
@@ -210,16 +407,32 @@ class SwitchLink:
         return tensor_from_wire(frame.body, frame.tensor)
 
     def bytes_sent(self) -> dict[str, int]:
-        """Payload bytes sent so far, per channel."""
+        """Payload bytes sent so far, per channel (each frame once, resending aside)."""
         return dict(self._sent)
+
+    def unacknowledged(self) -> int:
+        """Frames sent that the peer role has not acknowledged yet."""
+        with self._cond:
+            return len(self._window)
 
     def link_estimate(self) -> LinkEstimate | None:
         """The switches' latest measurement of the link (None until they report one)."""
         return self._estimate
 
-    def close(self) -> None:
-        """Close both connections; blocked receivers get LinkClosed."""
-        self._closed.set()
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (within `timeout`), say goodbye, close both connections;
+        blocked receivers get LinkClosed."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._failure is not None or self._write_from >= self._window.next_seq,
+                timeout,
+            )
+            self._closed.set()
+            self._cond.notify_all()
+        self._writer.join(timeout=timeout)
+        if not self._writer.is_alive():  # the connection is this thread's alone now
+            with contextlib.suppress(OSError, ProtocolError):
+                self._out.write(Error(GOODBYE))  # no resume: the switch frees the role now
         for stream in (self._out, self._in):
             with contextlib.suppress(OSError):
                 stream.sock.shutdown(socket.SHUT_RDWR)

@@ -63,8 +63,11 @@ class Kind(enum.IntEnum):
     PEER_HELLO = 2  # switch -> peer switch: the cluster it claims to be (checked on the cert)
     WELCOME = 3  # answer to a hello: accepted
     DATA = 4
-    ACK = 5  # cumulative count of DATA frames accepted on this connection
+    ACK = 5  # cumulative count of DATA and RECEIPT frames taken on this connection
     ERROR = 6  # the reason for closing, sent before the close
+    RECEIPT = 7  # end to end, receiving role -> sending role: what arrived, what to resend
+    PING = 8  # switch -> peer switch: answered by an ACK, shows the peer still reads
+    LINK = 9  # switch -> worker: the latest measurement of the link to the peer
 
 
 class Direction(enum.StrEnum):
@@ -87,10 +90,15 @@ class Hello:
 
 @dataclass(frozen=True)
 class PeerHello:
-    """A switch introduces itself to a peer switch; `session` changes when it restarts."""
+    """A switch introduces itself to a peer switch; `session` changes when it restarts.
+
+    `resume_from` numbers the first frame this connection carries among all the frames
+    this session has sent the peer, so that the peer drops what it took before a cut.
+    """
 
     cluster: str
     session: str = "-"
+    resume_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,9 +138,11 @@ class Data:
 
 @dataclass(frozen=True)
 class Ack:
-    """The receiver has taken `count` DATA frames on this connection so far."""
+    """The receiver has taken `count` DATA and RECEIPT frames on this connection so far;
+    `ping` answers the PING of that id."""
 
     count: int
+    ping: int | None = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,41 @@ class Error:
     reason: str
 
 
-Frame = Hello | PeerHello | Welcome | Data | Ack | Error
+@dataclass(frozen=True)
+class Receipt:
+    """End to end, from the role `src_role` back to the role `dst_role` that sends it data.
+
+    Every DATA frame of `dst_role` below `next_seq` has arrived; with `resend`, the frames
+    from `next_seq` on went missing (a switch restarted, a connection dropped): send them
+    again. It travels the switches like DATA, and is cumulative: a lost one is made good
+    by the next.
+    """
+
+    job_id: str
+    src_role: str
+    dst_role: str
+    next_seq: int
+    resend: bool = False
+
+
+@dataclass(frozen=True)
+class Ping:
+    """A switch asks its peer to show it still reads; the answer is an ACK naming `id`."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class LinkReport:
+    """A switch tells a role what it measured of the link to the peer switch."""
+
+    bandwidth_bytes_per_s: float
+    rtt_s: float
+    samples: int
+
+
+Frame = Hello | PeerHello | Welcome | Data | Ack | Error | Receipt | Ping | LinkReport
+Routed = Data | Receipt  # what a switch carries from role to role
 
 
 class _Sentinel(enum.Enum):
@@ -172,7 +216,9 @@ def _meta_of(frame: Frame) -> tuple[Kind, dict[str, Any]]:
                 meta["tensor"]["params"] = dict(spec.codec_params)
         return Kind.DATA, meta
     if isinstance(frame, Ack):
-        return Kind.ACK, {"count": frame.count}
+        if frame.ping is None:
+            return Kind.ACK, {"count": frame.count}
+        return Kind.ACK, {"count": frame.count, "ping": frame.ping}
     if isinstance(frame, Hello):
         return Kind.HELLO, {
             "token": frame.token,
@@ -182,9 +228,29 @@ def _meta_of(frame: Frame) -> tuple[Kind, dict[str, Any]]:
             "dir": frame.direction.value,
         }
     if isinstance(frame, PeerHello):
-        return Kind.PEER_HELLO, {"cluster": frame.cluster, "session": frame.session}
+        return Kind.PEER_HELLO, {
+            "cluster": frame.cluster,
+            "session": frame.session,
+            "from": frame.resume_from,
+        }
     if isinstance(frame, Welcome):
         return Kind.WELCOME, {}
+    if isinstance(frame, Receipt):
+        return Kind.RECEIPT, {
+            "job": frame.job_id,
+            "src": frame.src_role,
+            "dst": frame.dst_role,
+            "next": frame.next_seq,
+            "resend": frame.resend,
+        }
+    if isinstance(frame, Ping):
+        return Kind.PING, {"id": frame.id}
+    if isinstance(frame, LinkReport):
+        return Kind.LINK, {
+            "bw": frame.bandwidth_bytes_per_s,
+            "rtt": frame.rtt_s,
+            "n": frame.samples,
+        }
     return Kind.ERROR, {"reason": frame.reason}
 
 
@@ -217,8 +283,21 @@ def _name(meta: Mapping[str, Any], key: str) -> str:
 def _check_data(job: str, channel: str, seq: int, src: str, dst: str) -> None:
     for key, value in (("job", job), ("ch", channel), ("src", src), ("dst", dst)):
         _name({key: value}, key)
-    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
-        raise ProtocolError("field 'seq' must be an integer in [0, 2**63)")
+    _seq({"seq": seq}, "seq")
+
+
+def _seq(meta: Mapping[str, Any], key: str) -> int:
+    value = meta.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise ProtocolError(f"field {key!r} must be an integer in [0, 2**63)")
+    return value
+
+
+def _rate(meta: Mapping[str, Any], key: str) -> float:
+    value = meta.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 1e15:
+        raise ProtocolError(f"field {key!r} must be a non-negative number")
+    return float(value)
 
 
 def _check_tensor_length(spec: TensorSpec, nbytes: int) -> None:
@@ -269,7 +348,7 @@ def _parse_meta(kind: Kind, meta: Mapping[str, Any]) -> Frame | dict[str, Any]:
         count = meta.get("count")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ProtocolError("field 'count' must be a non-negative integer")
-        return Ack(count=count)
+        return Ack(count=count, ping=_seq(meta, "ping") if "ping" in meta else None)
     if kind is Kind.HELLO:
         token = meta.get("token")
         if not isinstance(token, str) or len(token) > 8192:
@@ -286,9 +365,29 @@ def _parse_meta(kind: Kind, meta: Mapping[str, Any]) -> Frame | dict[str, Any]:
             direction=direction,
         )
     if kind is Kind.PEER_HELLO:
-        return PeerHello(cluster=_name(meta, "cluster"), session=_name(meta, "session"))
+        return PeerHello(
+            cluster=_name(meta, "cluster"),
+            session=_name(meta, "session"),
+            resume_from=_seq(meta, "from") if "from" in meta else 0,
+        )
     if kind is Kind.WELCOME:
         return Welcome()
+    if kind is Kind.RECEIPT:
+        resend = meta.get("resend", False)
+        if not isinstance(resend, bool):
+            raise ProtocolError("field 'resend' must be a boolean")
+        return Receipt(
+            job_id=_name(meta, "job"),
+            src_role=_name(meta, "src"),
+            dst_role=_name(meta, "dst"),
+            next_seq=_seq(meta, "next"),
+            resend=resend,
+        )
+    if kind is Kind.PING:
+        return Ping(_seq(meta, "id"))
+    if kind is Kind.LINK:
+        samples = _seq(meta, "n")
+        return LinkReport(_rate(meta, "bw"), _rate(meta, "rtt"), samples)
     reason = meta.get("reason")
     if not isinstance(reason, str):
         raise ProtocolError("field 'reason' must be a string")
@@ -480,7 +579,10 @@ _HANDSHAKE_KINDS: Final[Mapping[Side, frozenset[Kind]]] = {
     Side.SERVER: frozenset({Kind.HELLO, Kind.PEER_HELLO, Kind.ERROR}),
     Side.CLIENT: frozenset({Kind.WELCOME, Kind.ERROR}),
 }
-_OPEN_KINDS: Final = frozenset({Kind.DATA, Kind.ACK, Kind.ERROR})
+_OPEN_KINDS: Final = frozenset(
+    {Kind.DATA, Kind.ACK, Kind.ERROR, Kind.RECEIPT, Kind.PING, Kind.LINK}
+)
+_OPEN_FRAMES: Final = (Data, Ack, Receipt, Ping, LinkReport)
 
 
 class Connection:
@@ -545,7 +647,7 @@ class Connection:
                 self._open()
                 return
             raise ProtocolError(f"unexpected {type(frame).__name__} frame before the handshake")
-        if not isinstance(frame, Data | Ack):
+        if not isinstance(frame, _OPEN_FRAMES):
             raise ProtocolError(f"unexpected {type(frame).__name__} frame after the handshake")
 
     def send(self, frame: Frame) -> list[Buffer]:
@@ -563,7 +665,7 @@ class Connection:
                 self._open()
             else:
                 raise ProtocolError(f"cannot send {type(frame).__name__} during the handshake")
-        elif not isinstance(frame, Data | Ack):
+        elif not isinstance(frame, _OPEN_FRAMES):
             raise ProtocolError(f"cannot send {type(frame).__name__} on an open connection")
         return encode(frame, max_body=self.max_body)
 

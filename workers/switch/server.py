@@ -5,12 +5,20 @@ TLS here, and OpenSSL releases the GIL while it encrypts). Two listeners:
 
 - workers of this cluster connect over TLS and present a job token; a worker
   opens one connection to send and one to receive, so that no TLS socket is
-  ever read and written by two threads at once;
+  ever read and written by two threads at once. A role whose connections drop
+  without its goodbye may come back within `resume_grace_s` with the same token
+  (its `SwitchLink` resends what the far role has not acknowledged, end to end);
 - peer switches connect with mutual TLS; each switch dials every peer and
   sends its frames on the connection it dialled, and reads acknowledgements
-  back on it. Unacknowledged frames stay in a bounded resend buffer and go
-  again, in order, after a reconnection; the receiver drops what it already
-  has by sequence number, so each frame is delivered once.
+  back on it. Unacknowledged frames stay in a bounded `ResendWindow` and go
+  again, in order, after a reconnection; the peer hello says where they start,
+  so the receiver drops what it already took. Frames of each job wait in their
+  own queue, served in turn, and a receiving switch never waits on one job's
+  mailbox: a job whose role reads slowly holds up no other job on the link.
+  A peer that takes no bytes, or answers no ping, for `io_timeout_s` is
+  reconnected; the pings also time the link's round trip, and the
+  acknowledged bytes its rate (`LinkMeter`), reported on /metrics per job and
+  to the roles.
 
 A switch runs from plain files (key, certificate, CA certificate) plus a CRL
 source (any callable returning CRL PEM) and the job-token public key.
@@ -28,14 +36,20 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+    start_http_server,
+)
 
 from workers.switch.jobtoken import (
     JobClaims,
@@ -53,14 +67,18 @@ from workers.switch.protocol import (
     Error,
     Event,
     Hello,
+    LinkReport,
     PeerHello,
+    Ping,
     ProtocolError,
+    Receipt,
+    Routed,
     Side,
-    StreamTracker,
     Welcome,
 )
+from workers.switch.rules import LinkMeter, ResendWindow, WindowError, admit_worker
 from workers.switch.shaper import Shaper, ShaperConfig
-from workers.switch.stream import FrameStream
+from workers.switch.stream import FrameStream, tune
 from workers.switch.tls import (
     CrlInfo,
     PeerIdentity,
@@ -75,9 +93,14 @@ from workers.switch.tls import (
     write_private_file,
 )
 
+__all__ = ["Address", "Switch", "SwitchConfig", "admit_worker", "crl_from_file"]
+
 log = logging.getLogger("nebula.switch")
 Address = tuple[str, int]
+RoleKey = tuple[str, str]  # (job, role)
 POLL_S = 0.2
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 
 def crl_from_file(path: str | Path) -> Callable[[], bytes]:
@@ -101,9 +124,10 @@ class SwitchConfig:
     crl_refresh_s: float = 30.0  # revoked peers are cut within this long
     # after the last good CRL refresh, keep serving this long at most, then fail closed
     crl_grace_s: float = 300.0
-    shaper: ShaperConfig | None = None  # on frames sent to peers
+    shaper: ShaperConfig | None = None  # on frames sent to peers (and their acknowledgements)
     max_frame_bytes: int = DEFAULT_MAX_BODY_BYTES
-    queue_frames: int = 8  # per outbound peer queue and per worker mailbox
+    queue_frames: int = 8  # per job waiting for a peer link
+    mailbox_frames: int = 128  # per role; twice what a SwitchLink keeps unacknowledged
     resend_frames: int = 64
     resend_bytes: int = 256 * 1024 * 1024
     max_mailboxes: int = 4096
@@ -112,8 +136,10 @@ class SwitchConfig:
     max_connections_per_source: int = 64
     auth_timeout_s: float = 5.0  # a connection not through its hello by then is closed
     ended_roles_kept: int = 65536  # finished (job, role)s remembered, to drop late frames
+    resume_grace_s: float = 30.0  # a role dropped without its goodbye may come back so long
     handshake_timeout_s: float = 10.0
-    io_timeout_s: float = 60.0  # a peer that takes no bytes for this long is reconnected
+    io_timeout_s: float = 5.0  # a peer that takes, sends or answers nothing so long is cut
+    ping_interval_s: float = 1.0  # a ping to each peer this often
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 5.0
     metrics_address: Address | None = None  # serve Prometheus /metrics here when given
@@ -122,37 +148,97 @@ class SwitchConfig:
     renew_check_s: float = 3600.0
 
 
+class FairQueue(Generic[K, T]):
+    """A bounded FIFO per key, served in turn: a busy key never starves the others."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._queues: collections.OrderedDict[K, collections.deque[T]] = collections.OrderedDict()
+        self._cond = threading.Condition()
+
+    def put(self, key: K, item: T, timeout: float) -> bool:
+        """Queue `item` under `key`; False when its queue stayed full for `timeout`."""
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: len(self._queues.get(key, ())) < self.per_key, timeout
+            ):
+                return False
+            self._queues.setdefault(key, collections.deque()).append(item)
+            self._cond.notify_all()
+            return True
+
+    def get(self, timeout: float) -> T | None:
+        """The head of the next key's queue in turn, or None after `timeout`."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._queues), timeout):
+                return None
+            key, items = self._queues.popitem(last=False)
+            item = items.popleft()
+            if items:
+                self._queues[key] = items  # to the back of the line
+            self._cond.notify_all()
+            return item
+
+    def __len__(self) -> int:
+        with self._cond:
+            return sum(len(q) for q in self._queues.values())
+
+    def keys(self) -> int:
+        """How many keys have something queued."""
+        with self._cond:
+            return len(self._queues)
+
+
 @dataclass
 class _Role:
     """A job attempt's role on this switch: its live connections and what it holds."""
 
     claims: JobClaims
+    peer_cluster: str | None  # where its peer role runs, when known
     connections: dict[Direction, FrameStream] = field(default_factory=dict)
+    goodbye: bool = False  # it said it is done: no resume
+    detached_at: float | None = None  # its connections dropped; it may come back
 
 
-def admit_worker(
-    hello: Hello, claims: JobClaims, cluster: str, live: Collection[Direction], *, ended: bool
-) -> str | None:
-    """Why a worker whose token verified is refused, or None to admit it.
+@dataclass
+class _Jobs:
+    """What the switch holds per job attempt: roles, mailboxes, and the attempts over."""
 
-    `live` holds the directions this (job, attempt, role) already has connected here;
-    `ended` says its attempt has come and gone here.
-    """
-    if claims.cluster != cluster:
-        return f"job token is for cluster {claims.cluster!r}"
-    if (claims.job_id, claims.role) != (hello.job_id, hello.role):
-        return "hello names another job or role than its token"
-    # Newest-wins would let anyone holding the token take over a live role's stream;
-    # a role reconnects only once its first connection is gone.
-    if hello.direction in live:
-        return (
-            f"role {hello.role!r} of job {hello.job_id!r} is already connected to {hello.direction}"
-        )
-    # What an ended attempt held is freed; its streams cannot resume from nothing, and the
-    # control plane starts a new attempt (a new job id) for a role that must run again.
-    if ended:
-        return f"role {hello.role!r} of job {hello.job_id!r} has ended here"
-    return None
+    roles: dict[RoleKey, _Role] = field(default_factory=dict)
+    mailboxes: dict[RoleKey, queue.Queue[Routed]] = field(default_factory=dict)
+    # (job, role)s whose attempt ended here, oldest first: their late frames are dropped
+    ended: collections.OrderedDict[RoleKey, None] = field(default_factory=collections.OrderedDict)
+
+
+@dataclass
+class _Doors:
+    """The connections both doors accepted."""
+
+    listeners: list[socket.socket] = field(default_factory=list)
+    open_by_source: collections.Counter[str] = field(default_factory=collections.Counter)
+    # serving thread -> (deadline, a dup of its socket that can cut it at any stage)
+    unauthenticated: dict[int, tuple[float, socket.socket]] = field(default_factory=dict)
+    workers: set[FrameStream] = field(default_factory=set)
+    peers: dict[FrameStream, PeerIdentity] = field(default_factory=dict)  # both ways
+
+
+@dataclass
+class _Revocation:
+    """The CRL held, and whether the switch fails closed for want of a fresh one."""
+
+    crl: CrlInfo | None = None
+    revoked: frozenset[int] = frozenset()
+    fresh_at: float = 0.0  # monotonic time of the last good refresh
+    failed_closed: bool = False
+
+
+@dataclass
+class _PeersIn:
+    """Connections peers dialled, by (cluster, session), and how many frames each
+    session's stream has delivered here (its frames below that number are duplicates)."""
+
+    streams: dict[tuple[str, str], FrameStream] = field(default_factory=dict)
+    taken: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,12 +247,56 @@ class _Outbound:
 
     cluster: str
     address: Address
-    queue: queue.Queue[tuple[Data, float]]
-    unacked: collections.deque[Data] = field(default_factory=collections.deque)
-    unacked_bytes: int = 0
+    queue: FairQueue[str, tuple[Routed, float]]
+    window: ResendWindow[Routed]
+    meter: LinkMeter = field(default_factory=LinkMeter)
     stream: FrameStream | None = None
     connected: threading.Event = field(default_factory=threading.Event)
     connections: int = 0
+
+
+class _Meters:
+    """The switch's Prometheus series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["job", "direction"]
+        self.bytes = Counter(
+            "nebula_switch_bytes",
+            "Payload bytes through the switch",
+            labels,
+            registry=self.registry,
+        )
+        self.frames = Counter(
+            "nebula_switch_frames",
+            "Data frames through the switch",
+            labels,
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "nebula_switch_refused",
+            "Connections or frames refused",
+            ["reason"],
+            registry=self.registry,
+        )
+        link = ["job", "peer"]
+        self.bandwidth = Gauge(
+            "nebula_switch_link_bandwidth_bytes_per_second",
+            "Measured rate of the link a job's frames leave on, from acknowledged bytes",
+            link,
+            registry=self.registry,
+        )
+        self.rtt = Gauge(
+            "nebula_switch_link_rtt_seconds",
+            "Measured round trip of the link a job's frames leave on",
+            link,
+            registry=self.registry,
+        )
+
+    def count(self, frame: Routed, direction: str) -> None:
+        if isinstance(frame, Data):
+            self.bytes.labels(frame.job_id, direction).inc(len(frame.body))
+            self.frames.labels(frame.job_id, direction).inc()
 
 
 class Switch:
@@ -179,50 +309,20 @@ class Switch:
         key = config.job_token_public_key
         self._token_key = load_job_token_public_key(key) if isinstance(key, bytes) else key
         self._ca_pem = Path(config.ca_path).read_bytes()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._listeners: list[socket.socket] = []
-        self._live: dict[FrameStream, PeerIdentity] = {}
-        self._worker_streams: set[FrameStream] = set()
-        self._revoked: frozenset[int] = frozenset()
-        self._crl: CrlInfo | None = None
-        self._crl_fresh_at = 0.0  # monotonic time of the last good refresh
-        self._failed_closed = False
         self._session = secrets.token_hex(8)
-        self._out_seq: dict[tuple[str, ...], int] = {}
-        self._trackers: dict[tuple[str, str], tuple[threading.Lock, StreamTracker]] = {}
-        self._peer_in: dict[tuple[str, str], FrameStream] = {}
-        self._mailboxes: dict[tuple[str, str], queue.Queue[Data]] = {}
-        self._roles: dict[tuple[str, str], _Role] = {}
-        # (job, role)s whose attempt ended here, oldest first: their late frames are dropped
-        self._ended: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
-        self._role_ended = threading.Condition(self._lock)
-        self._connections: collections.Counter[str] = collections.Counter()
-        self._connection_closed = threading.Condition(self._lock)
-        # serving thread -> (deadline, a dup of its socket that can cut it at any stage)
-        self._unauthenticated: dict[int, tuple[float, socket.socket]] = {}
-        self._outbound: dict[str, _Outbound] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._metrics_server: object | None = None
-        self.registry = CollectorRegistry()
-        self._bytes = Counter(
-            "nebula_switch_bytes",
-            "Payload bytes through the switch",
-            ["job", "direction"],
-            registry=self.registry,
-        )
-        self._frames = Counter(
-            "nebula_switch_frames",
-            "Data frames through the switch",
-            ["job", "direction"],
-            registry=self.registry,
-        )
-        self._refused = Counter(
-            "nebula_switch_refused",
-            "Connections or frames refused",
-            ["reason"],
-            registry=self.registry,
-        )
+        # one lock for the state below; `_changed` tells waiters a role or connection went
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._doors = _Doors()
+        self._revocation = _Revocation()
+        self._jobs = _Jobs()
+        self._peers_in = _PeersIn()
+        self._outbound: dict[str, _Outbound] = {}
+        self._meters = _Meters()
+        self.registry = self._meters.registry
         self.reload_certificate()
         self.worker_address: Address = config.worker_address
         self.peer_address: Address = config.peer_address
@@ -258,10 +358,10 @@ class Switch:
     def stop(self) -> None:
         """Close every listener and connection and join the threads."""
         self._stop.set()
-        for listener in self._listeners:
+        for listener in self._doors.listeners:
             _cut(listener)
         with self._lock:
-            streams = [*self._live, *self._worker_streams]
+            streams = [*self._doors.peers, *self._doors.workers]
             streams += [o.stream for o in self._outbound.values() if o.stream is not None]
         for stream in streams:
             _cut(stream.sock)
@@ -279,14 +379,18 @@ class Switch:
     def add_peer(self, cluster: str, address: Address) -> None:
         """Start sending to (and accepting) the peer switch of `cluster` at `address`."""
         validate_cluster_name(cluster)
+        cfg = self.config
         with self._lock:
-            self.config.peers[cluster] = address
+            cfg.peers[cluster] = address
             if cluster in self._outbound:
                 self._outbound[cluster].address = address
                 return
-            out = _Outbound(cluster, address, queue.Queue(self.config.queue_frames))
+            window: ResendWindow[Routed] = ResendWindow(
+                max_frames=cfg.resend_frames, max_bytes=cfg.resend_bytes
+            )
+            out = _Outbound(cluster, address, FairQueue(cfg.queue_frames), window)
             self._outbound[cluster] = out
-        if not self._stop.is_set() and self._listeners:
+        if not self._stop.is_set() and self._doors.listeners:
             self._spawn(self._peer_sender, out, name=f"to-{cluster}")
 
     def wait_connected(self, cluster: str, timeout: float) -> bool:
@@ -299,7 +403,11 @@ class Switch:
 
     def unacked_frames(self, cluster: str) -> int:
         """Frames sent (or being sent) to `cluster`'s switch that it has not acknowledged."""
-        return len(self._outbound[cluster].unacked)
+        return len(self._outbound[cluster].window)
+
+    def link_estimate(self, cluster: str) -> tuple[float, float, int] | None:
+        """(bandwidth in bytes/s, round trip in s, samples) measured to `cluster`'s switch."""
+        return self._outbound[cluster].meter.estimate()
 
     def metrics_text(self) -> bytes:
         """The Prometheus text exposition of this switch's counters."""
@@ -343,9 +451,9 @@ class Switch:
         """
         try:
             info = read_crl(self.config.crl_source(), self._ca_pem)
-            if self._crl is not None and info.number < self._crl.number:
+            if self._revocation.crl is not None and info.number < self._revocation.crl.number:
                 raise ValueError(
-                    f"CRL number {info.number} is older than the held {self._crl.number}"
+                    f"CRL number {info.number} is older than the held {self._revocation.crl.number}"
                 )
         except Exception as exc:
             if strict:
@@ -356,39 +464,45 @@ class Switch:
             self._fail_closed_if_stale()
             return
         with self._lock:
-            self._crl, self._revoked = info, info.revoked
-            self._crl_fresh_at = time.monotonic()
-            if self._failed_closed:
+            held = self._revocation
+            held.crl, held.revoked, held.fresh_at = info, info.revoked, time.monotonic()
+            if held.failed_closed:
                 log.warning("switch %s: a good CRL came; serving again", self.cluster)
-            self._failed_closed = False
-            doomed = [(s, i.serial) for s, i in self._live.items() if i.serial in info.revoked]
+            held.failed_closed = False
+            peers = self._doors.peers
+            doomed = [(s, i.serial) for s, i in peers.items() if i.serial in info.revoked]
             for stream, _ in doomed:
-                self._live.pop(stream, None)
+                peers.pop(stream, None)
         for stream, serial in doomed:
             log.warning(
                 "switch %s: closing a connection of revoked certificate serial %s",
                 self.cluster,
                 serial,
             )
-            self._refused.labels("revoked").inc()
+            self._meters.refused.labels("revoked").inc()
             _cut(stream.sock)
+
+    @property
+    def revoked(self) -> frozenset[int]:
+        """Serials of the certificates the held CRL revokes."""
+        return self._revocation.revoked
 
     @property
     def failed_closed(self) -> bool:
         """Whether the switch refuses everything for want of a fresh CRL."""
-        return self._failed_closed
+        return self._revocation.failed_closed
 
     def _fail_closed_if_stale(self) -> None:
-        held = self._crl
-        stale = held is None or held.next_update <= datetime.now(UTC)
-        if not stale and time.monotonic() - self._crl_fresh_at <= self.config.crl_grace_s:
+        held = self._revocation
+        stale = held.crl is None or held.crl.next_update <= datetime.now(UTC)
+        if not stale and time.monotonic() - held.fresh_at <= self.config.crl_grace_s:
             return
         with self._lock:
-            if self._failed_closed:
+            if held.failed_closed:
                 return
-            self._failed_closed = True
-            doomed = list(self._live) + list(self._worker_streams)
-            self._live.clear()
+            held.failed_closed = True
+            doomed = list(self._doors.peers) + list(self._doors.workers)
+            self._doors.peers.clear()
         log.error("switch %s: no fresh CRL within the grace period; failing closed", self.cluster)
         for stream in doomed:
             _cut(stream.sock)
@@ -419,7 +533,7 @@ class Switch:
 
     def _listen(self, address: Address) -> socket.socket:
         listener = socket.create_server(address, reuse_port=False)
-        self._listeners.append(listener)
+        self._doors.listeners.append(listener)
         return listener
 
     def _accept_loop(
@@ -432,22 +546,23 @@ class Switch:
                 return
             source = address[0]
             with self._lock:
-                total = sum(self._connections.values())
+                counts = self._doors.open_by_source
+                total = sum(counts.values())
                 if total >= self.config.max_connections:
                     refusal = f"{total} connections open, the most this switch takes"
-                elif self._connections[source] >= self.config.max_connections_per_source:
-                    refusal = f"{self._connections[source]} connections open from this source"
+                elif counts[source] >= self.config.max_connections_per_source:
+                    refusal = f"{counts[source]} connections open from this source"
                 else:
                     refusal = None
-                    self._connections[source] += 1
+                    counts[source] += 1
             if refusal is not None:
                 log.info(
                     "switch %s: refused a connection from %s: %s", self.cluster, address, refusal
                 )
-                self._refused.labels("connections").inc()
+                self._meters.refused.labels("connections").inc()
                 _shutdown(raw)
                 continue
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune(raw)
             self._spawn(self._serve_counted, serve, raw, address, name=f"conn-{address[1]}")
 
     def _serve_counted(
@@ -457,21 +572,22 @@ class Switch:
         guard = raw.dup()
         with self._lock:
             deadline = time.monotonic() + self.config.auth_timeout_s
-            self._unauthenticated[threading.get_ident()] = (deadline, guard)
+            self._doors.unauthenticated[threading.get_ident()] = (deadline, guard)
         try:
             serve(raw, address)
         finally:
             self._authenticated()
-            with self._connection_closed:
-                self._connections[address[0]] -= 1
-                if self._connections[address[0]] <= 0:
-                    del self._connections[address[0]]
-                self._connection_closed.notify_all()
+            with self._changed:
+                counts = self._doors.open_by_source
+                counts[address[0]] -= 1
+                if counts[address[0]] <= 0:
+                    del counts[address[0]]
+                self._changed.notify_all()
 
     def _authenticated(self) -> None:
         """The calling connection is through its hello: no deadline from here on."""
         with self._lock:
-            pending = self._unauthenticated.pop(threading.get_ident(), None)
+            pending = self._doors.unauthenticated.pop(threading.get_ident(), None)
         if pending is not None:
             pending[1].close()
 
@@ -481,43 +597,48 @@ class Switch:
         step = min(0.25, self.config.auth_timeout_s / 4)
         while not self._stop.wait(step):
             now = time.monotonic()
+            self._end_detached(now)
             with self._lock:
-                late = [k for k, (deadline, _) in self._unauthenticated.items() if deadline < now]
-                guards = [self._unauthenticated.pop(k)[1] for k in late]
+                pending = self._doors.unauthenticated
+                late = [k for k, (deadline, _) in pending.items() if deadline < now]
+                guards = [pending.pop(k)[1] for k in late]
             for guard in guards:
                 log.info(
                     "switch %s: closed a connection silent past its hello deadline", self.cluster
                 )
-                self._refused.labels("auth_timeout").inc()
+                self._meters.refused.labels("auth_timeout").inc()
                 _shutdown(guard)
 
     def wait_connections(self, at_most: int, timeout: float) -> bool:
         """Wait until at most `at_most` accepted connections are open, both doors together."""
-        with self._connection_closed:
-            return self._connection_closed.wait_for(
-                lambda: sum(self._connections.values()) <= at_most, timeout
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: sum(self._doors.open_by_source.values()) <= at_most, timeout
             )
 
     def held_state(self) -> dict[str, int]:
-        """How much per-job state the switch holds now (mailboxes, roles, streams)."""
+        """How much per-job state the switch holds now (mailboxes, roles, queues)."""
         with self._lock:
-            return {
-                "mailboxes": len(self._mailboxes),
-                "roles": len(self._roles),
-                "out_streams": len(self._out_seq),
-                "in_streams": sum(len(tracker) for _, tracker in self._trackers.values()),
+            roles = self._jobs.roles.values()
+            held = {
+                "mailboxes": len(self._jobs.mailboxes),
+                "roles": len(self._jobs.roles),
+                "detached_roles": sum(r.detached_at is not None for r in roles),
             }
+            outbound = list(self._outbound.values())
+        held["job_queues"] = sum(out.queue.keys() for out in outbound)
+        return held
 
     def wait_role_ended(self, job_id: str, role: str, timeout: float) -> bool:
         """Wait until the attempt `job_id`'s `role` has no connection left here."""
-        with self._role_ended:
-            return self._role_ended.wait_for(lambda: (job_id, role) not in self._roles, timeout)
+        with self._changed:
+            return self._changed.wait_for(lambda: (job_id, role) not in self._jobs.roles, timeout)
 
     def _handshake(
         self, raw: socket.socket, context: ssl.SSLContext, what: str, address: Address
     ) -> ssl.SSLSocket | None:
         raw.settimeout(self.config.handshake_timeout_s)
-        if self._failed_closed:
+        if self._revocation.failed_closed:
             self._refuse(raw, what, address, "no fresh CRL: failing closed", "crl")
             return None
         try:
@@ -537,7 +658,7 @@ class Switch:
         stream: FrameStream | None = None,
     ) -> None:
         log.warning("switch %s: refused %s from %s: %s", self.cluster, what, address, reason)
-        self._refused.labels(label).inc()
+        self._meters.refused.labels(label).inc()
         if stream is not None:
             with contextlib.suppress(OSError, ProtocolError):
                 stream.write(Error(reason))
@@ -553,8 +674,8 @@ class Switch:
             return
         stream = FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
         with self._lock:
-            self._worker_streams.add(stream)
-        admitted: tuple[tuple[str, str], Direction] | None = None
+            self._doors.workers.add(stream)
+        admitted: tuple[RoleKey, Direction] | None = None
         try:
             hello = stream.read_event()
             if not isinstance(hello, Hello):
@@ -565,16 +686,20 @@ class Switch:
             except JobTokenError as exc:
                 self._refuse(sock, "worker", address, f"job token: {exc}", "token", stream)
                 return
+            key = (claims.job_id, claims.role)
+            peer_cluster = self._peer_of(claims, hello.peer_role)
             with self._lock:
-                role = self._roles.get((claims.job_id, claims.role))
+                role = self._jobs.roles.get(key)
                 live = role.connections if role is not None else {}
-                key = (claims.job_id, claims.role)
-                ended = key in self._ended
+                ended = key in self._jobs.ended
                 refusal = admit_worker(hello, claims, self.cluster, live, ended=ended)
                 if refusal is None:
                     if role is None:
-                        role = self._roles[key] = _Role(claims)
+                        role = self._jobs.roles[key] = _Role(claims, peer_cluster)
+                    if role.detached_at is not None:
+                        log.info("switch %s: role %s of job %s resumes", self.cluster, *key[::-1])
                     role.connections[hello.direction] = stream
+                    role.detached_at = None
                     admitted = key, hello.direction
             if refusal is not None:
                 label = "token" if refusal.startswith(("job token", "hello")) else "role"
@@ -586,7 +711,7 @@ class Switch:
             if hello.direction is Direction.SEND:
                 self._worker_sends(stream, claims, hello, address)
             else:
-                self._worker_receives(stream, claims)
+                self._worker_receives(stream, claims, hello)
         except (OSError, ProtocolError) as exc:
             if not self._stop.is_set():
                 log.info(
@@ -594,60 +719,88 @@ class Switch:
                 )
         finally:
             with self._lock:
-                self._worker_streams.discard(stream)
+                self._doors.workers.discard(stream)
             if admitted is not None:
                 self._leave(*admitted, stream)
             stream.close()
 
-    def _leave(self, key: tuple[str, str], direction: Direction, stream: FrameStream) -> None:
-        """A role's connection has closed; the last one to go ends its attempt here."""
+    def _leave(self, key: RoleKey, direction: Direction, stream: FrameStream) -> None:
+        """A role's connection has closed; once all have, the attempt ends here, at once
+        after its goodbye, else when it has not come back within `resume_grace_s`."""
         with self._lock:
-            role = self._roles.get(key)
+            role = self._jobs.roles.get(key)
             if role is None or role.connections.get(direction) is not stream:
                 return
             del role.connections[direction]
             if role.connections:
                 return
-            # No client reconnects within an attempt (a new attempt has a new job id), so
-            # what the attempt held here is freed now, not when the switch restarts.
-            job_id, name = key
-            del self._roles[key]
-            self._mailboxes.pop(key, None)
-            for stream_key in [k for k in self._out_seq if k[0] == job_id and k[1] == name]:
-                del self._out_seq[stream_key]
-            self._ended[key] = None
-            while len(self._ended) > self.config.ended_roles_kept:
-                self._ended.popitem(last=False)
-            trackers = list(self._trackers.values())
-        # each tracker's lock is taken apart from the switch's: a peer thread holds it
-        # while it waits (a poll at most) for room in a mailbox, which needs the switch's
-        for lock, tracker in trackers:
-            with lock:
-                tracker.forget(job_id, name)
-        with self._role_ended:
-            self._role_ended.notify_all()
+            if not role.goodbye and self.config.resume_grace_s > 0 and not self._stop.is_set():
+                role.detached_at = time.monotonic()
+                return
+        self._end_role(key)
 
-    def _route(self, claims: JobClaims, dst_role: str) -> str:
-        """The cluster whose switch serves `dst_role` of the job."""
+    def _end_detached(self, now: float) -> None:
+        """End the attempts whose roles left without a goodbye and did not come back."""
+        grace = self.config.resume_grace_s
+        with self._lock:
+            gone = [
+                key
+                for key, role in self._jobs.roles.items()
+                if role.detached_at is not None and now - role.detached_at > grace
+            ]
+        for key in gone:
+            log.info("switch %s: role %s of job %s did not come back", self.cluster, *key[::-1])
+            self._end_role(key)
+
+    def _end_role(self, key: RoleKey) -> None:
+        # A new attempt has a new job id, so what this one held here is freed now, not
+        # when the switch restarts; its late frames are dropped.
+        with self._changed:
+            role = self._jobs.roles.get(key)
+            if role is None or role.connections:
+                return
+            del self._jobs.roles[key]
+            self._jobs.mailboxes.pop(key, None)
+            self._jobs.ended[key] = None
+            while len(self._jobs.ended) > self.config.ended_roles_kept:
+                self._jobs.ended.popitem(last=False)
+            self._changed.notify_all()
+        if role.peer_cluster is not None:
+            for gauge in (self._meters.bandwidth, self._meters.rtt):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(key[0], role.peer_cluster)
+
+    def _peer_of(self, claims: JobClaims, dst_role: str) -> str | None:
+        """The cluster whose switch serves `dst_role` of the job, or None if unknown."""
         if dst_role in claims.placement:
             return claims.placement[dst_role]
         with self._lock:
             peers = list(self._outbound)
-        if len(peers) == 1:
-            return peers[0]
-        raise ProtocolError(f"no placement for role {dst_role!r} and {len(peers)} peers")
+        return peers[0] if len(peers) == 1 else None
+
+    def _route(self, claims: JobClaims, dst_role: str) -> str:
+        """The cluster whose switch serves `dst_role` of the job."""
+        target = self._peer_of(claims, dst_role)
+        if target is None:
+            raise ProtocolError(f"no placement for role {dst_role!r} among several peers")
+        return target
 
     def _worker_sends(
         self, stream: FrameStream, claims: JobClaims, hello: Hello, address: Address
     ) -> None:
-        tracker = StreamTracker()
         target = self._route(claims, hello.peer_role)
         while not self._stop.is_set():
             frame = stream.read_event()
             if frame is CLOSED:
                 return
-            if not isinstance(frame, Data):
-                raise ProtocolError("workers send only data frames")
+            if isinstance(frame, Error):  # the role's goodbye: it is done, no resume
+                with self._lock:
+                    role = self._jobs.roles.get((claims.job_id, claims.role))
+                    if role is not None:
+                        role.goodbye = True
+                return
+            if not isinstance(frame, Data | Receipt):
+                raise ProtocolError("workers send only data frames and receipts")
             if (frame.job_id, frame.src_role, frame.dst_role) != (
                 claims.job_id,
                 claims.role,
@@ -659,57 +812,37 @@ class Switch:
                 )
                 self._refuse(stream.sock, "worker frame", address, reason, "channel", stream)
                 return
-            key = (frame.job_id, frame.src_role, frame.dst_role, frame.channel)
-            if not tracker.admit(key, frame.seq):
-                raise ProtocolError("a worker repeated a sequence number")
-            nbytes = len(frame.body)
-            self._bytes.labels(frame.job_id, "from_worker").inc(nbytes)
-            self._frames.labels(frame.job_id, "from_worker").inc()
-            with self._lock:
-                seq = self._out_seq.get(key, 0)
-                self._out_seq[key] = seq + 1
-            out = Data(
-                frame.job_id,
-                frame.channel,
-                seq,
-                frame.src_role,
-                frame.dst_role,
-                frame.body,
-                frame.tensor,
-            )
+            # sequence numbers are the roles' own, end to end: a role resending after a
+            # switch restart repeats them, and its peer drops what it already has
+            self._meters.count(frame, "from_worker")
             if target == self.cluster:
-                self._deliver(out, lambda: not self._stop.is_set())
-            else:
-                outbound = self._outbound.get(target)
-                if outbound is None:
-                    raise ProtocolError(f"no peer switch for cluster {target!r}")
-                self._put(outbound.queue, (out, time.monotonic()))
-
-    def _put(
-        self, q: queue.Queue[Any], item: object, alive: Callable[[], bool] | None = None
-    ) -> None:
-        while not self._stop.is_set() and (alive is None or alive()):
-            try:
-                q.put(item, timeout=POLL_S)
-                return
-            except queue.Full:
+                self._deliver(frame, lambda: not self._stop.is_set())
                 continue
-        raise OSError("switch stopping or connection closed")
+            outbound = self._outbound.get(target)
+            if outbound is None:
+                raise ProtocolError(f"no peer switch for cluster {target!r}")
+            item = (frame, time.monotonic())
+            while not outbound.queue.put(frame.job_id, item, timeout=POLL_S):
+                if self._stop.is_set():
+                    raise OSError("switch stopping")
 
-    def _mailbox_locked(self, key: tuple[str, str]) -> queue.Queue[Data] | None:
+    def _mailbox_locked(self, key: RoleKey) -> queue.Queue[Routed] | None:
         """The mailbox of (job, role), made if there is room; the caller holds the lock."""
-        box = self._mailboxes.get(key)
-        if box is None and len(self._mailboxes) < self.config.max_mailboxes:
-            box = self._mailboxes[key] = queue.Queue(self.config.queue_frames)
+        box = self._jobs.mailboxes.get(key)
+        if box is None and len(self._jobs.mailboxes) < self.config.max_mailboxes:
+            box = self._jobs.mailboxes[key] = queue.Queue(self.config.mailbox_frames)
         return box
 
-    def _deliver(self, frame: Data, alive: Callable[[], bool]) -> bool:
-        """Put `frame` in its role's mailbox; False when dropped (that attempt has ended here,
-        or no mailbox is left for a new one); OSError when stopping or `alive()` turns false."""
+    def _deliver(self, frame: Routed, alive: Callable[[], bool] | None) -> bool:
+        """Put `frame` in its role's mailbox; False when dropped: that attempt has ended
+        here, no mailbox is left for a new one, or (with `alive` None, for frames from a
+        peer, which never wait on one job) the mailbox is full. The roles' end-to-end
+        resend makes good a dropped frame. With `alive`, waits for room (OSError when
+        stopping or `alive()` turns false)."""
         key = (frame.job_id, frame.dst_role)
-        while not self._stop.is_set() and alive():
+        while not self._stop.is_set() and (alive is None or alive()):
             with self._lock:
-                if key in self._ended:
+                if key in self._jobs.ended:
                     return False
                 box = self._mailbox_locked(key)
             if box is None:
@@ -719,22 +852,30 @@ class Switch:
                     frame.job_id,
                     self.config.max_mailboxes,
                 )
-                self._refused.labels("mailboxes").inc()
+                self._meters.refused.labels("mailboxes").inc()
                 return False
             try:
                 # a poll at a time, so that an attempt ending meanwhile is noticed
-                box.put(frame, timeout=POLL_S)
+                box.put(frame, block=alive is not None, timeout=POLL_S)
                 return True
             except queue.Full:
-                continue
+                if alive is None:
+                    self._meters.refused.labels("mailbox_full").inc()
+                    return False
         raise OSError("switch stopping or connection closed")
 
-    def _worker_receives(self, stream: FrameStream, claims: JobClaims) -> None:
+    def _worker_receives(self, stream: FrameStream, claims: JobClaims, hello: Hello) -> None:
         with self._lock:
             box = self._mailbox_locked((claims.job_id, claims.role))
         if box is None:
             raise ProtocolError("too many mailboxes")
+        peer = self._peer_of(claims, hello.peer_role)
+        outbound = self._outbound.get(peer) if peer is not None else None
+        reported = -1
         while not self._stop.is_set():
+            if outbound is not None and outbound.meter.version != reported:
+                reported = outbound.meter.version
+                self._report_link(stream, claims.job_id, outbound)
             try:
                 frame = box.get(timeout=POLL_S)
             except queue.Empty:
@@ -742,8 +883,17 @@ class Switch:
                     return
                 continue
             stream.write(frame)
-            self._bytes.labels(frame.job_id, "to_worker").inc(len(frame.body))
-            self._frames.labels(frame.job_id, "to_worker").inc()
+            self._meters.count(frame, "to_worker")
+
+    def _report_link(self, stream: FrameStream, job_id: str, out: _Outbound) -> None:
+        """Tell a role what was measured of the link its own frames leave on (and /metrics)."""
+        estimate = out.meter.estimate()
+        if estimate is None:
+            return
+        bandwidth, rtt, samples = estimate
+        self._meters.bandwidth.labels(job_id, out.cluster).set(bandwidth)
+        self._meters.rtt.labels(job_id, out.cluster).set(rtt)
+        stream.write(LinkReport(bandwidth, rtt, samples))
 
     # peers: receiving
 
@@ -764,99 +914,127 @@ class Switch:
                 self._refuse(sock, "peer", address, f"unknown cluster {cluster!r}", "name", stream)
                 return
             try:
-                identity = check_peer(sock, expected_cluster=cluster, revoked=self._revoked)
+                identity = check_peer(
+                    sock, expected_cluster=cluster, revoked=self._revocation.revoked
+                )
             except PeerRejected as exc:
                 self._refuse(sock, "peer", address, str(exc), "name", stream)
                 return
             sock.settimeout(self.config.io_timeout_s)
             with self._lock:
-                self._live[stream] = identity
-                tracker = self._trackers.setdefault(
-                    (cluster, session), (threading.Lock(), StreamTracker())
-                )
+                self._doors.peers[stream] = identity
                 # a newer connection of the same peer session replaces a half-dead older one
-                older = self._peer_in.get((cluster, session))
-                self._peer_in[(cluster, session)] = stream
+                older = self._peers_in.streams.get((cluster, session))
+                self._peers_in.streams[(cluster, session)] = stream
                 if older is not None:
-                    self._live.pop(older, None)
+                    self._doors.peers.pop(older, None)
             if older is not None:
                 _cut(older.sock)
             stream.write(Welcome())
             self._authenticated()
             log.info("switch %s: peer %s connected from %s", self.cluster, cluster, address)
-            self._receive_from_peer(stream, cluster, tracker)
+            self._receive_from_peer(stream, cluster, session, hello.resume_from)
         except (OSError, ProtocolError) as exc:
             if not self._stop.is_set():
                 log.info("switch %s: peer connection from %s ended: %s", self.cluster, address, exc)
         finally:
             with self._lock:
-                self._live.pop(stream, None)
-                for key in [k for k, v in self._peer_in.items() if v is stream]:
-                    del self._peer_in[key]
+                self._doors.peers.pop(stream, None)
+                streams = self._peers_in.streams
+                for key in [k for k, v in streams.items() if v is stream]:
+                    del streams[key]
             stream.close()
 
     def _receive_from_peer(
-        self, stream: FrameStream, cluster: str, tracker: tuple[threading.Lock, StreamTracker]
+        self, stream: FrameStream, cluster: str, session: str, first: int
     ) -> None:
-        count = 0
-        lock, seqs = tracker
-        alive = lambda: stream in self._live  # noqa: E731
+        """Take a peer's frames, acknowledge them (after the shaper's delay, the way back
+        of the link it plays), and cut a peer that sends nothing, not even pings."""
+        shaper = self.config.shaper
+        delay = shaper.delay_ms / 1000 if shaper is not None else 0.0
+        stall = self.config.io_timeout_s
+        count = 0  # frames taken on this connection
+        due: collections.deque[tuple[float, Ack]] = collections.deque()
+
+        def flush() -> float | None:
+            """Write the acknowledgements due; the seconds to the next, or to the stall."""
+            now = time.monotonic()
+            while due and due[0][0] <= now:
+                _, ack = due.popleft()
+                # a later count due now says as much; each ping is answered
+                if ack.ping is not None or not due or due[0][0] > now:
+                    stream.write(ack)
+            if now - stream.last_read_at > stall:
+                raise TimeoutError(f"peer {cluster} sent nothing for {stall:.0f} s")
+            until_stall = stall - (now - stream.last_read_at)
+            return min(due[0][0] - now, until_stall) if due else until_stall
+
+        key = (cluster, session)
         while not self._stop.is_set():
-            frame = stream.read_event()
+            frame = stream.read_event(idle=flush)
             if frame is CLOSED:
                 return
-            if not isinstance(frame, Data):
-                raise ProtocolError("peers send only data frames")
+            if isinstance(frame, Ping):
+                due.append((time.monotonic() + delay, Ack(count, ping=frame.id)))
+                flush()
+                continue
+            if not isinstance(frame, Data | Receipt):
+                raise ProtocolError("peers send only data frames, receipts and pings")
             with self._lock:
-                role = self._roles.get((frame.job_id, frame.dst_role))
-                ended = (frame.job_id, frame.dst_role) in self._ended
-            placed = role.claims.placement.get(frame.src_role) if role is not None else None
-            if ended:
-                # late or resent frames of an attempt that is over here: acknowledged, dropped
-                log.info(
-                    "switch %s: dropped a late frame of job %s for %s: its attempt has ended",
-                    self.cluster,
-                    frame.job_id,
-                    frame.dst_role,
-                )
-                self._refused.labels("ended").inc()
-            elif placed is not None and placed != cluster:
-                log.warning(
-                    "switch %s: dropped a frame of job %s from cluster %s: role %s runs on %s",
-                    self.cluster,
-                    frame.job_id,
-                    cluster,
-                    frame.src_role,
-                    placed,
-                )
-                self._refused.labels("placement").inc()
-            else:
-                key = (frame.job_id, frame.src_role, frame.dst_role, frame.channel)
-                # a frame counts as delivered only once it is in the mailbox: a link cut
-                # while waiting for room leaves it to the resend
-                with lock:
-                    if seqs.is_new(key, frame.seq) and self._deliver(frame, alive):
-                        seqs.admit(key, frame.seq)
-                        self._bytes.labels(frame.job_id, "from_peer").inc(len(frame.body))
-                        self._frames.labels(frame.job_id, "from_peer").inc()
+                taken = self._peers_in.taken.get(key, first)
+                fresh = first + count >= taken
+                if fresh:
+                    self._peers_in.taken[key] = first + count + 1
             count += 1
-            stream.write(Ack(count))
+            if fresh:
+                self._take_from_peer(frame, cluster)
+            due.append((time.monotonic() + delay, Ack(count)))
+            flush()
+
+    def _take_from_peer(self, frame: Routed, cluster: str) -> None:
+        with self._lock:
+            role = self._jobs.roles.get((frame.job_id, frame.dst_role))
+            ended = (frame.job_id, frame.dst_role) in self._jobs.ended
+        placed = role.claims.placement.get(frame.src_role) if role is not None else None
+        if ended:
+            # late or resent frames of an attempt that is over here: acknowledged, dropped
+            log.info(
+                "switch %s: dropped a late frame of job %s for %s: its attempt has ended",
+                self.cluster,
+                frame.job_id,
+                frame.dst_role,
+            )
+            self._meters.refused.labels("ended").inc()
+        elif placed is not None and placed != cluster:
+            log.warning(
+                "switch %s: dropped a frame of job %s from cluster %s: role %s runs on %s",
+                self.cluster,
+                frame.job_id,
+                cluster,
+                frame.src_role,
+                placed,
+            )
+            self._meters.refused.labels("placement").inc()
+        elif self._deliver(frame, None):
+            self._meters.count(frame, "from_peer")
 
     # peers: sending
 
     def _connect_peer(self, out: _Outbound) -> FrameStream:
         raw = socket.create_connection(out.address, timeout=self.config.handshake_timeout_s)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune(raw)
         with self._lock:
             context = self._peer_client_ctx
         try:
             sock = context.wrap_socket(raw, server_hostname=out.cluster)
-            identity = check_peer(sock, expected_cluster=out.cluster, revoked=self._revoked)
+            identity = check_peer(
+                sock, expected_cluster=out.cluster, revoked=self._revocation.revoked
+            )
         except BaseException:
             raw.close()
             raise
         stream = FrameStream(sock, Connection(Side.CLIENT, max_body=self.config.max_frame_bytes))
-        stream.write(PeerHello(self.cluster, self._session))
+        stream.write(PeerHello(self.cluster, self._session, out.window.acked))
         answer = stream.read_event()
         if isinstance(answer, Error):
             stream.close()
@@ -866,7 +1044,7 @@ class Switch:
             raise ProtocolError("peer did not welcome us")
         sock.settimeout(self.config.io_timeout_s)
         with self._lock:
-            self._live[stream] = identity
+            self._doors.peers[stream] = identity
         return stream
 
     def _peer_sender(self, out: _Outbound) -> None:
@@ -892,7 +1070,7 @@ class Switch:
             out.connections += 1
             out.connected.set()
             try:
-                self._send_to_peer(out, stream, shaper)
+                _PeerSending(self, out, stream, shaper).run()
             except (OSError, ProtocolError) as exc:
                 if not self._stop.is_set():
                     log.warning(
@@ -900,64 +1078,100 @@ class Switch:
                         self.cluster,
                         out.cluster,
                         exc,
-                        len(out.unacked),
+                        len(out.window),
                     )
             finally:
                 out.connected.clear()
                 out.stream = None
                 with self._lock:
-                    self._live.pop(stream, None)
+                    self._doors.peers.pop(stream, None)
                 stream.close()
 
-    def _send_to_peer(self, out: _Outbound, stream: FrameStream, shaper: Shaper | None) -> None:
-        acked = 0  # frames acknowledged on this connection
 
-        def take_ack(event: Event | None) -> None:
-            nonlocal acked
-            if event is None:
-                return
-            if event is CLOSED or isinstance(event, Error):
-                raise OSError(f"peer closed the link: {getattr(event, 'reason', 'end of stream')}")
-            if (
-                not isinstance(event, Ack)
-                or event.count > acked + len(out.unacked)
-                or event.count < acked
-            ):
-                raise ProtocolError("bad acknowledgement")
-            for _ in range(event.count - acked):
-                done = out.unacked.popleft()
-                out.unacked_bytes -= len(done.body)
-            acked = event.count
+class _PeerSending:
+    """One connection's worth of sending to a peer: the window's frames again, then new
+    ones in turn from the jobs' queues, reading acknowledgements and pings' answers."""
 
-        def take_acks() -> None:
-            while (event := stream.read_event(block=False)) is not None:
-                take_ack(event)
+    def __init__(
+        self, switch: Switch, out: _Outbound, stream: FrameStream, shaper: Shaper | None
+    ) -> None:
+        self.switch, self.out, self.stream, self.shaper = switch, out, stream, shaper
+        self.cfg = switch.config
+        self.base = out.window.acked  # the hop number of this connection's first frame
+        self.sent = 0  # frames sent on this connection
+        self.pings = 0
+        self.ping_at: float | None = None  # when the outstanding ping left
+        self.last_ping = time.monotonic()
 
-        def send(frame: Data) -> None:
-            # A write blocked on a peer that takes no more bytes still reads: a peer that
-            # closed (or a cut that half-closed the link) ends the connection at once, not
-            # after io_timeout_s with every frame behind it held up.
-            stream.write(frame, shaper, while_blocked=take_acks, poll_s=POLL_S)
+    def take(self, event: Event | None) -> None:
+        if event is None:
+            return
+        if event is CLOSED or isinstance(event, Error):
+            raise OSError(f"peer closed the link: {getattr(event, 'reason', 'end of stream')}")
+        if not isinstance(event, Ack) or event.count > self.sent:
+            raise ProtocolError("bad acknowledgement")
+        now = time.monotonic()
+        window = self.out.window
+        before = window.nbytes
+        try:
+            window.ack(self.base + event.count)
+        except WindowError as exc:
+            raise ProtocolError(f"bad acknowledgement: {exc}") from None
+        unacked = len(window) + len(self.out.queue)
+        self.out.meter.acknowledged(now, before - window.nbytes, unacked)
+        if event.ping is not None and event.ping == self.pings and self.ping_at is not None:
+            self.out.meter.round_trip(now - self.ping_at)
+            self.ping_at = None
 
-        for frame in list(out.unacked):
-            send(frame)
-        while not self._stop.is_set():
-            take_acks()
-            cfg = self.config
-            if len(out.unacked) >= cfg.resend_frames or out.unacked_bytes >= cfg.resend_bytes:
-                take_ack(stream.read_event())  # full: wait for the peer to catch up
+    def take_all(self) -> None:
+        while (event := self.stream.read_event(block=False)) is not None:
+            self.take(event)
+        if self.ping_at is not None and time.monotonic() - self.ping_at > self.cfg.io_timeout_s:
+            raise OSError(f"peer stalled: no answer to a ping in {self.cfg.io_timeout_s:.0f} s")
+
+    def send(self, frame: Routed | Ping) -> None:
+        # A write blocked on a peer that takes no more bytes still reads: a peer that
+        # closed (or a cut that half-closed the link) ends the connection at once, not
+        # after io_timeout_s with every frame behind it held up.
+        shaper = None if isinstance(frame, Ping) else self.shaper
+        self.stream.write(frame, shaper, while_blocked=self.take_all, poll_s=POLL_S)
+
+    def ping_if_due(self) -> None:
+        now = time.monotonic()
+        if self.ping_at is not None or now - self.last_ping < self.cfg.ping_interval_s:
+            return
+        self.pings += 1
+        self.ping_at = self.last_ping = now
+        if self.shaper is not None:
+            self.shaper.hold(now)  # a ping crosses the played link like any frame
+        self.send(Ping(self.pings))
+
+    def run(self) -> None:
+        out, stop = self.out, self.switch._stop
+        for _, frame in out.window.replay():
+            self.sent += 1  # first: its acknowledgement may come while it is written
+            self.send(frame)
+        pending: tuple[Routed, float] | None = None
+        while not stop.is_set():
+            self.take_all()
+            self.ping_if_due()
+            if pending is None:
+                pending = out.queue.get(timeout=POLL_S)
+                if pending is None:
+                    continue
+            frame, queued_at = pending
+            nbytes = len(frame.body) if isinstance(frame, Data) else 0
+            if not out.window.has_room(nbytes):
+                # full: wait for the peer to catch up, a poll at a time
+                self.stream.wait_readable(POLL_S)
                 continue
-            try:
-                frame, queued_at = out.queue.get(timeout=POLL_S)
-            except queue.Empty:
-                continue
-            out.unacked.append(frame)
-            out.unacked_bytes += len(frame.body)
-            if shaper is not None:
-                shaper.hold(queued_at)
-            send(frame)
-            self._bytes.labels(frame.job_id, "to_peer").inc(len(frame.body))
-            self._frames.labels(frame.job_id, "to_peer").inc()
+            pending = None
+            out.window.push(frame, nbytes)
+            if self.shaper is not None:
+                self.shaper.hold(queued_at)
+            self.sent += 1
+            self.send(frame)
+            self.switch._meters.count(frame, "to_peer")
 
 
 def _cut(sock: socket.socket) -> None:

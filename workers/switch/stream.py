@@ -15,6 +15,16 @@ from workers.switch.shaper import Shaper
 READ_CHUNK = 256 * 1024
 
 
+def tune(sock: socket.socket, *, keepalive_s: int = 5) -> None:
+    """No Nagle delay, and TCP keepalive probes after `keepalive_s` idle seconds, so that a
+    peer host gone without a word is noticed within seconds, not hours."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", keepalive_s), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 class FrameStream:
     """Reads and writes frames on one socket; the owner keeps it to one thread."""
 
@@ -22,9 +32,17 @@ class FrameStream:
         self.sock = sock
         self.conn = conn
         self._scratch = bytearray(READ_CHUNK)
+        self.last_read_at = time.monotonic()
 
-    def read_event(self, *, block: bool = True) -> Event | None:
-        """The next event; with `block=False`, None when nothing has arrived yet."""
+    def read_event(
+        self, *, block: bool = True, idle: Callable[[], float | None] | None = None
+    ) -> Event | None:
+        """The next event; with `block=False`, None when nothing has arrived yet.
+
+        With `idle`, a read that would block calls `idle()` first and waits at most the
+        seconds it returns (None: until bytes come) before calling it again, so that the
+        reading thread can do its own timed work (acknowledgements due) on its socket.
+        """
         while True:
             event = self.conn.next_event()
             if event is not NEED_DATA:
@@ -35,19 +53,35 @@ class FrameStream:
             if body is not None:
                 # fill the whole body here: one protocol step per frame, not per TLS record
                 got, size = 0, len(body)
-                while got < size and (count := self.sock.recv_into(body[got:])):
+                while got < size:
+                    self._wait_readable(idle)
+                    if not (count := self.sock.recv_into(body[got:])):
+                        break
                     got += count
+                    self.last_read_at = time.monotonic()
                 self.conn.advance_body(got)
                 if got < size:
                     self.conn.receive_data(b"")
             else:
+                self._wait_readable(idle)
                 count = self.sock.recv_into(self._scratch)
+                self.last_read_at = time.monotonic()
                 self.conn.receive_data(memoryview(self._scratch)[:count])
 
-    def _readable(self) -> bool:
+    def _wait_readable(self, idle: Callable[[], float | None] | None) -> None:
+        while idle is not None and not self._readable():
+            wait = idle()
+            if wait is None or self._readable(wait):
+                return
+
+    def wait_readable(self, timeout: float) -> bool:
+        """Wait at most `timeout` seconds for bytes to read; whether some came."""
+        return self._readable(timeout)
+
+    def _readable(self, timeout: float = 0) -> bool:
         if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return True
-        readable, _, _ = select.select([self.sock], [], [], 0)
+        readable, _, _ = select.select([self.sock], [], [], timeout)
         return bool(readable)
 
     def write(
@@ -63,7 +97,8 @@ class FrameStream:
         With `while_blocked`, a write the peer does not take is not a blind wait: every
         `poll_s` it is called, so that it can read what the peer sent meanwhile and raise
         when the peer has gone (an end of stream is otherwise unseen until the socket's
-        timeout). The socket's timeout still bounds a write that makes no progress.
+        timeout); it is also called between paced chunks. The socket's timeout still
+        bounds a write that makes no progress.
         """
         buffers = self.conn.send(frame)
         total = 0
@@ -73,6 +108,8 @@ class FrameStream:
                 self.sock.sendall(piece)
             else:
                 self._send_watching(piece, while_blocked, poll_s)
+                if shaper is not None:
+                    while_blocked()
             total += memoryview(piece).nbytes
         return total
 

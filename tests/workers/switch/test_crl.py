@@ -83,10 +83,10 @@ def test_an_older_crl_cannot_take_back_a_revocation(
     newer = _crl(pki, now=now, next_update=now + timedelta(hours=1), revoked=[4242])
     feed = CrlFeed(newer)
     switch = started(crl_source=feed)
-    assert 4242 in switch._revoked
+    assert 4242 in switch.revoked
     feed.answer = older  # replayed: it does not list the revocation
     switch.refresh_crl()
-    assert 4242 in switch._revoked
+    assert 4242 in switch.revoked
     with pytest.raises(ValueError, match="older"):
         switch.refresh_crl(strict=True)
 

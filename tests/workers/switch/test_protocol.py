@@ -35,9 +35,24 @@ def data_frames(draw: st.DrawFn) -> p.Data:
 
 frames = st.one_of(
     data_frames(),
-    st.builds(p.Ack, count=st.integers(0, 2**40)),
+    st.builds(p.Ack, count=st.integers(0, 2**40), ping=st.none() | st.integers(0, 2**40)),
     st.builds(p.Error, reason=st.text(max_size=50)),
-    st.builds(p.PeerHello, cluster=names),
+    st.builds(p.PeerHello, cluster=names, session=names, resume_from=st.integers(0, 2**62)),
+    st.builds(
+        p.Receipt,
+        job_id=names,
+        src_role=names,
+        dst_role=names,
+        next_seq=st.integers(0, 2**62),
+        resend=st.booleans(),
+    ),
+    st.builds(p.Ping, id=st.integers(0, 2**40)),
+    st.builds(
+        p.LinkReport,
+        bandwidth_bytes_per_s=st.floats(0, 1e12),
+        rtt_s=st.floats(0, 100),
+        samples=st.integers(0, 2**40),
+    ),
     st.just(p.Welcome()),
     st.builds(
         p.Hello,

@@ -1,0 +1,198 @@
+"""The switch's pure rules, without sockets: the resend window, admission, the link meter.
+
+In the style of h11's ConnectionPair tests: a pair of protocol ends joined by bytes in
+memory, driven step by step, where a test can lose whatever is in flight.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workers.switch import protocol as p
+from workers.switch.jobtoken import JobClaims
+from workers.switch.rules import (
+    LinkMeter,
+    ResendWindow,
+    WindowError,
+    WindowFull,
+    admit_worker,
+)
+
+
+def window(frames: int = 4, nbytes: int = 100) -> ResendWindow[str]:
+    return ResendWindow(max_frames=frames, max_bytes=nbytes)
+
+
+def test_push_numbers_frames_and_ack_frees_them_in_order() -> None:
+    w = window()
+    assert [w.push(name, 10) for name in "abc"] == [0, 1, 2]
+    assert (len(w), w.nbytes, w.next_seq) == (3, 30, 3)
+    assert w.ack(2) == ["a", "b"]
+    assert w.ack(2) == []  # the same cumulative acknowledgement twice is no news
+    assert (w.acked, len(w), w.nbytes) == (2, 1, 10)
+    assert list(w.replay()) == [(2, "c")]
+    assert w.get(2) == "c"
+
+
+def test_the_window_is_bounded_in_frames_and_bytes() -> None:
+    w = window(frames=2, nbytes=50)
+    w.push("a", 10)
+    w.push("b", 10)
+    with pytest.raises(WindowFull, match="2 frames and 20 bytes unacknowledged"):
+        w.push("c", 1)
+    w.ack(1)
+    assert not w.has_room(41) and w.has_room(40)
+    w.ack(2)
+    w.push("huge", 10_000)  # an empty window takes any one frame: nothing can wedge it
+    assert not w.has_room(1)
+
+
+def test_acks_of_what_was_never_sent_or_out_of_order_are_refused() -> None:
+    w = window()
+    w.push("a", 1)
+    with pytest.raises(WindowError, match="only frames below 1 were sent"):
+        w.ack(2)
+    w.ack(1)
+    with pytest.raises(WindowError, match="out of order: 1 was acknowledged"):
+        w.ack(0)
+    with pytest.raises(WindowError, match="cannot replay from 0"):
+        list(w.replay(0))
+    with pytest.raises(WindowError, match="not in the window"):
+        w.get(0)
+
+
+class Pair:
+    """A sending role's window and a receiving role's expected number, joined by a
+    client and a server `Connection` over bytes in memory that a test can lose."""
+
+    def __init__(self) -> None:
+        self.window: ResendWindow[p.Data] = ResendWindow(max_frames=8, max_bytes=1 << 20)
+        self.client, self.server = p.Connection(p.Side.CLIENT), p.Connection(p.Side.SERVER)
+        self.wire: list[bytes] = []
+        self._handshake()
+        self.expected = 0
+        self.delivered: list[bytes] = []
+
+    def _handshake(self) -> None:
+        self.server.receive_data(
+            _bytes(self.client.send(p.Hello("t", "j", "G", "D", p.Direction.SEND)))
+        )
+        assert isinstance(self.server.next_event(), p.Hello)
+        self.client.receive_data(_bytes(self.server.send(p.Welcome())))
+        assert self.client.next_event() == p.Welcome()
+
+    def send(self, body: bytes) -> None:
+        seq = self.window.next_seq
+        frame = p.Data("j", "c", seq, "G", "D", body)
+        self.window.push(frame, len(body))
+        self.wire.append(_bytes(self.client.send(frame)))
+
+    def lose_in_flight(self) -> None:
+        """A switch restarts: what was on its way is gone, both ends dial again."""
+        self.wire.clear()
+        self.client, self.server = p.Connection(p.Side.CLIENT), p.Connection(p.Side.SERVER)
+        self._handshake()
+
+    def deliver(self, count: int | None = None) -> p.Receipt:
+        """Let `count` frames through (all by default); the receiver's receipt."""
+        through, self.wire = self.wire[:count], self.wire[len(self.wire[:count]) :]
+        gap = False
+        for chunk in through:
+            self.server.receive_data(chunk)
+            frame = self.server.next_event()
+            assert isinstance(frame, p.Data)
+            if frame.seq == self.expected:
+                self.delivered.append(bytes(frame.body))
+                self.expected += 1
+            elif frame.seq > self.expected:
+                gap = True  # dropped; the receipt asks for it again
+        return p.Receipt("j", "D", "G", self.expected, resend=gap)
+
+    def take(self, receipt: p.Receipt) -> None:
+        self.window.ack(receipt.next_seq)
+        if receipt.resend:
+            self.replay(receipt.next_seq)
+
+    def replay(self, start: int | None = None) -> None:
+        for _, frame in self.window.replay(start):
+            self.wire.append(_bytes(self.client.send(frame)))
+
+
+def _bytes(buffers: list[p.Buffer]) -> bytes:
+    return b"".join(bytes(b) for b in buffers)
+
+
+def test_a_restart_in_between_loses_nothing_and_delivers_nothing_twice() -> None:
+    pair = Pair()
+    for i in range(5):
+        pair.send(b"frame %d" % i)
+    pair.take(pair.deliver(2))  # 0 and 1 arrive and are acknowledged
+    pair.lose_in_flight()  # 2..4 are lost with the switch
+    pair.send(b"frame 5")
+    pair.replay()  # the sender dials again and sends all it holds: 2..5, then 5 again
+    pair.take(pair.deliver())
+    assert pair.delivered == [b"frame %d" % i for i in range(6)]
+    assert len(pair.window) == 0
+
+
+def test_a_gap_asks_for_the_missing_frames_again() -> None:
+    pair = Pair()
+    for i in range(3):
+        pair.send(b"%d" % i)
+    pair.wire.pop(0)  # frame 0 lost: 1 and 2 come after a gap
+    receipt = pair.deliver()
+    assert receipt == p.Receipt("j", "D", "G", 0, resend=True)
+    pair.take(receipt)
+    pair.take(pair.deliver())
+    assert pair.delivered == [b"0", b"1", b"2"]
+
+
+@given(st.lists(st.sampled_from(["send", "deliver_one", "lose", "replay"]), max_size=40))
+@settings(max_examples=100, deadline=None)
+def test_any_order_of_sends_losses_and_replays_delivers_in_order_once(steps: list[str]) -> None:
+    pair, sent = Pair(), 0
+    for step in steps:
+        if step == "send" and pair.window.has_room(1):
+            pair.send(b"%d" % sent)
+            sent += 1
+        elif step == "deliver_one":
+            pair.take(pair.deliver(1))
+        elif step == "lose":
+            pair.lose_in_flight()
+        elif step == "replay":
+            pair.replay()
+    pair.lose_in_flight()
+    pair.replay()
+    pair.take(pair.deliver())
+    assert pair.delivered == [b"%d" % i for i in range(sent)]
+
+
+def test_admission_is_a_pure_decision() -> None:
+    claims = JobClaims(job_id="j.1", role="G", cluster="a", expires_at=0)
+    hello = p.Hello("t", "j.1", "G", "D", p.Direction.SEND)
+    assert admit_worker(hello, claims, "a") is None
+    assert "already connected" in str(admit_worker(hello, claims, "a", (p.Direction.SEND,)))
+    assert "has ended here" in str(admit_worker(hello, claims, "a", ended=True))
+    assert "for cluster 'a'" in str(admit_worker(hello, claims, "b"))
+
+
+def test_the_meter_reads_the_rate_of_busy_spans_and_the_least_delayed_round_trip() -> None:
+    meter = LinkMeter(span_s=2.0)
+    assert meter.estimate() is None
+    meter.acknowledged(0.0, 1000, unacked=3)  # after an idle link: where a span starts
+    for i in range(1, 11):
+        meter.acknowledged(i * 0.1, 125_000, unacked=3)  # 1.25 MB/s
+    meter.round_trip(0.050)
+    meter.round_trip(0.041)
+    meter.round_trip(0.300)  # behind a long frame
+    estimate = meter.estimate()
+    assert estimate is not None
+    bandwidth, rtt, samples = estimate
+    assert bandwidth == pytest.approx(1_250_000) and rtt == pytest.approx(0.041)
+    assert samples == 10
+    meter.acknowledged(1.1, 125_000, unacked=0)  # the last in flight: the span ends
+    meter.acknowledged(60.0, 125_000, unacked=1)  # after a minute idle: not a slow link
+    meter.acknowledged(60.1, 125_000, unacked=1)
+    assert meter.bandwidth == pytest.approx(1_250_000)

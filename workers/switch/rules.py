@@ -1,0 +1,197 @@
+"""The switch's decisions, sans IO: what to keep for resending, and whom to admit.
+
+Beside the frame protocol (protocol.py), and like it free of sockets, threads and
+clocks, so that each rule is tested by calling it (tests/workers/switch/test_rules.py):
+
+- `ResendWindow`: frames sent and not yet acknowledged, numbered in the order they
+  were sent, bounded in frames and bytes. A switch keeps one per peer it sends to (its
+  frames come again after a link cut), a role's `SwitchLink` one per link (its frames
+  come again after a switch restarts or a connection drops).
+- `admit_worker`: whether a worker whose job token verified may take a role's
+  connection.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Collection, Iterator
+from typing import Generic, TypeVar
+
+from workers.switch.jobtoken import JobClaims
+from workers.switch.protocol import Direction, Hello
+
+T = TypeVar("T")
+
+
+class WindowError(ValueError):
+    """An acknowledgement that no sender could have earned: of something never sent, or
+    behind one already taken (out of order)."""
+
+
+class WindowFull(Exception):
+    """No room in the window for another frame until the far end acknowledges."""
+
+
+class ResendWindow(Generic[T]):
+    """Frames sent and not yet acknowledged, by sequence number.
+
+    `push` numbers a frame (`next_seq`, then one more); `ack(n)` says the far end has
+    every frame below `n` (cumulative: the same `n` twice is no news); `replay()` gives
+    the frames still unacknowledged, oldest first, to send again. An empty window takes
+    any one frame, however large, so that a frame above `max_bytes` cannot wedge it.
+    """
+
+    def __init__(self, *, max_frames: int, max_bytes: int, first_seq: int = 0) -> None:
+        if max_frames < 1 or max_bytes < 1:
+            raise ValueError("a window holds at least one frame and one byte")
+        self.max_frames, self.max_bytes = max_frames, max_bytes
+        self.acked = first_seq  # every frame below this one is acknowledged
+        self.nbytes = 0
+        self._frames: collections.deque[tuple[T, int]] = collections.deque()
+
+    @property
+    def next_seq(self) -> int:
+        """The number the next pushed frame gets."""
+        return self.acked + len(self._frames)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a frame of `nbytes` fits now."""
+        if not self._frames:
+            return True
+        return len(self._frames) < self.max_frames and self.nbytes + nbytes <= self.max_bytes
+
+    def push(self, frame: T, nbytes: int) -> int:
+        """Keep `frame` until acknowledged; returns its sequence number."""
+        if not self.has_room(nbytes):
+            raise WindowFull(
+                f"{len(self._frames)} frames and {self.nbytes} bytes unacknowledged,"
+                f" the most this window holds is {self.max_frames} and {self.max_bytes}"
+            )
+        self._frames.append((frame, nbytes))
+        self.nbytes += nbytes
+        return self.next_seq - 1
+
+    def ack(self, upto: int) -> list[T]:
+        """The far end has every frame below `upto`; returns the frames this frees."""
+        if upto > self.next_seq:
+            raise WindowError(
+                f"acknowledgement up to {upto}, but only frames below {self.next_seq} were sent"
+            )
+        if upto < self.acked:
+            raise WindowError(
+                f"acknowledgement up to {upto} is out of order: {self.acked} was acknowledged"
+            )
+        freed = []
+        for _ in range(upto - self.acked):
+            frame, nbytes = self._frames.popleft()
+            self.nbytes -= nbytes
+            freed.append(frame)
+        self.acked = upto
+        return freed
+
+    def get(self, seq: int) -> T:
+        """The unacknowledged frame numbered `seq`."""
+        if not self.acked <= seq < self.next_seq:
+            raise WindowError(f"frame {seq} is not in the window [{self.acked}, {self.next_seq})")
+        return self._frames[seq - self.acked][0]
+
+    def replay(self, start: int | None = None) -> Iterator[tuple[int, T]]:
+        """(seq, frame) of every unacknowledged frame from `start` (the oldest by default)."""
+        first = self.acked if start is None else start
+        if not self.acked <= first <= self.next_seq:
+            raise WindowError(
+                f"cannot replay from {first}: the window holds [{self.acked}, {self.next_seq})"
+            )
+        for offset, (frame, _) in enumerate(list(self._frames)[first - self.acked :]):
+            yield first + offset, frame
+
+
+def admit_worker(
+    hello: Hello,
+    claims: JobClaims,
+    cluster: str,
+    live: Collection[Direction] = (),
+    *,
+    ended: bool = False,
+) -> str | None:
+    """Why a worker whose token verified is refused, or None to admit it.
+
+    `live` holds the directions this (job, attempt, role) already has connected here;
+    `ended` says its attempt has come and gone here.
+    """
+    if claims.cluster != cluster:
+        return f"job token is for cluster {claims.cluster!r}"
+    if (claims.job_id, claims.role) != (hello.job_id, hello.role):
+        return "hello names another job or role than its token"
+    # Newest-wins would let anyone holding the token take over a live role's stream;
+    # a role reconnects only once its first connection is gone.
+    if hello.direction in live:
+        return (
+            f"role {hello.role!r} of job {hello.job_id!r} is already connected to {hello.direction}"
+        )
+    # What an ended attempt held is freed; its streams cannot resume from nothing, and the
+    # control plane starts a new attempt (a new job id) for a role that must run again.
+    if ended:
+        return f"role {hello.role!r} of job {hello.job_id!r} has ended here"
+    return None
+
+
+class LinkMeter:
+    """Bandwidth and round-trip time of a link, from what its far end acknowledged.
+
+    `acknowledged(now, nbytes, unacked)` is told of each acknowledgement: `nbytes` newly
+    acknowledged at `now`, `unacked` frames still in flight after it. Only spans during
+    which frames were in flight throughout count towards the bandwidth (an idle link says
+    nothing of its rate): the rate is the bytes acknowledged over the last `span_s`
+    seconds of such spans. `round_trip(seconds)` adds a round-trip sample (a ping's);
+    the estimate is the smallest of the last `rtt_samples`, the one least delayed by
+    frames queued ahead of it.
+    """
+
+    def __init__(self, *, span_s: float = 2.0, rtt_samples: int = 8) -> None:
+        self.span_s = span_s
+        self._points: collections.deque[tuple[float, int]] = collections.deque()
+        self._total = 0
+        self._busy = False
+        self._rtts: collections.deque[float] = collections.deque(maxlen=rtt_samples)
+        self.bandwidth: float | None = None
+        self.samples = 0  # acknowledgements the bandwidth rests on
+        self.version = 0  # grows with every change of the estimate
+
+    def acknowledged(self, now: float, nbytes: int, unacked: int) -> None:
+        if nbytes <= 0:
+            return
+        if not self._busy:
+            # the link was idle before this acknowledgement: a new span starts here
+            self._points.clear()
+            self._total = 0
+            self._points.append((now, 0))
+        else:
+            self._total += nbytes
+            self._points.append((now, self._total))
+            while len(self._points) > 2 and now - self._points[1][0] >= self.span_s:
+                self._points.popleft()
+            (first, sent), (last, total) = self._points[0], self._points[-1]
+            if last > first:
+                self.bandwidth = (total - sent) / (last - first)
+                self.samples += 1
+                self.version += 1
+        self._busy = unacked > 0
+
+    def round_trip(self, seconds: float) -> None:
+        self._rtts.append(max(0.0, seconds))
+        self.version += 1
+
+    @property
+    def rtt(self) -> float | None:
+        return min(self._rtts) if self._rtts else None
+
+    def estimate(self) -> tuple[float, float, int] | None:
+        """(bandwidth in bytes/s, round trip in s, samples), once both were measured."""
+        rtt = self.rtt
+        if self.bandwidth is None or rtt is None:
+            return None
+        return self.bandwidth, rtt, self.samples
