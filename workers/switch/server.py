@@ -99,6 +99,7 @@ log = logging.getLogger("nebula.switch")
 Address = tuple[str, int]
 RoleKey = tuple[str, str]  # (job, role)
 POLL_S = 0.2
+PING_POLL_S = 0.002
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
@@ -369,6 +370,8 @@ class Switch:
             self._metrics_server.shutdown()  # type: ignore[attr-defined]
         for thread in self._threads:
             thread.join(timeout=5)
+        for listener in self._doors.listeners:
+            listener.close()  # its port is free for a switch started in its place
 
     def __enter__(self) -> Switch:
         return self.start()
@@ -1049,7 +1052,18 @@ class Switch:
 
     def _peer_sender(self, out: _Outbound) -> None:
         backoff = self.config.backoff_initial_s
-        shaper = Shaper(self.config.shaper) if self.config.shaper is not None else None
+        current: list[_PeerSending] = []
+
+        def sleep(seconds: float) -> None:
+            # the shaper's pauses read the peer's answers as they come, so that
+            # acknowledgements are seen (and timed) when they arrive
+            if current:
+                current[0].sleep_reading(seconds)
+            else:
+                time.sleep(seconds)
+
+        config = self.config.shaper
+        shaper = Shaper(config, sleep=sleep) if config is not None else None
         while not self._stop.is_set():
             try:
                 stream = self._connect_peer(out)
@@ -1070,7 +1084,8 @@ class Switch:
             out.connections += 1
             out.connected.set()
             try:
-                _PeerSending(self, out, stream, shaper).run()
+                current[:] = [_PeerSending(self, out, stream, shaper)]
+                current[0].run()
             except (OSError, ProtocolError) as exc:
                 if not self._stop.is_set():
                     log.warning(
@@ -1081,6 +1096,7 @@ class Switch:
                         len(out.window),
                     )
             finally:
+                current.clear()
                 out.connected.clear()
                 out.stream = None
                 with self._lock:
@@ -1100,8 +1116,18 @@ class _PeerSending:
         self.base = out.window.acked  # the hop number of this connection's first frame
         self.sent = 0  # frames sent on this connection
         self.pings = 0
-        self.ping_at: float | None = None  # when the outstanding ping left
+        self.ping_at: float | None = None  # when the outstanding ping was made
+        self.ping_due: float | None = None  # when it leaves (the played link's delay)
+        self.ping_sent: float | None = None  # when it left
         self.last_ping = time.monotonic()
+        self.delay = shaper.config.delay_ms / 1000 if shaper is not None else 0.0
+
+    def sleep_reading(self, seconds: float) -> None:
+        """Wait `seconds`, taking the peer's answers meanwhile."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.stream.wait_readable(left):
+                self.take_all()
 
     def take(self, event: Event | None) -> None:
         if event is None:
@@ -1119,9 +1145,13 @@ class _PeerSending:
             raise ProtocolError(f"bad acknowledgement: {exc}") from None
         unacked = len(window) + len(self.out.queue)
         self.out.meter.acknowledged(now, before - window.nbytes, unacked)
-        if event.ping is not None and event.ping == self.pings and self.ping_at is not None:
-            self.out.meter.round_trip(now - self.ping_at)
-            self.ping_at = None
+        if event.ping is not None and event.ping == self.pings and self.ping_sent is not None:
+            # from the ping leaving, plus the played link's delay it spent before (the
+            # time it waited behind a frame being written is no part of the link's)
+            assert self.ping_at is not None
+            held = min(self.ping_sent - self.ping_at, self.delay)
+            self.out.meter.round_trip(now - self.ping_sent + held)
+            self.ping_at = self.ping_sent = None
 
     def take_all(self) -> None:
         while (event := self.stream.read_event(block=False)) is not None:
@@ -1136,15 +1166,22 @@ class _PeerSending:
         shaper = None if isinstance(frame, Ping) else self.shaper
         self.stream.write(frame, shaper, while_blocked=self.take_all, poll_s=POLL_S)
 
-    def ping_if_due(self) -> None:
+    def ping_if_due(self) -> float:
+        """Make a ping each `ping_interval_s`, send it once it has spent the played link's
+        delay (without holding up the frames meanwhile); the seconds to wait at most."""
         now = time.monotonic()
-        if self.ping_at is not None or now - self.last_ping < self.cfg.ping_interval_s:
-            return
-        self.pings += 1
-        self.ping_at = self.last_ping = now
-        if self.shaper is not None:
-            self.shaper.hold(now)  # a ping crosses the played link like any frame
-        self.send(Ping(self.pings))
+        if self.ping_at is None and now - self.last_ping >= self.cfg.ping_interval_s:
+            self.pings += 1
+            self.ping_at = self.last_ping = now
+            self.ping_due = now + self.delay
+        if self.ping_due is not None and now >= self.ping_due:
+            self.ping_due = None
+            self.ping_sent = time.monotonic()
+            self.send(Ping(self.pings))
+        if self.ping_due is not None:
+            return max(0.0, self.ping_due - now)
+        # while a ping is out, look for its answer often: it times the round trip
+        return PING_POLL_S if self.ping_at is not None else POLL_S
 
     def run(self) -> None:
         out, stop = self.out, self.switch._stop
@@ -1154,16 +1191,16 @@ class _PeerSending:
         pending: tuple[Routed, float] | None = None
         while not stop.is_set():
             self.take_all()
-            self.ping_if_due()
+            wait = self.ping_if_due()
             if pending is None:
-                pending = out.queue.get(timeout=POLL_S)
+                pending = out.queue.get(timeout=wait)
                 if pending is None:
                     continue
             frame, queued_at = pending
             nbytes = len(frame.body) if isinstance(frame, Data) else 0
             if not out.window.has_room(nbytes):
                 # full: wait for the peer to catch up, a poll at a time
-                self.stream.wait_readable(POLL_S)
+                self.stream.wait_readable(min(wait, POLL_S))
                 continue
             pending = None
             out.window.push(frame, nbytes)

@@ -1,0 +1,195 @@
+"""Faults under a running stream, at the switch level: a switch restarts, a role's
+connections drop, a peer stops reading, one job's role reads slowly; and the link
+measured under the shaper. Real TLS on loopback; every wait has a deadline."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from switch_support import Pair
+
+from workers.switch.client import SwitchLink
+from workers.switch.server import Switch
+from workers.switch.shaper import ShaperConfig
+
+KIB = 1024
+
+
+def _stream(link: SwitchLink, frames: int, size: int) -> str:
+    """Send `frames` numbered frames of `size` bytes; the digest of what was sent."""
+    digest = hashlib.sha256()
+    for i in range(frames):
+        body = i.to_bytes(4, "big") + bytes([i % 251]) * (size - 4)
+        digest.update(body)
+        link.send("s", body)
+    return digest.hexdigest()
+
+
+def _receive(link: SwitchLink, frames: int, on_frame: Callable[[int], None]) -> str:
+    """Take `frames` frames, checking each is the next one; nothing more may follow."""
+    digest = hashlib.sha256()
+    for i in range(frames):
+        got = link.recv("s", timeout=60)
+        assert isinstance(got, bytes) and int.from_bytes(got[:4], "big") == i, "order or twice"
+        digest.update(got)
+        on_frame(i)
+    with pytest.raises(TimeoutError):
+        link.recv("s", timeout=0.5)  # nothing extra arrives
+    return digest.hexdigest()
+
+
+def _restart(switch: Switch) -> Switch:
+    """Stop a switch (every connection cut, everything it held gone) and start a new one
+    on the same ports, as a supervisor does after a crash."""
+    switch.config.worker_address = switch.worker_address
+    switch.config.peer_address = switch.peer_address
+    switch.stop()
+    return Switch(switch.config).start()
+
+
+def _wait(check: Callable[[], object], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        threading.Event().wait(0.02)
+
+
+@pytest.mark.parametrize("which", ["sender's", "receiver's"])
+def test_a_switch_restart_mid_stream_loses_nothing_and_repeats_nothing(
+    make_pair: Callable[..., Pair], switch_log, which: str
+) -> None:  # type: ignore[no-untyped-def]
+    pair = make_pair()
+    frames, size = 120, 64 * KIB
+    restarted: list[Switch] = []
+
+    def restart(i: int) -> None:
+        if i == 40:
+            if which == "sender's":
+                pair.a = _restart(pair.a)
+                restarted.append(pair.a)
+            else:
+                pair.b = _restart(pair.b)
+                restarted.append(pair.b)
+
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        sent: list[str] = []
+        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size)))
+        sender.start()
+        received = _receive(d, frames, restart)
+        sender.join(timeout=60)
+        assert received == sent[0]
+        _wait(lambda: g.unacknowledged() == 0, "the last receipt to come back")
+    assert restarted
+    switch_log.wait_for("connection resumed")
+
+
+def test_a_dropped_worker_connection_resumes_with_its_token(
+    pair: Pair, cutting_proxy, switch_log
+) -> None:  # type: ignore[no-untyped-def]
+    proxy = cutting_proxy(pair.a.worker_address)
+    g = SwitchLink(
+        proxy.address,
+        ca_path=pair.pki.ca_path,
+        token=pair.pki.token("j", "G", "cluster-a"),
+        job_id="j",
+        role="G",
+        peer_role="D",
+        cluster="cluster-a",
+    )
+    frames, size = 150, 64 * KIB
+    with g, pair.link("b", "j", "D", "G") as d:
+        sent: list[str] = []
+        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size)))
+        sender.start()
+        received = _receive(d, frames, lambda i: proxy.cut() if i in (30, 90) else None)
+        sender.join(timeout=60)
+        assert received == sent[0]
+        # and the other way, through the connection that came back
+        d.send("back", b"ok")
+        assert g.recv("back", timeout=30) == b"ok"
+    assert proxy.cuts == 2
+    switch_log.wait_for("link j/G: send connection resumed")
+
+
+def test_a_peer_that_stops_reading_is_cut_within_seconds(
+    make_pair: Callable[..., Pair], cutting_proxy, switch_log
+) -> None:  # type: ignore[no-untyped-def]
+    proxy = None
+
+    def via_proxy(b):  # type: ignore[no-untyped-def]
+        nonlocal proxy
+        proxy = cutting_proxy(b.peer_address)
+        return proxy.address
+
+    pair = make_pair(a_peer_address=via_proxy, io_timeout_s=2.0, ping_interval_s=0.5)
+    assert proxy is not None and pair.a.wait_connected("cluster-b", 10)
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        g.send("c", b"before")
+        assert d.recv("c", timeout=10) == b"before"
+        proxy.hold()  # the connection stays open; nothing on it is read any more
+        held_at = time.monotonic()
+        switch_log.wait_for("link to cluster-b dropped", "stalled", timeout=15)
+        noticed = time.monotonic() - held_at
+        assert noticed < 2.0 + 0.5 + 3.0, f"noticed after {noticed:.1f} s"
+        g.send("c", b"after")  # on a new connection
+        assert d.recv("c", timeout=20) == b"after"
+    assert pair.a.peer_connections("cluster-b") >= 2
+
+
+def test_a_job_whose_role_reads_slowly_holds_up_no_other_job(pair: Pair) -> None:
+    size = 64 * KIB
+    with (
+        pair.link("a", "slow", "G", "D", window_frames=8) as g1,
+        pair.link("b", "slow", "D", "G") as d1,
+        pair.link("a", "fast", "G", "D") as g2,
+        pair.link("b", "fast", "D", "G") as d2,
+    ):
+        # job "slow" sends far more than its peer takes (its role reads nothing yet)
+        slow = threading.Thread(target=_stream, args=(g1, 200, size), daemon=True)
+        slow.start()
+        _wait(lambda: g1.unacknowledged() == 8, "the slow job's window to fill")
+        started = time.monotonic()
+        sent: list[str] = []
+        fast = threading.Thread(target=lambda: sent.append(_stream(g2, 100, size)))
+        fast.start()
+        received = _receive(d2, 100, lambda i: None)
+        fast.join(timeout=30)
+        assert received == sent[0]
+        fast_s = time.monotonic() - started
+        assert slow.is_alive(), "the slow job should still be waiting on its reader"
+        expected = hashlib.sha256()
+        for i in range(200):
+            expected.update(i.to_bytes(4, "big") + bytes([i % 251]) * (size - 4))
+        assert _receive(d1, 200, lambda i: None) == expected.hexdigest()
+        slow.join(timeout=30)
+    assert fast_s < 30
+
+
+def test_the_link_estimate_tracks_the_shaper(make_pair: Callable[..., Pair]) -> None:
+    """10 Mbit/s and 20 ms one way (each switch shapes what it sends, acknowledgements
+    included): the estimate is within 15% of 1.25 MB/s and 40 ms (+25 ms) round trip."""
+    pair = make_pair(shaper=ShaperConfig(rate_mbit=10, delay_ms=20), ping_interval_s=0.25)
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        frames, size = 48, 64 * KIB  # 3 MiB: about 2.5 s at 1.25 MB/s
+        sender = threading.Thread(target=_stream, args=(g, frames, size))
+        sender.start()
+        _receive(d, frames, lambda i: None)
+        sender.join()
+        _wait(lambda: (e := g.link_estimate()) is not None and e.samples >= 10, "an estimate")
+        estimate = g.link_estimate()
+        assert estimate is not None
+        assert estimate.bandwidth_bytes_per_s == pytest.approx(1.25e6, rel=0.15)
+        assert 0.040 <= estimate.rtt_s <= 0.065, estimate
+        assert d.link_estimate() is None  # nothing was sent the other way: not measured
+        series = 'nebula_switch_link_rtt_seconds{job="j",peer="cluster-b"}'
+        _wait(lambda: series in pair.a.metrics_text().decode(), "the job's series on /metrics")
+        line = next(ln for ln in pair.a.metrics_text().decode().splitlines() if series in ln)
+        assert 0.040 <= float(line.split()[-1]) <= 0.065
+    # the job's series go with its attempt; the switch's own figure stays
+    assert pair.a.wait_role_ended("j", "G", timeout=10)
+    assert series not in pair.a.metrics_text().decode()
+    assert pair.a.link_estimate("cluster-b") is not None
