@@ -432,10 +432,14 @@ def reactivate(db: Session, *, actor: Actor, user: User) -> None:
     _set_status(db, actor=actor, user=user, status=UserStatus.active, action="user.reactivate")
 
 
-def delete_user(db: Session, *, actor: Actor, user: User) -> None:
-    """Mark deleted: login refused, credentials and data-access grants (both ways) revoked."""
+def delete_user(db: Session, *, actor: Actor, user: User) -> list[grants.EndedRequest]:
+    """Mark deleted: login refused, credentials and data-access grants (both ways) revoked.
+
+    Returns the requests it ended: the caller stops the jobs of those that were grants,
+    after the commit.
+    """
     _set_status(db, actor=actor, user=user, status=UserStatus.deleted, action="user.delete")
-    grants.end_grants_of_user(db, actor=actor, user_id=user.id)
+    return grants.end_grants_of_user(db, actor=actor, user_id=user.id)
 
 
 def purge_expired(db: Session, *, settings: Settings) -> int:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Engine, func, select, true, update
+from sqlalchemy import func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
@@ -234,40 +235,34 @@ def _fail_jobs_that_lost_a_grant(
     return failed
 
 
-def fail_jobs_using_grant(
-    db: Session, *, requester_id: str, dataset_id: str, request_id: str
-) -> list[str]:
-    """Fail the requester's live jobs that use a dataset whose grant was just revoked.
+def stop_jobs_of_ended_grants(db: Session, *, ended: Iterable[grants.EndedRequest]) -> list[str]:
+    """Fail the live jobs that rested on grants that just ended; returns their ids.
 
-    A job using the dataset itself, or an unreleased output derived from it, fails.
+    The caller that ended the grants calls this after committing that: the revocation
+    stands whatever happens here, and the reaper's next pass fails whatever this missed.
+    A requester's job using the dataset itself, or an unreleased output derived from it,
+    fails.
     """
-    revoked = grants.EndedGrant(grant_id=request_id, dataset_id=dataset_id, state="revoked")
-    return _fail_jobs_that_lost_a_grant(db, where=Job.owner_id == requester_id, revoked=revoked)
+    failed: list[str] = []
+    for end in ended:
+        if not end.was_granted:
+            continue
+        revoked = grants.EndedGrant(
+            grant_id=end.request_id, dataset_id=end.dataset_id, state=end.state
+        )
+        failed += _fail_jobs_that_lost_a_grant(
+            db, where=Job.owner_id == end.requester_id, revoked=revoked
+        )
+    return failed
 
 
 def fail_jobs_whose_grants_ended(db: Session) -> list[str]:
     """Fail every live job whose inputs rest on a grant that expired or ended; not committed.
 
-    The reaper calls this each pass: expiry has no moment at which to act, and a
-    revocation whose hook failed is caught here too.
+    The reaper calls this each pass: expiry has no moment at which to act, and a job that
+    a revocation's caller did not stop is caught here too.
     """
     return _fail_jobs_that_lost_a_grant(db, where=true())
-
-
-def stop_jobs_on_revoked_grant(bind: Engine | Connection, request_id: str) -> None:
-    """Grant-revocation hook: the requester's live jobs using that dataset fail at once."""
-    from app.grants.models import AccessRequest
-
-    with Session(bind=bind) as db:
-        request = db.get(AccessRequest, request_id)
-        if request is not None:
-            fail_jobs_using_grant(
-                db,
-                requester_id=request.requester_id,
-                dataset_id=request.dataset_id,
-                request_id=request_id,
-            )
-            db.commit()
 
 
 def set_paused_for_owner(db: Session, *, owner_id: str, paused: bool) -> int:
@@ -505,6 +500,3 @@ def stale_roles(db: Session, *, older_than: timedelta) -> list[tuple[Job, JobRol
         )
     ).all()
     return [(job, role) for job, role in rows]
-
-
-grants.on_grant_revoked.append(stop_jobs_on_revoked_grant)

@@ -384,8 +384,12 @@ def update(
     return dataset
 
 
-def delete(db: Session, *, actor: Actor, dataset: Dataset, settings: Settings) -> None:
-    """Soft-delete: quota given back, requests on it ended, file removed; committed here."""
+def delete(db: Session, *, actor: Actor, dataset: Dataset) -> list[grants.EndedRequest]:
+    """Soft-delete: quota given back, requests on it ended (returned, for their jobs to stop).
+
+    The caller removes the file (`remove_file`) after the commit: a crash in between
+    leaves an unreadable orphan, never a dataset row without its file.
+    """
     if dataset.workspace_id is not None:
         workspace = workspaces.lock(db, workspace_id=dataset.workspace_id)
         if workspace is not None:
@@ -398,12 +402,17 @@ def delete(db: Session, *, actor: Actor, dataset: Dataset, settings: Settings) -
         action="dataset.delete",
         subject_type="dataset",
         subject_id=dataset.id,
-        details={"size_bytes": dataset.size_bytes, "requests_ended": ended},
+        details={
+            "size_bytes": dataset.size_bytes,
+            "requests_ended": [end.request_id for end in ended],
+        },
     )
-    db.commit()
-    # After the commit: a crash in between leaves an unreadable orphan, never a dataset
-    # row without its file.
-    workspaces.dataset_path(settings, dataset.id).unlink(missing_ok=True)
+    return ended
+
+
+def remove_file(settings: Settings, dataset_id: str) -> None:
+    """Remove a deleted dataset's encrypted file (after the commit of its deletion)."""
+    workspaces.dataset_path(settings, dataset_id).unlink(missing_ok=True)
 
 
 def open_for_download(
