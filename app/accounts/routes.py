@@ -54,6 +54,7 @@ def login(
     user, issued = service.login(
         db, email=body.email, password=body.password, ip=client_ip(request), settings=settings
     )
+    db.commit()
     max_age = settings.session_ttl_hours * 3600
     secure = settings.cookie_secure or request.url.scheme == "https"
     response.set_cookie(

@@ -24,6 +24,7 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.grants.models import AccessRequest, AccessStatus
 from app.releases import provenance
 from app.settings import Settings
+from app.unit_of_work import commit_before_raising
 from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset, Workspace
 from app.workspaces.storage import DatasetReader
@@ -240,9 +241,10 @@ def open_dataset_for_job(
 ) -> DatasetReader:
     """A decrypting reader of the dataset for a job of `user_id`, checked now and audited.
 
-    The grant is checked at the moment of use (an expired or revoked grant refuses), the
-    `dataset.use` event (or its denial) is committed here whatever the job does next, and
-    the reader holds no session. NotFound: not visible; Forbidden: visible, no active grant.
+    The grant is checked at the moment of use (an expired or revoked grant refuses) and
+    the `dataset.use` event recorded, for the caller to commit before the first byte
+    leaves (a denial is committed here, before the error); the reader holds no session.
+    NotFound: not visible; Forbidden: visible, no active grant.
     """
     actor = Actor(user_id=user_id)
     dataset = _live_dataset(db, dataset_id)
@@ -267,7 +269,7 @@ def open_dataset_for_job(
             outcome="denied",
             details=details,
         )
-        db.commit()
+        commit_before_raising(db)
         if refusal is None:
             raise NotFound()
         raise Forbidden(refusal)
@@ -288,7 +290,6 @@ def open_dataset_for_job(
             "grant_ids": active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id),
         },
     )
-    db.commit()
     return workspaces.reader_for(dataset, data_key=key, settings=settings)
 
 

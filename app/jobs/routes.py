@@ -69,6 +69,7 @@ def submit_job(
     )
     db.commit()
     dispatch.dispatch_job(db, settings=settings, job_id=job.id)
+    db.commit()
     return JobAccepted(id=job.id, status=job.status.value)
 
 

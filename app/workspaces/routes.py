@@ -246,6 +246,7 @@ def get_dataset_content(
         forbidden="grants allow use in jobs, not download",
     )
     reader = datasets.open_for_download(db, actor=caller.actor, dataset=dataset, settings=settings)
+    db.commit()  # the download is audited before the first byte leaves
     chunks = reader.iter_chunks()
     # Authenticate the first chunk before answering 200: a damaged header or first chunk
     # is a clean error; later damage ends the stream early, never with unchecked bytes.

@@ -26,7 +26,7 @@ from app.accounts.models import Role
 from app.audit.models import AuditEvent
 from app.db import utcnow
 from app.grants.models import AccessRequest
-from app.jobs import service as jobs
+from app.jobs import attempts
 from app.jobs.models import Job, JobMetric, JobStatus
 from app.pki import service as pki
 from app.settings import Settings
@@ -314,7 +314,7 @@ def test_a_fenced_attempt_is_refused_everywhere(site: Site) -> None:
     with site.platform.factory() as db:
         job = db.get(Job, site.job_id)
         assert job is not None
-        jobs.restart_attempt(db, job=job, reason="test")
+        attempts.restart_attempt(db, job=job, reason="test")
         db.commit()
     for method, what, kwargs in (
         ("POST", "heartbeat", {}),

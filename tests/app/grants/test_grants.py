@@ -60,6 +60,7 @@ def use(platform: Platform, settings: Settings, user: Account, dataset_id: str) 
         reader = grants.open_dataset_for_job(
             db, user_id=user.id, dataset_id=dataset_id, job_id="job-42", settings=settings
         )
+        db.commit()  # the caller owns the unit: the use is recorded with its commit
     return list(reader.iter_lines())
 
 
