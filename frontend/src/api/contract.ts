@@ -17,6 +17,7 @@ import type {
   JobMetrics,
   JobOverview,
   JobSubmission,
+  NamedAuditEvent,
   NewApiToken,
   Page,
   Presence,
@@ -51,6 +52,8 @@ export type AnswersTheUiReads = [
   Fits<Schemas["MetricsOut"], JobMetrics>,
   Fits<Schemas["ArtifactOut"], Artifact>,
   Fits<Schemas["AuditEventOut"], AuditEvent>,
+  Fits<Schemas["AuditEventNamedOut"], NamedAuditEvent>,
+  Fits<Schemas["AuditNamedList"], Page<NamedAuditEvent>>,
   Fits<Schemas["VerificationOut"], AuditVerification>,
 ];
 

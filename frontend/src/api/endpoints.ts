@@ -15,6 +15,7 @@ import type {
   JobMetrics,
   JobOverview,
   JobSubmission,
+  NamedAuditEvent,
   NewApiToken,
   Page,
   Presence,
@@ -163,7 +164,7 @@ export interface AuditFilter extends PageQuery {
 }
 
 export const audit = {
-  list: (filter: AuditFilter) => page<AuditEvent>("/audit", { ...filter }),
+  list: (filter: AuditFilter) => page<NamedAuditEvent>("/audit", { ...filter }),
   verify: () => api.get<AuditVerification>("/audit/verify"),
   /** The whole log in chain order. */
   exportUrl: (format: "jsonl" | "csv") => buildUrl("/audit/export", { format }),

@@ -157,7 +157,7 @@ export interface paths {
         };
         /**
          * List Events
-         * @description Events, newest first, filtered.
+         * @description Events, newest first, filtered; with the names their actors and subjects have now.
          */
         get: operations["list_events_api_v1_audit_get"];
         put?: never;
@@ -1676,6 +1676,53 @@ export interface components {
             /** Size Bytes */
             size_bytes: number;
         };
+        /**
+         * AuditEventNamedOut
+         * @description An event with what its ids name now, beside them (not part of the chained event).
+         */
+        AuditEventNamedOut: {
+            /** Action */
+            action: string;
+            /** @description the user behind actor_id, if any */
+            actor: components["schemas"]["PersonOut"] | null;
+            /** Actor Id */
+            actor_id: string | null;
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Details */
+            details: {
+                [key: string]: unknown;
+            };
+            /** Hash */
+            hash: string;
+            /** Id */
+            id: string;
+            /** Ip */
+            ip: string | null;
+            /** Outcome */
+            outcome: string;
+            /** Prev Hash */
+            prev_hash: string;
+            /** Seq */
+            seq: number;
+            /**
+             * Subject Email
+             * @description the subject's email when it is a user
+             */
+            subject_email: string | null;
+            /** Subject Id */
+            subject_id: string | null;
+            /**
+             * Subject Name
+             * @description the subject's name: a user's display name, a dataset's, workspace's or cluster's name, a job's kind
+             */
+            subject_name: string | null;
+            /** Subject Type */
+            subject_type: string | null;
+        };
         /** AuditEventOut */
         AuditEventOut: {
             /** Action */
@@ -1712,6 +1759,13 @@ export interface components {
         AuditList: {
             /** Items */
             items: components["schemas"]["AuditEventOut"][];
+            /** Total */
+            total: number;
+        };
+        /** AuditNamedList */
+        AuditNamedList: {
+            /** Items */
+            items: components["schemas"]["AuditEventNamedOut"][];
             /** Total */
             total: number;
         };
@@ -2338,6 +2392,16 @@ export interface components {
              * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
              */
             new_password: string;
+        };
+        /**
+         * PersonOut
+         * @description Who a user id is, as the auditor reads it.
+         */
+        PersonOut: {
+            /** Display Name */
+            display_name: string;
+            /** Email */
+            email: string;
         };
         /** PresenceAnswer */
         PresenceAnswer: {
@@ -3149,7 +3213,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["AuditList"];
+                    "application/json": components["schemas"]["AuditNamedList"];
                 };
             };
             400: components["responses"]["BadRequest"];

@@ -266,6 +266,19 @@ export interface AuditEvent {
   prev_hash: string | null;
 }
 
+/** Who a user id is, as the audit listing names it. */
+export interface AuditPerson {
+  email: string;
+  display_name: string;
+}
+
+/** An event of the audit listing, with the names its ids have now (not part of the chain). */
+export interface NamedAuditEvent extends AuditEvent {
+  actor: AuditPerson | null;
+  subject_name: string | null;
+  subject_email: string | null;
+}
+
 /** One finding of the audit chain's verification, over a run of events. */
 export interface AuditProblem {
   kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored";
