@@ -102,39 +102,87 @@ SOURCE, TARGET = 0, 1  # the columns of a parallel corpus (source \t target)
 
 
 class RoleSpec(BaseModel):
-    """One role of a job kind: its peer, what it may read, and what it stores."""
+    """One role of a job kind: its peer, what it may read, what it stores, what its cluster
+    receives (as the web UI tells it)."""
 
     peer: str
     # input name -> the column of a parallel corpus the role receives (None: all of it)
     reads: dict[str, int | None]
     artifact: str | None = None  # the kind of artifact the role stores, if any
+    # input name -> a boolean field of the job's config: the role reads that input only
+    # while the field is true
+    read_if: dict[str, str] = {}
+    label: str = ""
+    hint: str = ""
+    sees: str = ""  # what the role's cluster receives
+    sees_otherwise: str = ""  # ... when a `read_if` field is false
+
+
+class InputText(BaseModel):
+    """How the web UI names an input."""
+
+    label: str
+    hint: str = ""
 
 
 class JobKindSpec(BaseModel):
     """What a job kind needs: its config model, roles, and inputs (name -> dataset kind)."""
 
+    label: str
+    description: str
     config: type[JobConfig]
     roles: dict[str, RoleSpec]
     inputs: dict[str, str]
     optional_inputs: dict[str, str] = {}
+    input_text: dict[str, InputText] = {}
     primary_role: str  # the role whose steps measure the job's progress
     # roles that must run on different clusters: ABNet's encoder gets only the source
     # column and its decoder only the target, so that no cluster holds a sentence pair
     apart: tuple[str, ...] = ()
 
 
+_GENERATOR_SEES = (
+    "The whole text, decrypted after the grant check; it trains the tokenizer and the generator."
+)
+
 KINDS: dict[str, JobKindSpec] = {
     "electra_pretrain": JobKindSpec(
+        label="ELECTRA pre-training",
+        description="Generator on one cluster, discriminators on another; only token ids and "
+        "a small sync tensor cross the link.",
         config=ElectraJobConfig,
         roles={
-            "generator": RoleSpec(peer="discriminator", reads={"text": None}),
-            # reads the text too unless the job's config says discriminator_reads_text=false
-            "discriminator": RoleSpec(peer="generator", reads={"text": None}, artifact="model"),
+            "generator": RoleSpec(
+                peer="discriminator",
+                reads={"text": None},
+                label="Generator",
+                hint="Masks tokens and proposes replacements.",
+                sees=_GENERATOR_SEES,
+            ),
+            "discriminator": RoleSpec(
+                peer="generator",
+                reads={"text": None},
+                read_if={"text": "discriminator_reads_text"},
+                artifact="model",
+                label="Discriminator",
+                hint="Detects replaced tokens; the root scatters to sub-discriminators.",
+                sees="The whole text too (its own copy, to rebuild the sequences), the "
+                "tokenizer, and only the replaced tokens from the generator. It writes the "
+                "model, with the tokenizer.",
+                # neither mode hides the text from the discriminators' cluster
+                sees_otherwise="No copy of the dataset, but every corrupted sequence (about "
+                "85% of its tokens as in the text) and the tokenizer to decode them: it can "
+                "read the text nearly verbatim. It writes the model, with the tokenizer.",
+            ),
         },
         inputs={"text": "text"},
+        input_text={"text": InputText(label="Text corpus")},
         primary_role="discriminator",
     ),
     "abnet_finetune": JobKindSpec(
+        label="ABNet fine-tuning",
+        description="Frozen source model with adapters on one cluster, frozen target model "
+        "with cross-attention adapters on another.",
         config=AbnetJobConfig,
         roles={
             # each side of a parallel corpus gets only its own column: no cluster holds pairs
@@ -142,15 +190,33 @@ KINDS: dict[str, JobKindSpec] = {
                 peer="decoder",
                 reads={"parallel": SOURCE, "eval": SOURCE, "source_model": None},
                 artifact="adapters",
+                label="Encoder",
+                hint="Source side: sends activations, receives gradients.",
+                sees="The source column of the parallel corpus and the source model; "
+                "gradients from the decoder. Never a target sentence.",
             ),
             "decoder": RoleSpec(
                 peer="encoder",
                 reads={"parallel": TARGET, "eval": TARGET, "target_model": None},
                 artifact="adapters",
+                label="Decoder",
+                hint="Target side: receives activations, sends gradients.",
+                sees="The target column and the target model; the encoder's (compressed) "
+                "activations of each source sentence, which carry what it says. Never the "
+                "source text itself. Both roles on one cluster is refused.",
             ),
         },
         inputs={"parallel": "parallel", "source_model": "model", "target_model": "model"},
         optional_inputs={"eval": "parallel"},
+        input_text={
+            "parallel": InputText(label="Parallel corpus"),
+            "source_model": InputText(label="Source model"),
+            "target_model": InputText(label="Target model"),
+            "eval": InputText(
+                label="Evaluation split",
+                hint="Optional parallel test split: the job reports BLEU on it.",
+            ),
+        },
         primary_role="decoder",
         apart=("encoder", "decoder"),
     ),
@@ -192,7 +258,9 @@ def job_roles(kind: str, config: dict[str, Any], placement: dict[str, str]) -> d
 
 def role_reads(kind: str, role: str, config: dict[str, Any]) -> dict[str, int | None]:
     """The inputs one role of a job may read, with the column it gets of each."""
-    reads = dict(role_spec(kind, role).reads)
-    if role == "discriminator" and not config.get("discriminator_reads_text", True):
-        reads.pop("text")
+    spec = role_spec(kind, role)
+    reads = dict(spec.reads)
+    for name, flag in spec.read_if.items():
+        if not config.get(flag, True):
+            reads.pop(name, None)
     return reads

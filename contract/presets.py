@@ -12,6 +12,12 @@ from typing import Any, Literal
 
 Preset = Literal["tiny", "paper"]
 
+# what the web UI says of each preset
+PRESET_HINTS: dict[str, str] = {
+    "tiny": "Small models and few steps: runs on CPU in minutes. Good for a first try.",
+    "paper": "The paper's model sizes: needs accelerators and hours.",
+}
+
 ELECTRA_PRESETS: dict[str, dict[str, Any]] = {
     # trains in a couple of minutes on 2 CPU cores
     "tiny": {

@@ -168,3 +168,50 @@ class JobOverviewOut(BaseModel):
 class JobOverviewList(BaseModel):
     items: list[JobOverviewOut]
     total: int
+
+
+class JobRoleKindOut(BaseModel):
+    """One role of a job kind, as `GET /job-kinds` tells it."""
+
+    name: str
+    label: str
+    hint: str
+    peer: str
+    reads: list[str]  # the inputs the role may read
+    read_if: dict[str, str]  # input -> config field: read only while it is true
+    artifact: str | None  # the kind of artifact the role stores
+    sees: str  # what the role's cluster receives
+    sees_otherwise: str  # ... when a `read_if` field is false
+
+
+class JobInputKindOut(BaseModel):
+    name: str
+    kind: str  # the dataset kind it must be
+    optional: bool
+    label: str
+    hint: str
+
+
+class JobPresetOut(BaseModel):
+    name: str
+    hint: str
+    values: dict[str, Any]  # the training-config fields the preset sets
+
+
+class JobKindOut(BaseModel):
+    """One job kind: everything a client needs to offer, submit and explain it."""
+
+    kind: JobKindName
+    label: str
+    description: str
+    primary_role: str  # its steps measure the job's progress
+    apart: list[str]  # roles that must run on different clusters
+    roles: list[JobRoleKindOut]
+    inputs: list[JobInputKindOut]
+    presets: list[JobPresetOut]
+    config_fields: list[str]  # what a submission's config may hold
+    config_schema: dict[str, Any]  # its JSON Schema
+
+
+class JobKindList(BaseModel):
+    items: list[JobKindOut]

@@ -19,13 +19,21 @@ from app.db import newest_first, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
-from app.jobs.schemas import JobSubmitIn
+from app.jobs.schemas import (
+    JobInputKindOut,
+    JobKindList,
+    JobKindOut,
+    JobPresetOut,
+    JobRoleKindOut,
+    JobSubmitIn,
+)
 from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
 from contract.kinds import KINDS, job_roles
+from contract.presets import PRESET_HINTS
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
 
@@ -503,3 +511,53 @@ def stale_roles(db: Session, *, older_than: timedelta) -> list[tuple[Job, JobRol
 
 
 grants.on_grant_revoked.append(stop_jobs_on_revoked_grant)
+
+
+def kind_table() -> JobKindList:
+    """The job kinds table (contract.kinds) as `GET /job-kinds` serves it."""
+    items = []
+    for name, spec in KINDS.items():
+        tiny = spec.config.PRESETS["tiny"]
+        inputs = [
+            JobInputKindOut(
+                name=input_name,
+                kind=dataset_kind,
+                optional=input_name in spec.optional_inputs,
+                label=spec.input_text[input_name].label,
+                hint=spec.input_text[input_name].hint,
+            )
+            for input_name, dataset_kind in {**spec.inputs, **spec.optional_inputs}.items()
+        ]
+        roles = [
+            JobRoleKindOut(
+                name=role_name,
+                label=role.label,
+                hint=role.hint,
+                peer=role.peer,
+                reads=list(role.reads),
+                read_if=role.read_if,
+                artifact=role.artifact,
+                sees=role.sees,
+                sees_otherwise=role.sees_otherwise,
+            )
+            for role_name, role in spec.roles.items()
+        ]
+        presets = [
+            JobPresetOut(name=preset, hint=PRESET_HINTS[preset], values={**tiny, **values})
+            for preset, values in spec.config.PRESETS.items()
+        ]
+        items.append(
+            JobKindOut(
+                kind=name,
+                label=spec.label,
+                description=spec.description,
+                primary_role=spec.primary_role,
+                apart=list(spec.apart),
+                roles=roles,
+                inputs=inputs,
+                presets=presets,
+                config_fields=list(spec.config.model_fields),
+                config_schema=spec.config.model_json_schema(),
+            )
+        )
+    return JobKindList(items=items)
