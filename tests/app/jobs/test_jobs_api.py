@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -283,3 +284,15 @@ def test_the_job_kinds_table_is_served_and_a_job_built_from_it_is_accepted(
     assert status == 202, job
     rows = client.get(f"{API}/jobs/{job['id']}", headers=alice.headers).json()
     assert rows["total_steps"] == 3 and rows["placement"] == body["placement"]
+
+
+def test_the_web_uis_test_table_is_what_the_server_serves() -> None:
+    # the web UI's component tests answer GET /job-kinds with this file: it must not drift
+    from app.jobs.service import kind_table
+
+    fixture = Path(__file__).resolve().parents[3] / "frontend/src/test/job-kinds.json"
+    assert json.loads(fixture.read_text()) == kind_table().model_dump(mode="json"), (
+        "regenerate it: python -c 'import json; from app.jobs.service import kind_table; "
+        'print(json.dumps(kind_table().model_dump(mode="json"), indent=2, ensure_ascii=False))\''
+        " > frontend/src/test/job-kinds.json"
+    )
