@@ -10,6 +10,7 @@ A worker holds no database URL, no platform secret and no data key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -238,37 +239,25 @@ def _electra_discriminator(
     return run_electra_discriminator(cfg, link, text, ckpt_dir, hooks, seed=seed)
 
 
-def _abnet_encoder(
-    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int
+def _abnet_side(
+    cfg: Any,
+    link: Link,
+    inputs: RoleInputs,
+    ckpt_dir: Path,
+    hooks: Hooks,
+    seed: int,
+    *,
+    encoder: bool,
 ) -> RoleResult:
-    from workers.training.abnet import run_abnet_encoder
+    from workers.training.abnet import run_abnet_decoder, run_abnet_encoder
 
-    return run_abnet_encoder(
-        cfg,
-        link,
-        inputs.text("parallel"),
-        inputs.model(),
-        ckpt_dir,
-        hooks,
-        eval_source_lines=inputs.lines.get("eval"),
-        seed=seed,
-    )
-
-
-def _abnet_decoder(
-    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int
-) -> RoleResult:
-    from workers.training.abnet import run_abnet_decoder
-
+    lines, model, evals = inputs.text("parallel"), inputs.model(), inputs.lines.get("eval")
+    if encoder:
+        return run_abnet_encoder(
+            cfg, link, lines, model, ckpt_dir, hooks, eval_source_lines=evals, seed=seed
+        )
     return run_abnet_decoder(
-        cfg,
-        link,
-        inputs.text("parallel"),
-        inputs.model(),
-        ckpt_dir,
-        hooks,
-        eval_target_lines=inputs.lines.get("eval"),
-        seed=seed,
+        cfg, link, lines, model, ckpt_dir, hooks, eval_target_lines=evals, seed=seed
     )
 
 
@@ -276,8 +265,8 @@ def _abnet_decoder(
 ROLE_ENTRIES: dict[tuple[str, str], RoleEntry] = {
     ("electra_pretrain", "generator"): _electra_generator,
     ("electra_pretrain", "discriminator"): _electra_discriminator,
-    ("abnet_finetune", "encoder"): _abnet_encoder,
-    ("abnet_finetune", "decoder"): _abnet_decoder,
+    ("abnet_finetune", "encoder"): functools.partial(_abnet_side, encoder=True),
+    ("abnet_finetune", "decoder"): functools.partial(_abnet_side, encoder=False),
 }
 
 

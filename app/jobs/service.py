@@ -523,23 +523,12 @@ def kind_table() -> JobKindList:
                 name=input_name,
                 kind=dataset_kind,
                 optional=input_name in spec.optional_inputs,
-                label=spec.input_text[input_name].label,
-                hint=spec.input_text[input_name].hint,
+                **spec.input_text[input_name].model_dump(),
             )
             for input_name, dataset_kind in {**spec.inputs, **spec.optional_inputs}.items()
         ]
         roles = [
-            JobRoleKindOut(
-                name=role_name,
-                label=role.label,
-                hint=role.hint,
-                peer=role.peer,
-                reads=list(role.reads),
-                read_if=role.read_if,
-                artifact=role.artifact,
-                sees=role.sees,
-                sees_otherwise=role.sees_otherwise,
-            )
+            JobRoleKindOut(name=role_name, **{**role.model_dump(), "reads": list(role.reads)})
             for role_name, role in spec.roles.items()
         ]
         presets = [

@@ -38,6 +38,8 @@ export async function loadUsableDatasets(): Promise<UsableDatasets> {
   return { own, granted };
 }
 
+type NumericOption = Exclude<keyof AdvancedOptions, "discriminatorReadsText" | "forwardCodec" | "backwardCodec">;
+
 export function NewJobPage() {
   const [params] = useSearchParams();
   const navigate = useNavigate();
@@ -56,6 +58,24 @@ export function NewJobPage() {
   const kind = chosenKind ?? specs[0]?.kind; // the table's first kind until one is chosen
   const spec = specs.find((s) => s.kind === kind);
   const has = (field: string) => spec?.config_fields.includes(field) ?? false;
+  /** A number field of the advanced options, shown when the kind's config has `field`. */
+  const numeric = (kindSpec: JobKindSpec, id: string, label: string, key: NumericOption, field: string, min: number, max?: number) =>
+    has(field) ? (
+      <NumberField
+        id={id}
+        label={label}
+        min={min}
+        max={max}
+        placeholder={presetValue(kindSpec, preset, field)}
+        value={advanced[key]}
+        onChange={(v) => setAdvanced({ ...advanced, [key]: v })}
+      />
+    ) : null;
+  /** A codec spec field of the advanced options, shown when the kind's config has `field`. */
+  const codec = (kindSpec: JobKindSpec, id: string, label: string, key: "forwardCodec" | "backwardCodec", field: string) =>
+    has(field) ? (
+      <CodecField id={id} label={label} placeholder={presetValue(kindSpec, preset, field)} value={advanced[key]} onChange={(v) => setAdvanced({ ...advanced, [key]: v })} />
+    ) : null;
   const clusterNames = useMemo(() => (clusterList.data?.items ?? []).map((c) => c.name), [clusterList.data]);
 
   useEffect(() => {
@@ -256,85 +276,29 @@ export function NewJobPage() {
             <summary>Advanced options</summary>
             <p className="muted small">Leave blank to use the preset’s values.</p>
             <div className="form-grid">
-              <NumberField
-                id="job-steps"
-                label="Training steps"
-                min={1}
-                placeholder={presetValue(spec, preset, "steps")}
-                value={advanced.steps}
-                onChange={(v) => setAdvanced({ ...advanced, steps: v })}
-              />
-              <NumberField
-                id="job-batch"
-                label="Batch size"
-                min={2}
-                placeholder={presetValue(spec, preset, "batch_size")}
-                value={advanced.batchSize}
-                onChange={(v) => setAdvanced({ ...advanced, batchSize: v })}
-              />
-              <NumberField
-                id="job-ckpt"
-                label="Checkpoint every (steps)"
-                min={1}
-                placeholder={presetValue(spec, preset, "ckpt_every")}
-                value={advanced.ckptEvery}
-                onChange={(v) => setAdvanced({ ...advanced, ckptEvery: v })}
-              />
-              <NumberField id="job-seed" label="Seed" min={0} value={advanced.seed} onChange={(v) => setAdvanced({ ...advanced, seed: v })} />
-              {has("n_discriminators") ? (
-                <NumberField
-                  id="job-ndisc"
-                  label="Discriminators"
-                  min={1}
-                  max={16}
-                  placeholder={presetValue(spec, preset, "n_discriminators")}
-                  value={advanced.nDiscriminators}
-                  onChange={(v) => setAdvanced({ ...advanced, nDiscriminators: v })}
-                />
-              ) : null}
+              {numeric(spec, "job-steps", "Training steps", "steps", "steps", 1)}
+              {numeric(spec, "job-batch", "Batch size", "batchSize", "batch_size", 2)}
+              {numeric(spec, "job-ckpt", "Checkpoint every (steps)", "ckptEvery", "ckpt_every", 1)}
+              {numeric(spec, "job-seed", "Seed", "seed", "seed", 0)}
+              {numeric(spec, "job-ndisc", "Discriminators", "nDiscriminators", "n_discriminators", 1, 16)}
               {has("discriminator_reads_text") ? (
                 <div className="field field-check">
-                    <input
-                      id="job-reads-text"
-                      type="checkbox"
-                      checked={advanced.discriminatorReadsText}
-                      onChange={(e) => setAdvanced({ ...advanced, discriminatorReadsText: e.target.checked })}
-                    />
-                    <label htmlFor="job-reads-text">The discriminators’ cluster may read the text too (only masked positions cross the link)</label>
-                    <p className="hint">
-                      Either way that cluster can read the text: turned off, it keeps no copy of the dataset but receives every corrupted sequence and
-                      the tokenizer.
-                    </p>
-                  </div>
+                  <input
+                    id="job-reads-text"
+                    type="checkbox"
+                    checked={advanced.discriminatorReadsText}
+                    onChange={(e) => setAdvanced({ ...advanced, discriminatorReadsText: e.target.checked })}
+                  />
+                  <label htmlFor="job-reads-text">The discriminators’ cluster may read the text too (only masked positions cross the link)</label>
+                  <p className="hint">
+                    Either way that cluster can read the text: turned off, it keeps no copy of the dataset but receives every corrupted sequence and
+                    the tokenizer.
+                  </p>
+                </div>
               ) : null}
-              {has("forward_codec") ? (
-                <CodecField
-                  id="job-forward-codec"
-                  label="Activations codec (encoder → decoder)"
-                  placeholder={presetValue(spec, preset, "forward_codec")}
-                  value={advanced.forwardCodec}
-                  onChange={(v) => setAdvanced({ ...advanced, forwardCodec: v })}
-                />
-              ) : null}
-              {has("backward_codec") ? (
-                <CodecField
-                  id="job-backward-codec"
-                  label="Gradients codec (decoder → encoder)"
-                  placeholder={presetValue(spec, preset, "backward_codec")}
-                  value={advanced.backwardCodec}
-                  onChange={(v) => setAdvanced({ ...advanced, backwardCodec: v })}
-                />
-              ) : null}
-              {has("compress_from_step") ? (
-                <NumberField
-                  id="job-compress-from"
-                  label="Compress from step"
-                  min={0}
-                  placeholder={presetValue(spec, preset, "compress_from_step")}
-                  value={advanced.compressFromStep}
-                  onChange={(v) => setAdvanced({ ...advanced, compressFromStep: v })}
-                />
-              ) : null}
+              {codec(spec, "job-forward-codec", "Activations codec (encoder → decoder)", "forwardCodec", "forward_codec")}
+              {codec(spec, "job-backward-codec", "Gradients codec (decoder → encoder)", "backwardCodec", "backward_codec")}
+              {numeric(spec, "job-compress-from", "Compress from step", "compressFromStep", "compress_from_step", 0)}
             </div>
             {has("forward_codec") || has("backward_codec") ? (
               <datalist id="codec-suggestions">
