@@ -21,7 +21,21 @@ from urllib.parse import urlsplit
 import httpx
 
 from contract import API_PREFIX
-from contract.cluster_api import ClaimOut, Rendezvous
+from contract.cluster_api import (
+    ClaimIn,
+    ClaimOut,
+    EndedJobsIn,
+    EndedJobsOut,
+    FinishIn,
+    FinishOut,
+    HeartbeatOut,
+    MetricBatchIn,
+    MetricBatchOut,
+    MetricPoint,
+    PresenceAnswer,
+    PresenceIn,
+    Rendezvous,
+)
 
 log = logging.getLogger("nebula.cluster")
 
@@ -134,24 +148,29 @@ class ClusterClient:
 
     def report_presence(self, *, kind: str, instance: str, version: str, online: bool) -> float:
         """Report this switch or worker in (or leaving); how long until the next report."""
-        answer = self.http.post(
-            "/presence",
-            json={"kind": kind, "instance": instance, "version": version, "online": online},
+        # built unvalidated from the contract's model: the server judges the body
+        body = PresenceIn.model_construct(
+            kind=kind,  # type: ignore[arg-type]
+            instance=instance,
+            version=version,
+            online=online,
         )
+        answer = self.http.post("/presence", json=body.model_dump())
         _raise_for(answer)
-        return float(answer.json()["report_every_s"])
+        return PresenceAnswer.model_validate(answer.json()).report_every_s
 
     def ended_jobs(self, job_ids: list[str]) -> list[str]:
         """Of `job_ids`, those this cluster has no live part in any more."""
-        answer = self.http.post("/jobs/ended", json={"job_ids": job_ids})
+        answer = self.http.post(
+            "/jobs/ended", json=EndedJobsIn.model_construct(job_ids=job_ids).model_dump()
+        )
         _raise_for(answer)
-        return [str(j) for j in answer.json()["ended"]]
+        return EndedJobsOut.model_validate(answer.json()).ended
 
     def claim(self, *, job_id: str, role: str, attempt: int, worker: str) -> RoleSession:
         """Start the role's attempt; Fenced if it is stale, final or held."""
-        answer = self.http.post(
-            f"/jobs/{job_id}/roles/{role}/claim", json={"attempt": attempt, "worker": worker}
-        )
+        body = ClaimIn.model_construct(attempt=attempt, worker=worker)
+        answer = self.http.post(f"/jobs/{job_id}/roles/{role}/claim", json=body.model_dump())
         _raise_for(answer)
         return RoleSession(self, ClaimOut.model_validate(answer.json()))
 
@@ -177,18 +196,21 @@ class RoleSession:
 
     def heartbeat(self) -> None:
         """Beat and take the renewed token; Fenced once the attempt is over."""
-        self.token = str(self._post("heartbeat", {})["token"])
+        self.token = HeartbeatOut.model_validate(self._post("heartbeat", {})).token
 
     def post_metrics(
         self, *, seq: int, points: list[tuple[int, dict[str, float]]], checkpoint_step: int | None
     ) -> bool:
         """Send batch number `seq` (applied once however often it is sent)."""
-        body = {
-            "seq": seq,
-            "points": [{"step": step, "values": values} for step, values in points],
-            "checkpoint_step": checkpoint_step,
-        }
-        return bool(self._post("metrics", body)["applied"])
+        # unvalidated here: the server refuses a NaN or an oversized batch, as it always did
+        body = MetricBatchIn.model_construct(
+            seq=seq,
+            points=[
+                MetricPoint.model_construct(step=step, values=values) for step, values in points
+            ],
+            checkpoint_step=checkpoint_step,
+        )
+        return MetricBatchOut.model_validate(self._post("metrics", body.model_dump())).applied
 
     def read_input(self, name: str) -> Iterator[bytes]:
         """The input's decrypted bytes as they stream in."""
@@ -237,5 +259,9 @@ class RoleSession:
         self, outcome: str, *, error: str | None = None, report: dict[str, Any] | None = None
     ) -> str:
         """Report how the role ended; returns the job's status."""
-        body = {"outcome": outcome, "error": error, "report": report or {}}
-        return str(self._post("finish", body)["job_status"])
+        body = FinishIn.model_construct(
+            outcome=outcome,  # type: ignore[arg-type]
+            error=error,
+            report=report or {},
+        )
+        return FinishOut.model_validate(self._post("finish", body.model_dump())).job_status
