@@ -394,7 +394,11 @@ def _demo_corpus(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="nebula", description="Nebula control plane")
+    parser = argparse.ArgumentParser(
+        prog="nebula",
+        description="Nebula: the control plane, a cluster's switch and workers, "
+        "the whole platform on one machine and its demo",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the API and web UI")
