@@ -18,9 +18,9 @@ from app.audit import service as audit
 from app.audit.service import SYSTEM
 from app.db import utcnow
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
-from app.jobs.schemas import KINDS
 from app.jobs.service import ACTIVE_STATUSES, fail_job, finish_job
 from app.jobs.states import FINAL_STATUSES
+from contract.kinds import KINDS
 
 
 def _fenced_role(

@@ -1,4 +1,7 @@
-"""Who commits: the owner of a unit of work, never a service (see app/__init__.py)."""
+"""Who commits: the owner of a unit of work, never a service (see app/__init__.py).
+
+The commands (cli/) own their units of work and lie outside app/.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +14,6 @@ APP = Path(app.__file__).parent
 
 # Owners of units of work outside the routes, and why each may commit.
 OWNERS = {
-    "cli.py": "a command is a unit of work",
-    "up.py": "the local platform's start-up steps",
-    "demo.py": "the demo's own steps",
     "unit_of_work.py": "the three named moments at which a service ends a transaction",
     "db.py": "begin_writing ends a read-only transaction that changed nothing",
     "deps.py": "the credential lookup's read ends before the endpoint's transaction",
