@@ -39,7 +39,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
-    """One session per request; services commit their own units of work.
+    """One session per request; the route commits its unit of work (app/__init__.py).
 
     Reads (GET, HEAD) get read-only transactions: they take no write lock and cannot
     write, except where a service says so with `begin_writing` (audited denials, downloads).
