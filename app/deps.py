@@ -20,11 +20,11 @@ from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
 from app.openapi import security
 from app.settings import Settings
+from contract import API_PREFIX as API_PREFIX
 
 SESSION_COOKIE = "nebula_session"
 CSRF_COOKIE = "nebula_csrf"
 CSRF_HEADER = "X-CSRF-Token"
-API_PREFIX = "/api/v1"
 CLUSTER_API_PREFIX = f"{API_PREFIX}/cluster/"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -39,7 +39,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
-    """One session per request; services commit their own units of work.
+    """One session per request; the route commits its unit of work (app/__init__.py).
 
     Reads (GET, HEAD) get read-only transactions: they take no write lock and cannot
     write, except where a service says so with `begin_writing` (audited denials, downloads).

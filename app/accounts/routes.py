@@ -38,6 +38,7 @@ from app.deps import (
 )
 from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, raises
 from app.fields import TokenIdPath, UserIdPath
+from app.jobs import service as jobs
 from app.keyring import Purpose, subkey
 from app.settings import Settings
 
@@ -53,6 +54,7 @@ def login(
     user, issued = service.login(
         db, email=body.email, password=body.password, ip=client_ip(request), settings=settings
     )
+    db.commit()
     max_age = settings.session_ttl_hours * 3600
     secure = settings.cookie_secure or request.url.scheme == "https"
     response.set_cookie(
@@ -265,5 +267,7 @@ def reactivate_user(user_id: UserIdPath, caller: AdminDep, db: SessionDep) -> Us
 @raises(Conflict)
 def delete_user(user_id: UserIdPath, caller: AdminDep, db: SessionDep) -> None:
     """Mark a user deleted; the audit trail stays."""
-    service.delete_user(db, actor=caller.actor, user=service.get_user(db, user_id=user_id))
+    ended = service.delete_user(db, actor=caller.actor, user=service.get_user(db, user_id=user_id))
+    db.commit()
+    jobs.stop_jobs_of_ended_grants(db, ended=ended)
     db.commit()

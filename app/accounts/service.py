@@ -17,6 +17,7 @@ from app.db import begin_reading, begin_writing, newest_first, utcnow
 from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
+from app.unit_of_work import commit_before_raising, commit_before_waiting
 from app.workspaces import service as workspaces
 
 LOGIN_FAILED = "invalid email or password"
@@ -153,11 +154,11 @@ def _begin_attempt(
             subject_id=door.subject_id,
             outcome="locked",
         )
-        db.commit()
+        commit_before_raising(db)
         raise TooManyAttempts(door.locked_message)
     attempt = LoginFailure(email=email, ip=ip)
     db.add(attempt)
-    db.commit()
+    commit_before_waiting(db)  # counted before argon2 runs
     return attempt.id
 
 
@@ -187,7 +188,7 @@ def login(
     attempt = _begin_attempt(db, door=door, email=email, ip=ip, settings=settings)
     begin_reading(db)
     user = db.scalar(select(User).where(User.email == email))
-    db.commit()
+    commit_before_waiting(db)
     if user is None:
         passwords.burn_verify(password, settings)
         ok, checked_hash = False, None
@@ -208,7 +209,7 @@ def login(
             subject_id=user.id if user else email[:64],
             outcome="failure",
         )
-        db.commit()
+        commit_before_raising(db)
         raise NotAuthenticated(LOGIN_FAILED)
     _attempt_succeeded(db, attempt)
     issued = _issue(
@@ -225,7 +226,6 @@ def login(
         subject_type="user",
         subject_id=user.id,
     )
-    db.commit()
     return user, issued
 
 
@@ -309,7 +309,7 @@ def change_password(
             subject_id=user.id,
             outcome="failure",
         )
-        db.commit()
+        commit_before_raising(db)
         raise NotAuthenticated("current password is wrong")
     passwords.check_policy(new_password, email=user.email)
     new_hash = passwords.hash_password(new_password, settings)  # before any statement: no lock
@@ -432,10 +432,14 @@ def reactivate(db: Session, *, actor: Actor, user: User) -> None:
     _set_status(db, actor=actor, user=user, status=UserStatus.active, action="user.reactivate")
 
 
-def delete_user(db: Session, *, actor: Actor, user: User) -> None:
-    """Mark deleted: login refused, credentials and data-access grants (both ways) revoked."""
+def delete_user(db: Session, *, actor: Actor, user: User) -> list[grants.EndedRequest]:
+    """Mark deleted: login refused, credentials and data-access grants (both ways) revoked.
+
+    Returns the requests it ended: the caller stops the jobs of those that were grants,
+    after the commit.
+    """
     _set_status(db, actor=actor, user=user, status=UserStatus.deleted, action="user.delete")
-    grants.end_grants_of_user(db, actor=actor, user_id=user.id)
+    return grants.end_grants_of_user(db, actor=actor, user_id=user.id)
 
 
 def purge_expired(db: Session, *, settings: Settings) -> int:

@@ -11,9 +11,18 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from app.audit import service
+from app.audit import names, service
 from app.audit.anchor import anchor_signing_key, public_key_b64
-from app.audit.schemas import AnchorOut, AuditEventOut, AuditList, ProblemOut, VerificationOut
+from app.audit.models import AuditEvent
+from app.audit.schemas import (
+    AnchorOut,
+    AuditEventNamedOut,
+    AuditEventOut,
+    AuditNamedList,
+    PersonOut,
+    ProblemOut,
+    VerificationOut,
+)
 from app.db import begin_writing, session_scope
 from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
 from app.errors import NotFound, raises
@@ -24,7 +33,7 @@ router = APIRouter(prefix=API_PREFIX, tags=["audit"])
 _FIELDS = list(AuditEventOut.model_fields)
 
 
-@router.get("/audit", response_model=AuditList)
+@router.get("/audit", response_model=AuditNamedList)
 def list_events(
     caller: AuditorDep,
     db: SessionDep,
@@ -35,8 +44,8 @@ def list_events(
     subject_id: Annotated[str | None, Query(max_length=64)] = None,
     since: Annotated[Timestamp | None, Query()] = None,
     until: Annotated[Timestamp | None, Query()] = None,
-) -> AuditList:
-    """Events, newest first, filtered."""
+) -> AuditNamedList:
+    """Events, newest first, filtered; with the names their actors and subjects have now."""
     items, total = service.query(
         db,
         actor_id=actor_id,
@@ -48,7 +57,19 @@ def list_events(
         limit=page.limit,
         offset=page.offset,
     )
-    return AuditList(items=[AuditEventOut.model_validate(e) for e in items], total=total)
+    found = names.resolve(db, items)
+    return AuditNamedList(items=[_named(e, found) for e in items], total=total)
+
+
+def _named(event: AuditEvent, found: names.Names) -> AuditEventNamedOut:
+    actor = found.actor(event)
+    subject_name, subject_email = found.subject(event)
+    return AuditEventNamedOut(
+        **AuditEventOut.model_validate(event).model_dump(),
+        actor=PersonOut(email=actor.email, display_name=actor.display_name) if actor else None,
+        subject_name=subject_name,
+        subject_email=subject_email,
+    )
 
 
 @router.get("/audit/verify", response_model=VerificationOut)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class AuditEventOut(BaseModel):
@@ -27,6 +27,29 @@ class AuditEventOut(BaseModel):
 
 class AuditList(BaseModel):
     items: list[AuditEventOut]
+    total: int
+
+
+class PersonOut(BaseModel):
+    """Who a user id is, as the auditor reads it."""
+
+    email: str
+    display_name: str
+
+
+class AuditEventNamedOut(AuditEventOut):
+    """An event with what its ids name now, beside them (not part of the chained event)."""
+
+    actor: PersonOut | None = Field(description="the user behind actor_id, if any")
+    subject_name: str | None = Field(
+        description="the subject's name: a user's display name, a dataset's, workspace's or"
+        " cluster's name, a job's kind"
+    )
+    subject_email: str | None = Field(description="the subject's email when it is a user")
+
+
+class AuditNamedList(BaseModel):
+    items: list[AuditEventNamedOut]
     total: int
 
 

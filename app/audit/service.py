@@ -22,6 +22,7 @@ from app.db import begin_writing, utcnow
 from app.errors import Forbidden, NotFound
 from app.keyring import Purpose, subkey
 from app.settings import Settings
+from app.unit_of_work import commit_before_raising, commit_before_waiting
 
 log = logging.getLogger("nebula.audit")
 
@@ -152,7 +153,7 @@ def deny(
         outcome="denied",
         details={"status": 403 if forbidden else 404},
     )
-    db.commit()
+    commit_before_raising(db)
     if forbidden:
         raise Forbidden(forbidden)
     raise NotFound()
@@ -385,8 +386,8 @@ def iter_all(db: Session, *, batch: int = 1000) -> Iterator[AuditEvent]:
             .order_by(AuditEvent.seq)
             .limit(batch)
         ).all()
-        # end the transaction (nothing held between batches), keep the batch loaded
-        db.commit()
+        # nothing held between batches, while the client reads; the batch stays loaded
+        commit_before_waiting(db)
         db.expunge_all()
         if not events:
             return

@@ -16,21 +16,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from app.cluster_api import service
-from app.cluster_api.schemas import (
-    ClaimIn,
-    ClaimOut,
-    EndedJobsIn,
-    EndedJobsOut,
-    FinishIn,
-    FinishOut,
-    HeartbeatOut,
-    MetricBatchIn,
-    MetricBatchOut,
-    OutputOut,
-    PresenceAnswer,
-    PresenceIn,
-    Rendezvous,
-)
 from app.clusters import service as clusters
 from app.clusters.models import Cluster
 from app.deps import API_PREFIX, SessionDep, SettingsDep
@@ -45,6 +30,21 @@ from app.errors import (
 )
 from app.fields import JobIdPath
 from app.openapi import security
+from contract.cluster_api import (
+    ClaimIn,
+    ClaimOut,
+    EndedJobsIn,
+    EndedJobsOut,
+    FinishIn,
+    FinishOut,
+    HeartbeatOut,
+    MetricBatchIn,
+    MetricBatchOut,
+    OutputOut,
+    PresenceAnswer,
+    PresenceIn,
+    Rendezvous,
+)
 
 router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
 
@@ -144,6 +144,7 @@ def claim(
         worker=body.worker,
         settings=settings,
     )
+    db.commit()
     return ClaimOut.model_validate(answer)
 
 
@@ -152,6 +153,7 @@ def claim(
 def heartbeat(call: RoleCallDep, db: SessionDep, settings: SettingsDep) -> HeartbeatOut:
     """The attempt is alive: a renewed token; 409 once it was fenced out or the job ended."""
     token, expires_at = service.heartbeat(db, call=call, settings=settings)
+    db.commit()
     return HeartbeatOut(alive=True, token=token, token_expires_at=expires_at)
 
 
@@ -166,6 +168,7 @@ def metrics(call: RoleCallDep, body: MetricBatchIn, db: SessionDep) -> MetricBat
         points=[(p.step, dict(p.values)) for p in body.points],
         checkpoint_step=body.checkpoint_step,
     )
+    db.commit()
     return MetricBatchOut(applied=applied)
 
 
@@ -180,6 +183,7 @@ def read_input(
 ) -> StreamingResponse:
     """One of the role's inputs, decrypted and streamed (its own column of a parallel corpus)."""
     chunks = service.open_input(db, call=call, name=name, settings=settings)
+    db.commit()  # the use is audited whatever the role does next; the stream holds no session
     return StreamingResponse(chunks, media_type="application/octet-stream")
 
 
@@ -213,9 +217,14 @@ async def store_artifact(
     request: Request, call: RoleCallDep, db: SessionDep, settings: SettingsDep
 ) -> OutputOut:
     """The role's artifact, streamed in and encrypted into the job owner's workspace."""
-    dataset_id, name, size = await run_in_threadpool(
-        service.store_output, db, call=call, chunks=_body_chunks(request), settings=settings
-    )
+
+    def store() -> tuple[str, str, int]:
+        chunks = _body_chunks(request)
+        stored = service.store_output(db, call=call, chunks=chunks, settings=settings)
+        db.commit()
+        return stored
+
+    dataset_id, name, size = await run_in_threadpool(store)
     return OutputOut(dataset_id=dataset_id, name=name, size_bytes=size)
 
 
@@ -223,6 +232,7 @@ async def store_artifact(
 def publish_rendezvous(call: RoleCallDep, body: Rendezvous, db: SessionDep) -> Rendezvous:
     """The root discriminator says where its replicas join its process group."""
     service.publish_rendezvous(db, call=call, rendezvous=body.model_dump())
+    db.commit()
     return body
 
 
@@ -239,4 +249,5 @@ def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
     job_status = service.finish(
         db, call=call, outcome=body.outcome, error=body.error, report=body.report
     )
+    db.commit()
     return FinishOut(job_status=job_status)

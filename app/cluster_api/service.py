@@ -19,15 +19,17 @@ from app.db import utcnow
 from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound
 from app.grants import service as grants
 from app.grants.models import AccessRequest
+from app.jobs import attempts
 from app.jobs import service as jobs
 from app.jobs.models import Job, JobRole
 from app.jobs.outputs import store_job_output
-from app.jobs.schemas import REPLICA_OF, replica_rank, role_reads, role_spec
 from app.jobs.states import FINAL_STATUSES
 from app.keyring import job_checkpoint_key
 from app.pki import service as pki
 from app.settings import Settings
-from workers.switch.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
+from app.unit_of_work import commit_before_raising, commit_before_waiting
+from contract.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
+from contract.kinds import REPLICA_OF, replica_rank, role_reads, role_spec
 
 OUTPUT_CHUNK_BYTES = 1024 * 1024
 
@@ -132,7 +134,8 @@ def claim(
     row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
     if row is None or row.cluster != cluster.name:
         raise NotFound()
-    if not jobs.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
+    if not attempts.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
+        commit_before_raising(db)  # a held job's role went back to pending
         raise Conflict(f"attempt {attempt} of job {job_id} is not live (stale, final or held)")
     job = db.get(Job, job_id)
     assert job is not None
@@ -158,7 +161,7 @@ def claim(
 
 def heartbeat(db: Session, *, call: RoleCall, settings: Settings) -> tuple[str, datetime]:
     """Beat for a live attempt and renew its token; 409 once it is fenced out or final."""
-    if not jobs.role_alive(db, job_id=call.job_id, role=call.role, attempt=call.attempt):
+    if not attempts.role_alive(db, job_id=call.job_id, role=call.role, attempt=call.attempt):
         raise _fenced(call)
     job = db.get(Job, call.job_id)
     assert job is not None
@@ -189,7 +192,7 @@ def record_metrics(
         )
     )
     already = row is not None and seq <= row
-    if not jobs.record_metrics(
+    if not attempts.record_metrics(
         db,
         job_id=call.job_id,
         role=call.role,
@@ -227,7 +230,7 @@ def _fail_on_lost_input(db: Session, *, job: Job, name: str, dataset_id: str) ->
         f"access grant {grant} ended",
         details={"reason": "input_unusable", "dataset_id": dataset_id, "access_request_id": grant},
     )
-    db.commit()
+    commit_before_raising(db)
 
 
 def _column_chunks(lines: Iterable[str], column: int) -> Iterator[bytes]:
@@ -299,7 +302,7 @@ def store_output(
         raise NotFound("this role stores no artifact")
     _check_inputs_still_usable(db, job=job)
     name = f"{job.kind}-{job.id[:8]}-{call.role}.safetensors"
-    db.commit()  # nothing held while the body streams
+    commit_before_waiting(db)  # nothing held while the body streams
 
     def still_live() -> None:
         _live(db, call)
@@ -315,7 +318,7 @@ def store_output(
         settings=settings,
         before_commit=still_live,
     )
-    jobs.add_artifact(
+    attempts.add_artifact(
         db,
         job_id=job.id,
         name=name,
@@ -324,7 +327,6 @@ def store_output(
         size_bytes=size,
         details={"role": call.role},
     )
-    db.commit()
     return dataset_id, name, size
 
 
@@ -351,7 +353,6 @@ def publish_rendezvous(db: Session, *, call: RoleCall, rendezvous: dict[str, Any
         raise Forbidden("only the discriminator publishes a rendezvous")
     job = _live(db, call)
     job.rendezvous = {**rendezvous, "attempt": call.attempt}
-    db.commit()
 
 
 def read_rendezvous(db: Session, *, call: RoleCall) -> dict[str, Any]:
@@ -370,11 +371,11 @@ def finish(
 ) -> str:
     """A role ended; returns the job's status afterwards."""
     if outcome == "stopped":
-        jobs.mark_role_stopped(db, job_id=call.job_id, role=call.role, attempt=call.attempt)
+        attempts.mark_role_stopped(db, job_id=call.job_id, role=call.role, attempt=call.attempt)
     else:
         job = _live(db, call)
         if outcome == "succeeded":
-            jobs.add_artifact(
+            attempts.add_artifact(
                 db,
                 job_id=job.id,
                 name=f"report-{call.role}.json",
@@ -383,7 +384,7 @@ def finish(
                 size_bytes=len(json.dumps(report)),
                 details={"role": call.role, **report},
             )
-        jobs.finish_role(
+        attempts.finish_role(
             db,
             job_id=call.job_id,
             role=call.role,
@@ -391,5 +392,5 @@ def finish(
             ok=outcome == "succeeded",
             error=(error or "no error given")[:2000] if outcome == "failed" else None,
         )
-    final = db.get(Job, call.job_id, populate_existing=True)
+    final = db.get(Job, call.job_id)
     return final.status.value if final is not None else "unknown"

@@ -11,6 +11,7 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
 from app.fields import RequestIdPath
 from app.grants import service
 from app.grants.schemas import AccessRequestCreateIn, AccessRequestList, AccessRequestOut, ApproveIn
+from app.jobs import service as jobs
 
 router = APIRouter(prefix=API_PREFIX, tags=["access requests"])
 
@@ -95,8 +96,10 @@ def deny(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> Access
 @raises(Forbidden, Conflict)
 def revoke(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The dataset's owner ends an active grant; the requester's running jobs on it stop."""
-    request = service.revoke(db, actor=caller.actor, user=caller.user, request_id=request_id)
+    request, ended = service.revoke(db, actor=caller.actor, user=caller.user, request_id=request_id)
     answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    jobs.stop_jobs_of_ended_grants(db, ended=[ended])
     db.commit()
     return answer
 
@@ -105,7 +108,11 @@ def revoke(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> Acce
 @raises(Forbidden, Conflict)
 def withdraw(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The requester takes the request back (or gives up the grant)."""
-    request = service.withdraw(db, actor=caller.actor, user=caller.user, request_id=request_id)
+    request, ended = service.withdraw(
+        db, actor=caller.actor, user=caller.user, request_id=request_id
+    )
     answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    jobs.stop_jobs_of_ended_grants(db, ended=[ended])
     db.commit()
     return answer

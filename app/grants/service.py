@@ -7,14 +7,13 @@ Only the dataset's owner approves, denies and revokes; only the requester withdr
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, Engine, event, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from app.accounts.models import User
@@ -25,43 +24,23 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.grants.models import AccessRequest, AccessStatus
 from app.releases import provenance
 from app.settings import Settings
+from app.unit_of_work import commit_before_raising
 from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset, Workspace
 from app.workspaces.storage import DatasetReader
 
-log = logging.getLogger("nebula.grants")
-
 EXPIRED = "expired"
 
-# Called with the database bind and the access request's id after the commit that ended an
-# approved grant (revoked by the owner, withdrawn, the dataset deleted, a party deleted).
-# The job layer appends a function here that stops the requester's running jobs that use
-# the dataset, in a session of its own on that bind. A hook that raises is logged; the
-# revocation stands.
-on_grant_revoked: list[Callable[[Engine | Connection, str], None]] = []
 
-_ENDED_KEY = "nebula.grants.ended"
+@dataclass(frozen=True)
+class EndedRequest:
+    """An access request a call just ended, for its caller to act on after the commit."""
 
-
-def _queue_ended(db: Session, request_id: str) -> None:
-    db.info.setdefault(_ENDED_KEY, []).append(request_id)
-
-
-@event.listens_for(Session, "after_commit")
-def _run_revocation_hooks(session: Session) -> None:
-    # After the commit, so that the hooks (which may open their own sessions) see the
-    # revocation and the request's transaction no longer holds any lock.
-    for request_id in session.info.pop(_ENDED_KEY, []):
-        for hook in list(on_grant_revoked):
-            try:
-                hook(session.get_bind(), request_id)
-            except Exception:
-                log.exception("grant revocation hook failed for %s", request_id)
-
-
-@event.listens_for(Session, "after_rollback")
-def _forget_revocations(session: Session) -> None:
-    session.info.pop(_ENDED_KEY, None)
+    request_id: str
+    requester_id: str
+    dataset_id: str
+    state: str  # revoked or withdrawn
+    was_granted: bool  # it was an active grant: the requester's live jobs on it must stop
 
 
 class Direction(StrEnum):
@@ -262,9 +241,10 @@ def open_dataset_for_job(
 ) -> DatasetReader:
     """A decrypting reader of the dataset for a job of `user_id`, checked now and audited.
 
-    The grant is checked at the moment of use (an expired or revoked grant refuses), the
-    `dataset.use` event (or its denial) is committed here whatever the job does next, and
-    the reader holds no session. NotFound: not visible; Forbidden: visible, no active grant.
+    The grant is checked at the moment of use (an expired or revoked grant refuses) and
+    the `dataset.use` event recorded, for the caller to commit before the first byte
+    leaves (a denial is committed here, before the error); the reader holds no session.
+    NotFound: not visible; Forbidden: visible, no active grant.
     """
     actor = Actor(user_id=user_id)
     dataset = _live_dataset(db, dataset_id)
@@ -289,7 +269,7 @@ def open_dataset_for_job(
             outcome="denied",
             details=details,
         )
-        db.commit()
+        commit_before_raising(db)
         if refusal is None:
             raise NotFound()
         raise Forbidden(refusal)
@@ -310,7 +290,6 @@ def open_dataset_for_job(
             "grant_ids": active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id),
         },
     )
-    db.commit()
     return workspaces.reader_for(dataset, data_key=key, settings=settings)
 
 
@@ -484,8 +463,10 @@ def deny(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessReq
     return request
 
 
-def revoke(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
-    """The owner ends an active grant; running jobs are stopped through `on_grant_revoked`."""
+def revoke(
+    db: Session, *, actor: Actor, user: User, request_id: str
+) -> tuple[AccessRequest, EndedRequest]:
+    """The owner ends an active grant; the caller stops the jobs it ended after the commit."""
     request = _transition(
         db,
         actor=actor,
@@ -495,12 +476,15 @@ def revoke(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessR
         who=_Party.owner,
         allowed_from=(AccessStatus.approved.value,),
     )
-    _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason="owner")
-    return request
+    ended = _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason="owner")
+    return request, ended
 
 
-def withdraw(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
-    """The requester takes back a pending request or gives up an active grant."""
+def withdraw(
+    db: Session, *, actor: Actor, user: User, request_id: str
+) -> tuple[AccessRequest, EndedRequest]:
+    """The requester takes back a pending request or gives up an active grant (whose jobs the
+    caller stops after the commit)."""
     request = _transition(
         db,
         actor=actor,
@@ -510,8 +494,10 @@ def withdraw(db: Session, *, actor: Actor, user: User, request_id: str) -> Acces
         who=_Party.requester,
         allowed_from=(AccessStatus.pending.value, AccessStatus.approved.value),
     )
-    _end(db, actor=actor, request=request, status=AccessStatus.withdrawn, reason="requester")
-    return request
+    ended = _end(
+        db, actor=actor, request=request, status=AccessStatus.withdrawn, reason="requester"
+    )
+    return request, ended
 
 
 def _record_decision(
@@ -533,17 +519,22 @@ def _record_decision(
 
 def _end(
     db: Session, *, actor: Actor, request: AccessRequest, status: AccessStatus, reason: str
-) -> None:
+) -> EndedRequest:
     was_granted = request.status == AccessStatus.approved
     request.status = status
     request.ended_at = utcnow()
     action = "access.withdraw" if status == AccessStatus.withdrawn else "access.revoke"
     _record_decision(db, actor=actor, action=action, request=request, reason=reason)
-    if was_granted:
-        _queue_ended(db, request.id)
+    return EndedRequest(
+        request_id=request.id,
+        requester_id=request.requester_id,
+        dataset_id=request.dataset_id,
+        state=status.value,
+        was_granted=was_granted,
+    )
 
 
-def _end_live(db: Session, *, actor: Actor, where: Any, reason: str) -> list[str]:
+def _end_live(db: Session, *, actor: Actor, where: Any, reason: str) -> list[EndedRequest]:
     now = utcnow()
     requests = db.scalars(
         select(AccessRequest)
@@ -551,19 +542,20 @@ def _end_live(db: Session, *, actor: Actor, where: Any, reason: str) -> list[str
         .with_for_update()
         .execution_options(populate_existing=True)
     ).all()
-    for request in requests:
+    return [
         _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason=reason)
-    return [r.id for r in requests]
+        for request in requests
+    ]
 
 
-def end_grants_for_dataset(db: Session, *, actor: Actor, dataset_id: str) -> list[str]:
-    """Revoke every pending or active request on a dataset (it is being deleted); not committed."""
+def end_grants_for_dataset(db: Session, *, actor: Actor, dataset_id: str) -> list[EndedRequest]:
+    """Revoke every pending or active request on a dataset (it is being deleted)."""
     return _end_live(
         db, actor=actor, where=AccessRequest.dataset_id == dataset_id, reason="dataset deleted"
     )
 
 
-def end_grants_of_user(db: Session, *, actor: Actor, user_id: str) -> list[str]:
+def end_grants_of_user(db: Session, *, actor: Actor, user_id: str) -> list[EndedRequest]:
     """Revoke every pending or active request the user made or received (user deleted)."""
     return _end_live(
         db,

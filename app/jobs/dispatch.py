@@ -19,26 +19,30 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.accounts import service as accounts
 from app.db import session_scope, utcnow
-from app.jobs import service
+from app.jobs import attempts, service
 from app.jobs.models import Job, JobRole, RoleStatus
 from app.jobs.states import FINAL_STATUSES
 from app.settings import Settings
+from contract.queues import RUN_ROLE_TASK, queue_for
 
 log = logging.getLogger("nebula.jobs")
 
 
 def _send(settings: Settings, *, job_id: str, role: str, attempt: int, cluster: str) -> None:
-    from workers.celery_app import RUN_ROLE_TASK, current_celery, queue_for
+    from workers.celery_app import celery_for
 
     # ids only: the role claims its attempt through the cluster API and gets its job
     # token there, so no credential ever sits in the broker
-    current_celery(settings).send_task(
+    celery_for(settings.var_dir, settings.broker_url).send_task(
         RUN_ROLE_TASK, args=[job_id, role, attempt], queue=queue_for(cluster)
     )
 
 
 def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
-    """Send the job's pending roles of its live attempt to their queues; returns how many."""
+    """Send the job's pending roles of its live attempt to their queues; returns how many.
+
+    Called after the commit of the job's rows; the caller commits the roles marked sent.
+    """
     job = db.get(Job, job_id)
     if job is None or job.status in FINAL_STATUSES or job.paused:
         return 0
@@ -58,7 +62,6 @@ def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
             continue
         row.status, row.dispatched_at = RoleStatus.dispatched, utcnow()
         sent += 1
-    db.commit()
     return sent
 
 
@@ -66,15 +69,16 @@ def reap_once(db: Session, *, settings: Settings) -> None:
     """Restart attempts whose roles stopped beating, and dispatch whatever is pending."""
     timeout = timedelta(seconds=settings.heartbeat_timeout_s)
     service.fail_jobs_whose_grants_ended(db)
-    for job, role in service.stale_roles(db, older_than=timeout):
+    for job, role in attempts.stale_roles(db, older_than=timeout):
         log.warning("role %s of job %s stopped beating; restarting the attempt", role.role, job.id)
-        service.restart_attempt(db, job=job, reason=f"role {role.role} stopped (no heartbeat)")
+        attempts.restart_attempt(db, job=job, reason=f"role {role.role} stopped (no heartbeat)")
     db.commit()
     pending = db.scalars(
         select(JobRole.job_id).where(JobRole.status == RoleStatus.pending).distinct()
     ).all()
     for job_id in pending:
         dispatch_job(db, settings=settings, job_id=job_id)
+        db.commit()
 
 
 class Reaper:

@@ -18,6 +18,7 @@ from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.releases import provenance
 from app.settings import Settings
+from app.unit_of_work import commit_before_raising, commit_before_waiting
 from app.workspaces import datasets
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 
@@ -44,7 +45,7 @@ def _check_inputs_still_usable(db: Session, *, job: Job) -> None:
     if ended is None:
         return
     jobs.fail_for_ended_grant(db, job=job, ended=ended)
-    db.commit()
+    commit_before_raising(db)
     raise Forbidden(f"{ended.describe()}: the job's output is not stored")
 
 
@@ -76,7 +77,7 @@ def store_job_output(
     if workspace is None or workspace.owner_id != owner_id:
         raise NotFound()
     plan = datasets.plan_upload(db, workspace=workspace, settings=settings)
-    db.commit()  # nothing held while the bytes stream in
+    commit_before_waiting(db)  # nothing held while the bytes stream in
 
     def record_provenance(dataset: Dataset) -> None:
         provenance.record_sources(db, dataset_id=dataset.id, job_id=job_id, inputs=inputs)

@@ -1,13 +1,13 @@
-"""Job rules: submission, the life of roles and attempts, cancellation, metrics."""
+"""Job rules: submission, cancellation, the end of a job, metrics (the roles' side: attempts.py)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Engine, func, select, true, update
+from sqlalchemy import func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
@@ -19,12 +19,21 @@ from app.db import newest_first, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
-from app.jobs.schemas import KINDS, JobSubmitIn, job_roles
+from app.jobs.schemas import (
+    JobInputKindOut,
+    JobKindList,
+    JobKindOut,
+    JobPresetOut,
+    JobRoleKindOut,
+    JobSubmitIn,
+)
 from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
+from contract.kinds import KINDS, job_roles
+from contract.presets import PRESET_HINTS
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
 
@@ -37,13 +46,7 @@ def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any],
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise Invalid(f"config.{where}: {first['msg']}") from None
-    from workers.training.configs import training_config
-
-    try:
-        total_steps = int(training_config(kind, parsed.model_dump()).steps)
-    except ValueError as exc:
-        raise Invalid(f"config: {exc}") from None
-    return parsed.model_dump(), total_steps
+    return parsed.model_dump(), parsed.total_steps()
 
 
 def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str]) -> None:
@@ -234,40 +237,34 @@ def _fail_jobs_that_lost_a_grant(
     return failed
 
 
-def fail_jobs_using_grant(
-    db: Session, *, requester_id: str, dataset_id: str, request_id: str
-) -> list[str]:
-    """Fail the requester's live jobs that use a dataset whose grant was just revoked.
+def stop_jobs_of_ended_grants(db: Session, *, ended: Iterable[grants.EndedRequest]) -> list[str]:
+    """Fail the live jobs that rested on grants that just ended; returns their ids.
 
-    A job using the dataset itself, or an unreleased output derived from it, fails.
+    The caller that ended the grants calls this after committing that: the revocation
+    stands whatever happens here, and the reaper's next pass fails whatever this missed.
+    A requester's job using the dataset itself, or an unreleased output derived from it,
+    fails.
     """
-    revoked = grants.EndedGrant(grant_id=request_id, dataset_id=dataset_id, state="revoked")
-    return _fail_jobs_that_lost_a_grant(db, where=Job.owner_id == requester_id, revoked=revoked)
+    failed: list[str] = []
+    for end in ended:
+        if not end.was_granted:
+            continue
+        revoked = grants.EndedGrant(
+            grant_id=end.request_id, dataset_id=end.dataset_id, state=end.state
+        )
+        failed += _fail_jobs_that_lost_a_grant(
+            db, where=Job.owner_id == end.requester_id, revoked=revoked
+        )
+    return failed
 
 
 def fail_jobs_whose_grants_ended(db: Session) -> list[str]:
     """Fail every live job whose inputs rest on a grant that expired or ended; not committed.
 
-    The reaper calls this each pass: expiry has no moment at which to act, and a
-    revocation whose hook failed is caught here too.
+    The reaper calls this each pass: expiry has no moment at which to act, and a job that
+    a revocation's caller did not stop is caught here too.
     """
     return _fail_jobs_that_lost_a_grant(db, where=true())
-
-
-def stop_jobs_on_revoked_grant(bind: Engine | Connection, request_id: str) -> None:
-    """Grant-revocation hook: the requester's live jobs using that dataset fail at once."""
-    from app.grants.models import AccessRequest
-
-    with Session(bind=bind) as db:
-        request = db.get(AccessRequest, request_id)
-        if request is not None:
-            fail_jobs_using_grant(
-                db,
-                requester_id=request.requester_id,
-                dataset_id=request.dataset_id,
-                request_id=request_id,
-            )
-            db.commit()
 
 
 def set_paused_for_owner(db: Session, *, owner_id: str, paused: bool) -> int:
@@ -278,195 +275,6 @@ def set_paused_for_owner(db: Session, *, owner_id: str, paused: bool) -> int:
         .values(paused=paused)
     )
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
-
-
-# ---------------------------------------------------------------- the roles' side
-
-
-def _fenced_role(
-    db: Session, *, job_id: str, role: str, attempt: int
-) -> tuple[Job, JobRole] | None:
-    """The job and role if `attempt` is still the job's live attempt, else None."""
-    job = db.get(Job, job_id, with_for_update=db.get_bind().dialect.name == "postgresql")
-    if job is None or job.attempt != attempt or job.status in FINAL_STATUSES:
-        return None
-    row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
-    if row is None or row.attempt != attempt:
-        return None
-    return job, row
-
-
-def start_role(db: Session, *, job_id: str, role: str, attempt: int, worker: str) -> bool:
-    """Mark a role running; False if the attempt is stale, the job final or held."""
-    found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
-    if found is None:
-        db.rollback()
-        return False
-    job, row = found
-    if job.paused:  # held while its owner is suspended: back to pending, sent again later
-        row.status, row.dispatched_at = RoleStatus.pending, None
-        db.commit()
-        return False
-    now = utcnow()
-    row.status, row.heartbeat_at, row.worker, row.error = RoleStatus.running, now, worker, None
-    if job.status == JobStatus.queued:
-        job.status = JobStatus.running
-        job.started_at = job.started_at or now
-    audit.record(
-        db,
-        actor=SYSTEM,
-        action="job.role.start",
-        subject_type="job",
-        subject_id=job_id,
-        details={"role": role, "attempt": attempt, "worker": worker},
-    )
-    db.commit()
-    return True
-
-
-def role_alive(db: Session, *, job_id: str, role: str, attempt: int) -> bool:
-    """Heartbeat: True while the role should keep going (live attempt of a live job)."""
-    result = db.execute(
-        update(JobRole)
-        .where(JobRole.job_id == job_id, JobRole.role == role, JobRole.attempt == attempt)
-        .values(heartbeat_at=utcnow())
-    )
-    db.commit()
-    if not result.rowcount:  # type: ignore[attr-defined]
-        return False
-    job = db.get(Job, job_id)
-    db.commit()
-    return job is not None and job.attempt == attempt and job.status not in FINAL_STATUSES
-
-
-def record_metrics(
-    db: Session,
-    *,
-    job_id: str,
-    role: str,
-    attempt: int,
-    points: list[tuple[int, dict[str, float]]],
-    checkpoint_step: int | None = None,
-    seq: int | None = None,
-) -> bool:
-    """Store a batch of metric points of one role; False if the attempt is fenced out.
-
-    With `seq` (the batch's number within the attempt, from 1), a batch already applied
-    is acknowledged and not applied again, so a worker may retry what it is unsure of.
-    """
-    found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
-    if found is None:
-        db.rollback()
-        return False
-    job, row = found
-    if seq is not None:
-        if seq <= row.metrics_seq:
-            row.heartbeat_at = utcnow()
-            db.commit()
-            return True
-        row.metrics_seq = seq
-    for step, values in points:
-        for name, value in values.items():
-            db.add(JobMetric(job_id=job_id, role=role, step=step, name=name, value=float(value)))
-    if points:
-        latest = dict(job.metrics)
-        for name, value in points[-1][1].items():
-            latest[f"{role}.{name}"] = float(value)
-        job.metrics = latest
-        if role == KINDS[job.kind].primary_role:
-            job.step = max(job.step, points[-1][0])
-            job.progress = min(1.0, job.step / job.total_steps) if job.total_steps else 0.0
-    if checkpoint_step is not None:
-        row.checkpoint_step = checkpoint_step
-    row.heartbeat_at = utcnow()
-    db.commit()
-    return True
-
-
-def finish_role(
-    db: Session, *, job_id: str, role: str, attempt: int, ok: bool, error: str | None = None
-) -> None:
-    """A role ended: success may finish the job; failure restarts the attempt or fails the job."""
-    found = _fenced_role(db, job_id=job_id, role=role, attempt=attempt)
-    if found is None:
-        db.rollback()
-        return
-    job, row = found
-    row.status = RoleStatus.succeeded if ok else RoleStatus.failed
-    row.error = error
-    if ok:
-        roles = db.scalars(select(JobRole).where(JobRole.job_id == job_id)).all()
-        if all(r.status == RoleStatus.succeeded for r in roles):
-            finish_job(db, job, JobStatus.succeeded)
-            audit.record(
-                db, actor=SYSTEM, action="job.succeed", subject_type="job", subject_id=job_id
-            )
-    else:
-        restart_attempt(db, job=job, reason=f"role {role} failed: {error}")
-    db.commit()
-
-
-def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
-    """Fence the current attempt out and start a new one from the last checkpoints, or fail."""
-    if job.attempt >= job.max_attempts:
-        error = f"gave up after {job.attempt} attempts; last: {reason}"
-        fail_job(db, job, error=error, details={"reason": reason[:500]})
-        return
-    job.attempt += 1
-    job.rendezvous = None
-    db.execute(
-        update(JobRole)
-        .where(JobRole.job_id == job.id)
-        .values(
-            attempt=job.attempt,
-            status=RoleStatus.pending,
-            dispatched_at=None,
-            heartbeat_at=None,
-            metrics_seq=0,
-        )
-    )
-    audit.record(
-        db,
-        actor=SYSTEM,
-        action="job.restart",
-        subject_type="job",
-        subject_id=job.id,
-        details={"attempt": job.attempt, "reason": reason[:500]},
-    )
-
-
-def mark_role_stopped(db: Session, *, job_id: str, role: str, attempt: int) -> None:
-    """A role of `attempt` left its loop because it was told to stop."""
-    db.execute(
-        update(JobRole)
-        .where(JobRole.job_id == job_id, JobRole.role == role, JobRole.attempt == attempt)
-        .values(status=RoleStatus.stopped)
-    )
-    db.commit()
-
-
-def add_artifact(
-    db: Session,
-    *,
-    job_id: str,
-    name: str,
-    kind: str,
-    dataset_id: str | None,
-    size_bytes: int,
-    details: dict[str, Any],
-) -> JobArtifact:
-    """Record something the job wrote."""
-    artifact = JobArtifact(
-        job_id=job_id,
-        name=name,
-        kind=kind,
-        dataset_id=dataset_id,
-        size_bytes=size_bytes,
-        details=details,
-    )
-    db.add(artifact)
-    db.flush()
-    return artifact
 
 
 def metric_series(db: Session, *, job_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -491,20 +299,40 @@ def artifacts(db: Session, *, job_id: str) -> list[JobArtifact]:
     )
 
 
-def stale_roles(db: Session, *, older_than: timedelta) -> list[tuple[Job, JobRole]]:
-    """Running roles of live attempts whose heartbeat stopped."""
-    cutoff = utcnow() - older_than
-    rows = db.execute(
-        select(Job, JobRole)
-        .join(JobRole, JobRole.job_id == Job.id)
-        .where(
-            Job.status.in_(ACTIVE_STATUSES),
-            JobRole.attempt == Job.attempt,
-            JobRole.status == RoleStatus.running,
-            JobRole.heartbeat_at < cutoff,
+def kind_table() -> JobKindList:
+    """The job kinds table (contract.kinds) as `GET /job-kinds` serves it."""
+    items = []
+    for name, spec in KINDS.items():
+        tiny = spec.config.PRESETS["tiny"]
+        inputs = [
+            JobInputKindOut(
+                name=input_name,
+                kind=dataset_kind,
+                optional=input_name in spec.optional_inputs,
+                **spec.input_text[input_name].model_dump(),
+            )
+            for input_name, dataset_kind in {**spec.inputs, **spec.optional_inputs}.items()
+        ]
+        roles = [
+            JobRoleKindOut(name=role_name, **{**role.model_dump(), "reads": list(role.reads)})
+            for role_name, role in spec.roles.items()
+        ]
+        presets = [
+            JobPresetOut(name=preset, hint=PRESET_HINTS[preset], values={**tiny, **values})
+            for preset, values in spec.config.PRESETS.items()
+        ]
+        items.append(
+            JobKindOut(
+                kind=name,
+                label=spec.label,
+                description=spec.description,
+                primary_role=spec.primary_role,
+                apart=list(spec.apart),
+                roles=roles,
+                inputs=inputs,
+                presets=presets,
+                config_fields=list(spec.config.model_fields),
+                config_schema=spec.config.model_json_schema(),
+            )
         )
-    ).all()
-    return [(job, role) for job, role in rows]
-
-
-grants.on_grant_revoked.append(stop_jobs_on_revoked_grant)
+    return JobKindList(items=items)

@@ -27,6 +27,7 @@ from app.errors import Conflict, Invalid, NotAuthenticated, NotFound
 from app.keyring import Purpose, subkey
 from app.pki import ca
 from app.settings import Settings
+from app.unit_of_work import commit_before_raising
 
 ROOT_CA = "root_ca"
 JOB_TOKEN_KEY = "job_token"
@@ -219,7 +220,7 @@ def _refuse_enrollment(db: Session, *, ip: str | None, token_id: str | None) -> 
         subject_id=token_id,
         outcome="failure",
     )
-    db.commit()
+    commit_before_raising(db)
     raise NotAuthenticated("invalid, used or expired enrollment token")
 
 

@@ -33,6 +33,7 @@ from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaEx
 from app.grants import service as grants
 from app.releases import provenance
 from app.settings import Settings
+from app.unit_of_work import commit_before_waiting, commit_with_file
 from app.workspaces import service as workspaces
 from app.workspaces.formats import Validator, validator_for
 from app.workspaces.models import Dataset, DatasetKind, Workspace
@@ -106,7 +107,7 @@ def begin_upload(
     plan = plan_upload(db, workspace=workspace, settings=settings)
     # Nothing may be held while the body streams (on SQLite every transaction holds the
     # write lock); this also commits a data key made for an older workspace.
-    db.commit()
+    commit_before_waiting(db)
     return plan
 
 
@@ -293,11 +294,7 @@ def finish_upload(
     with disk_full_is_507():
         plan.final_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.replace(plan.tmp_path, plan.final_path)
-    try:
-        db.commit()
-    except BaseException:
-        plan.final_path.unlink(missing_ok=True)
-        raise
+    commit_with_file(db, plan.final_path)
     _fsync_dir(plan.final_path.parent)
     return dataset
 
@@ -384,8 +381,12 @@ def update(
     return dataset
 
 
-def delete(db: Session, *, actor: Actor, dataset: Dataset, settings: Settings) -> None:
-    """Soft-delete: quota given back, requests on it ended, file removed; committed here."""
+def delete(db: Session, *, actor: Actor, dataset: Dataset) -> list[grants.EndedRequest]:
+    """Soft-delete: quota given back, requests on it ended (returned, for their jobs to stop).
+
+    The caller removes the file (`remove_file`) after the commit: a crash in between
+    leaves an unreadable orphan, never a dataset row without its file.
+    """
     if dataset.workspace_id is not None:
         workspace = workspaces.lock(db, workspace_id=dataset.workspace_id)
         if workspace is not None:
@@ -398,18 +399,24 @@ def delete(db: Session, *, actor: Actor, dataset: Dataset, settings: Settings) -
         action="dataset.delete",
         subject_type="dataset",
         subject_id=dataset.id,
-        details={"size_bytes": dataset.size_bytes, "requests_ended": ended},
+        details={
+            "size_bytes": dataset.size_bytes,
+            "requests_ended": [end.request_id for end in ended],
+        },
     )
-    db.commit()
-    # After the commit: a crash in between leaves an unreadable orphan, never a dataset
-    # row without its file.
-    workspaces.dataset_path(settings, dataset.id).unlink(missing_ok=True)
+    return ended
+
+
+def remove_file(settings: Settings, dataset_id: str) -> None:
+    """Remove a deleted dataset's encrypted file (after the commit of its deletion)."""
+    workspaces.dataset_path(settings, dataset_id).unlink(missing_ok=True)
 
 
 def open_for_download(
     db: Session, *, actor: Actor, dataset: Dataset, settings: Settings
 ) -> DatasetReader:
-    """A decrypting reader for the owner's download; audited and committed before streaming.
+    """A decrypting reader for the owner's download, audited (the caller commits that before
+    streaming).
 
     Forbidden (audited) while the dataset derives from other owners' data they have not
     released.
@@ -440,7 +447,6 @@ def open_for_download(
         subject_type="dataset",
         subject_id=dataset.id,
     )
-    db.commit()
     return workspaces.reader_for(dataset, data_key=key, settings=settings)
 
 

@@ -15,6 +15,7 @@ from app.accounts.models import Role, User
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
 from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
+from app.jobs import service as jobs
 from app.releases import service as releases
 from app.workspaces import datasets, service
 from app.workspaces.models import Dataset, DatasetKind
@@ -245,6 +246,7 @@ def get_dataset_content(
         forbidden="grants allow use in jobs, not download",
     )
     reader = datasets.open_for_download(db, actor=caller.actor, dataset=dataset, settings=settings)
+    db.commit()  # the download is audited before the first byte leaves
     chunks = reader.iter_chunks()
     # Authenticate the first chunk before answering 200: a damaged header or first chunk
     # is a clean error; later damage ends the stream early, never with unchecked bytes.
@@ -301,7 +303,11 @@ def delete_dataset(
         action="dataset.delete",
         forbidden="only the owner may delete a dataset",
     )
-    datasets.delete(db, actor=caller.actor, dataset=dataset, settings=settings)
+    ended = datasets.delete(db, actor=caller.actor, dataset=dataset)
+    db.commit()
+    datasets.remove_file(settings, dataset.id)
+    jobs.stop_jobs_of_ended_grants(db, ended=ended)
+    db.commit()
 
 
 @router.get("/catalog", response_model=DatasetList)

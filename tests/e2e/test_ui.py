@@ -260,23 +260,41 @@ def test_the_auditor_sees_the_events_and_a_verified_chain(site: Any, story: Stor
     expect(table).to_contain_text("job.submit")
     site.screenshot(page, "audit")
 
+    # (outcome, subject id, what the page names beside the ids)
     expected = {
-        "auth.login": ("failure", story.alice.id),
-        "dataset.upload": ("success", story.dataset_id),
-        "access.request": ("success", None),
-        "access.approve": ("success", None),
-        "job.submit": ("success", story.job_id),
-        "dataset.use": ("success", story.dataset_id),
+        "auth.login": ("failure", story.alice.id, "Alice"),
+        "dataset.upload": ("success", story.dataset_id, story.dataset_name),
+        "access.request": ("success", None, story.bob.email),
+        "access.approve": ("success", None, story.alice.email),
+        "job.submit": ("success", story.job_id, "electra_pretrain"),
+        "dataset.use": ("success", story.dataset_id, story.dataset_name),
     }
-    for action, (outcome, subject) in expected.items():
+    for action, (outcome, subject, name) in expected.items():
         page.get_by_label("Action").fill(action)
         page.get_by_label("Outcome").select_option(outcome)
         page.get_by_role("button", name="Apply filters").click()
         rows = table.locator("tbody tr").filter(has_text=action)
         if subject:
             rows = rows.filter(has_text=subject[:8])
-        expect(rows.first).to_be_visible()
+        expect(rows.filter(has_text=name).first).to_be_visible()
     expect(chain).to_contain_text("Chain intact")
+
+
+def test_the_audit_page_names_people_beside_their_ids(site: Any, story: Story) -> None:
+    """An auditor reads who did what to whom: display name and email beside each id."""
+    page = site.sign_in(story.auditor)
+    page.goto("/audit")
+    page.get_by_label("Action").fill("user.create")
+    page.get_by_role("button", name="Apply filters").click()
+    table = page.get_by_role("table")
+    row = table.locator("tbody tr").filter(has_text=story.bob.id[:8])
+    expect(row).to_have_count(1)
+    actor, subject = row.get_by_role("cell").nth(2), row.get_by_role("cell").nth(4)
+    expect(subject).to_contain_text(f"user Bob {story.bob.email} {story.bob.id[:8]}")
+    expect(actor).to_contain_text(site.admin.email)  # the admin who made the account
+    # its id still filters by that person
+    actor.get_by_role("button", name=re.compile("^Filter by actor ")).click()
+    expect(page.get_by_label("Actor (user id)")).not_to_have_value("")
 
 
 def test_a_member_gets_no_admin_pages(site: Any, story: Story) -> None:

@@ -17,7 +17,7 @@ import collections
 from collections.abc import Collection, Iterator
 from typing import Generic, TypeVar
 
-from workers.switch.jobtoken import JobClaims
+from contract.jobtoken import JobClaims
 from workers.switch.protocol import Direction, Hello
 
 T = TypeVar("T")

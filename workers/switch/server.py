@@ -51,7 +51,7 @@ from prometheus_client import (
     start_http_server,
 )
 
-from workers.switch.jobtoken import (
+from contract.jobtoken import (
     JobClaims,
     JobTokenError,
     load_job_token_public_key,

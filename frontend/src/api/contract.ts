@@ -16,7 +16,9 @@ import type {
   Job,
   JobMetrics,
   JobOverview,
+  JobKindSpec,
   JobSubmission,
+  NamedAuditEvent,
   NewApiToken,
   Page,
   Presence,
@@ -48,9 +50,12 @@ export type AnswersTheUiReads = [
   Fits<Schemas["EnrollmentTokenOut"], EnrollmentToken>,
   Fits<Schemas["JobOut"], Job>,
   Fits<Schemas["JobOverviewOut"], JobOverview>,
+  Fits<Schemas["JobKindList"], { items: JobKindSpec[] }>,
   Fits<Schemas["MetricsOut"], JobMetrics>,
   Fits<Schemas["ArtifactOut"], Artifact>,
   Fits<Schemas["AuditEventOut"], AuditEvent>,
+  Fits<Schemas["AuditEventNamedOut"], NamedAuditEvent>,
+  Fits<Schemas["AuditNamedList"], Page<NamedAuditEvent>>,
   Fits<Schemas["VerificationOut"], AuditVerification>,
 ];
 

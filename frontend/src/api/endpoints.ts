@@ -13,8 +13,10 @@ import type {
   EnrollmentToken,
   Job,
   JobMetrics,
+  JobKindSpec,
   JobOverview,
   JobSubmission,
+  NamedAuditEvent,
   NewApiToken,
   Page,
   Presence,
@@ -144,6 +146,7 @@ export const overview = {
 
 // Jobs
 export const jobs = {
+  kinds: () => api.get<{ items: JobKindSpec[] }>("/job-kinds"),
   list: (ws: string, q: PageQuery = {}) => page<Job>(`/workspaces/${enc(ws)}/jobs`, { ...q }),
   submit: (ws: string, body: JobSubmission) => api.post<{ id: string; status: string }>(`/workspaces/${enc(ws)}/jobs`, body),
   get: (id: string) => api.get<Job>(`/jobs/${enc(id)}`),
@@ -163,7 +166,7 @@ export interface AuditFilter extends PageQuery {
 }
 
 export const audit = {
-  list: (filter: AuditFilter) => page<AuditEvent>("/audit", { ...filter }),
+  list: (filter: AuditFilter) => page<NamedAuditEvent>("/audit", { ...filter }),
   verify: () => api.get<AuditVerification>("/audit/verify"),
   /** The whole log in chain order. */
   exportUrl: (format: "jsonl" | "csv") => buildUrl("/audit/export", { format }),

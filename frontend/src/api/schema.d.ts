@@ -157,7 +157,7 @@ export interface paths {
         };
         /**
          * List Events
-         * @description Events, newest first, filtered.
+         * @description Events, newest first, filtered; with the names their actors and subjects have now.
          */
         get: operations["list_events_api_v1_audit_get"];
         put?: never;
@@ -746,6 +746,26 @@ export interface paths {
          * @description The owner of a derived dataset asks its sources' owners to release it.
          */
         post: operations["create_request_api_v1_datasets__dataset_id__release_requests_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/job-kinds": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Job Kinds
+         * @description The job kinds table: roles, peers, inputs, artifacts, presets and config of each kind.
+         */
+        get: operations["list_job_kinds_api_v1_job_kinds_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1676,6 +1696,53 @@ export interface components {
             /** Size Bytes */
             size_bytes: number;
         };
+        /**
+         * AuditEventNamedOut
+         * @description An event with what its ids name now, beside them (not part of the chained event).
+         */
+        AuditEventNamedOut: {
+            /** Action */
+            action: string;
+            /** @description the user behind actor_id, if any */
+            actor: components["schemas"]["PersonOut"] | null;
+            /** Actor Id */
+            actor_id: string | null;
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /** Details */
+            details: {
+                [key: string]: unknown;
+            };
+            /** Hash */
+            hash: string;
+            /** Id */
+            id: string;
+            /** Ip */
+            ip: string | null;
+            /** Outcome */
+            outcome: string;
+            /** Prev Hash */
+            prev_hash: string;
+            /** Seq */
+            seq: number;
+            /**
+             * Subject Email
+             * @description the subject's email when it is a user
+             */
+            subject_email: string | null;
+            /** Subject Id */
+            subject_id: string | null;
+            /**
+             * Subject Name
+             * @description the subject's name: a user's display name, a dataset's, workspace's or cluster's name, a job's kind
+             */
+            subject_name: string | null;
+            /** Subject Type */
+            subject_type: string | null;
+        };
         /** AuditEventOut */
         AuditEventOut: {
             /** Action */
@@ -1712,6 +1779,13 @@ export interface components {
         AuditList: {
             /** Items */
             items: components["schemas"]["AuditEventOut"][];
+            /** Total */
+            total: number;
+        };
+        /** AuditNamedList */
+        AuditNamedList: {
+            /** Items */
+            items: components["schemas"]["AuditEventNamedOut"][];
             /** Total */
             total: number;
         };
@@ -2137,6 +2211,55 @@ export interface components {
             id: string;
             status: components["schemas"]["JobStatus"];
         };
+        /** JobInputKindOut */
+        JobInputKindOut: {
+            /** Hint */
+            hint: string;
+            /** Kind */
+            kind: string;
+            /** Label */
+            label: string;
+            /** Name */
+            name: string;
+            /** Optional */
+            optional: boolean;
+        };
+        /** JobKindList */
+        JobKindList: {
+            /** Items */
+            items: components["schemas"]["JobKindOut"][];
+        };
+        /**
+         * JobKindOut
+         * @description One job kind: everything a client needs to offer, submit and explain it.
+         */
+        JobKindOut: {
+            /** Apart */
+            apart: string[];
+            /** Config Fields */
+            config_fields: string[];
+            /** Config Schema */
+            config_schema: {
+                [key: string]: unknown;
+            };
+            /** Description */
+            description: string;
+            /** Inputs */
+            inputs: components["schemas"]["JobInputKindOut"][];
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "electra_pretrain" | "abnet_finetune";
+            /** Label */
+            label: string;
+            /** Presets */
+            presets: components["schemas"]["JobPresetOut"][];
+            /** Primary Role */
+            primary_role: string;
+            /** Roles */
+            roles: components["schemas"]["JobRoleKindOut"][];
+        };
         /** JobList */
         JobList: {
             /** Items */
@@ -2243,6 +2366,43 @@ export interface components {
             /** Workspace Id */
             workspace_id: string;
         };
+        /** JobPresetOut */
+        JobPresetOut: {
+            /** Hint */
+            hint: string;
+            /** Name */
+            name: string;
+            /** Values */
+            values: {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * JobRoleKindOut
+         * @description One role of a job kind, as `GET /job-kinds` tells it.
+         */
+        JobRoleKindOut: {
+            /** Artifact */
+            artifact: string | null;
+            /** Hint */
+            hint: string;
+            /** Label */
+            label: string;
+            /** Name */
+            name: string;
+            /** Peer */
+            peer: string;
+            /** Read If */
+            read_if: {
+                [key: string]: string;
+            };
+            /** Reads */
+            reads: string[];
+            /** Sees */
+            sees: string;
+            /** Sees Otherwise */
+            sees_otherwise: string;
+        };
         /**
          * JobStatus
          * @description Where a job stands; the last three are final.
@@ -2338,6 +2498,16 @@ export interface components {
              * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
              */
             new_password: string;
+        };
+        /**
+         * PersonOut
+         * @description Who a user id is, as the auditor reads it.
+         */
+        PersonOut: {
+            /** Display Name */
+            display_name: string;
+            /** Email */
+            email: string;
         };
         /** PresenceAnswer */
         PresenceAnswer: {
@@ -3149,7 +3319,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["AuditList"];
+                    "application/json": components["schemas"]["AuditNamedList"];
                 };
             };
             400: components["responses"]["BadRequest"];
@@ -4158,6 +4328,28 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+        };
+    };
+    list_job_kinds_api_v1_job_kinds_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobKindList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
         };
     };
     get_job_api_v1_jobs__job_id__get: {

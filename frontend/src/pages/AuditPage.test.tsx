@@ -1,4 +1,4 @@
-import { screen, waitFor } from "@testing-library/react";
+import { screen, waitFor, within } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { auditor, mockApi, page } from "../test/mockApi";
@@ -20,7 +20,25 @@ const event = {
   details: { reason: "left" },
   hash: "h7",
   prev_hash: "h6",
+  actor: { email: "ada@example.org", display_name: "Ada Admin" },
+  subject_name: "Bob Builder",
+  subject_email: "bob@example.org",
 };
+
+const upload = {
+  ...event,
+  id: "e2",
+  seq: 8,
+  actor_id: "u-bob",
+  action: "dataset.upload",
+  subject_type: "dataset",
+  subject_id: "d-corpus-42",
+  actor: { email: "bob@example.org", display_name: "Bob Builder" },
+  subject_name: "spanish-corpus",
+  subject_email: null,
+};
+
+const anonymous = { ...event, id: "e3", seq: 9, actor_id: null, actor: null, action: "auth.login", subject_type: "email", subject_id: "x@example.org", subject_name: null, subject_email: null, outcome: "failure" };
 
 describe("AuditPage", () => {
   it("shows an intact chain, the events and export links", async () => {
@@ -32,6 +50,23 @@ describe("AuditPage", () => {
     expect(screen.getByRole("link", { name: "Export the whole log as JSON lines" })).toHaveAttribute("href", "/api/v1/audit/export?format=jsonl");
     // read-only: nothing to change
     expect(screen.queryByRole("button", { name: /delete|edit/i })).toBeNull();
+  });
+
+  it("names the actor and the subject beside their ids", async () => {
+    mockApi({ "GET /me": auditor, "GET /audit/verify": { ok: true, count: 9, first_bad_seq: null }, "GET /audit": page([event, upload, anonymous]) });
+    renderPage(<AuditPage />, { path: "/audit", route: "/audit" });
+    const rows = await screen.findAllByRole("row");
+    const [suspend, uploaded, login] = rows.slice(1);
+    // the person's display name and email, then the id that filters by them
+    expect(within(suspend).getAllByRole("cell")[2]).toHaveTextContent("Ada Admin ada@example.org u-admin-");
+    expect(within(suspend).getByRole("button", { name: "Filter by actor ada@example.org u-admin-123456" })).toBeInTheDocument();
+    expect(within(suspend).getAllByRole("cell")[4]).toHaveTextContent("user Bob Builder bob@example.org u-bob");
+    expect(within(uploaded).getAllByRole("cell")[4]).toHaveTextContent("dataset spanish-corpus d-corpus");
+    expect(within(uploaded).getAllByRole("cell")[2]).toHaveTextContent("Bob Builder bob@example.org u-bob");
+    // no person behind the event, and a subject that names nothing: the bare id
+    expect(within(login).getAllByRole("cell")[2]).toHaveTextContent("—");
+    expect(within(login).queryByRole("button", { name: /Filter by actor/ })).toBeNull();
+    expect(within(login).getAllByRole("cell")[4]).toHaveTextContent("email x@exampl");
   });
 
   it("shows where the chain breaks", async () => {

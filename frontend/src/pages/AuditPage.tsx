@@ -1,7 +1,7 @@
 /** Audit dashboard (admins and auditors, read-only): filters, chain verification, export. */
 import { useState, type FormEvent } from "react";
 import { audit, type AuditFilter } from "../api/endpoints";
-import type { AuditVerification } from "../api/types";
+import type { AuditVerification, NamedAuditEvent } from "../api/types";
 import { Badge, EmptyState, ErrorMessage, Loading, PageHeader, Pager } from "../components/ui";
 import { formatDate, shortId } from "../format";
 import { useLoad } from "../hooks";
@@ -43,6 +43,17 @@ export function ChainBadge({ result, error, loading, onVerify }: { result?: Audi
       </button>
       <ErrorMessage error={error} />
     </div>
+  );
+}
+
+/** What the subject's id names now: a person's name and email, a dataset's or job's name. */
+export function SubjectName({ event }: { event: NamedAuditEvent }) {
+  if (!event.subject_name) return null;
+  return (
+    <span className="subject-name">
+      {event.subject_name}
+      {event.subject_email ? <span className="muted small"> {event.subject_email}</span> : null}
+    </span>
   );
 }
 
@@ -167,28 +178,39 @@ export function AuditPage() {
                 <tr key={e.id}>
                   <td className="mono">{e.seq}</td>
                   <td>{formatDate(e.at)}</td>
-                  <td className="mono" title={e.actor_id ?? ""}>
+                  <td>
                     {e.actor_id ? (
-                      <button
-                        type="button"
-                        className="link-button mono"
-                        aria-label={`Filter by actor ${e.actor_id}`}
-                        onClick={() => {
-                          const next = { ...form, actor_id: e.actor_id ?? "" };
-                          setForm(next);
-                          setOffset(0);
-                          setFilter(toFilter(next));
-                        }}
-                      >
-                        {shortId(e.actor_id)}
-                      </button>
+                      <>
+                        {e.actor ? (
+                          <span className="person">
+                            {e.actor.display_name} <span className="muted small">{e.actor.email}</span>
+                          </span>
+                        ) : null}{" "}
+                        <button
+                          type="button"
+                          className="link-button mono small"
+                          title={e.actor_id}
+                          aria-label={`Filter by actor ${e.actor ? `${e.actor.email} ` : ""}${e.actor_id}`}
+                          onClick={() => {
+                            const next = { ...form, actor_id: e.actor_id ?? "" };
+                            setForm(next);
+                            setOffset(0);
+                            setFilter(toFilter(next));
+                          }}
+                        >
+                          {shortId(e.actor_id)}
+                        </button>
+                      </>
                     ) : (
                       "—"
                     )}
                   </td>
                   <td className="mono">{e.action}</td>
                   <td>
-                    {e.subject_type ?? "—"} <span className="mono muted small">{shortId(e.subject_id)}</span>
+                    {e.subject_type ?? "—"} <SubjectName event={e} />{" "}
+                    <span className="mono muted small" title={e.subject_id ?? ""}>
+                      {shortId(e.subject_id)}
+                    </span>
                   </td>
                   <td>
                     <Badge status={e.outcome} />

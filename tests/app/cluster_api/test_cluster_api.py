@@ -26,15 +26,15 @@ from app.accounts.models import Role
 from app.audit.models import AuditEvent
 from app.db import utcnow
 from app.grants.models import AccessRequest
-from app.jobs import service as jobs
+from app.jobs import attempts
 from app.jobs.models import Job, JobMetric, JobStatus
 from app.pki import service as pki
 from app.settings import Settings
-from app.up import free_port
+from contract.jobtoken import sign_job_token
 from support import Account, LiveServer, Platform, register_clusters
 from workers.control_plane import ClusterClient, RoleSession
+from workers.ports import free_port
 from workers.runner import RoleHooks
-from workers.switch.jobtoken import sign_job_token
 
 API = "/api/v1"
 CLUSTER_API = f"{API}/cluster"
@@ -314,7 +314,7 @@ def test_a_fenced_attempt_is_refused_everywhere(site: Site) -> None:
     with site.platform.factory() as db:
         job = db.get(Job, site.job_id)
         assert job is not None
-        jobs.restart_attempt(db, job=job, reason="test")
+        attempts.restart_attempt(db, job=job, reason="test")
         db.commit()
     for method, what, kwargs in (
         ("POST", "heartbeat", {}),

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
-from app.accounts.models import Role
+from app.accounts.models import Role, User
 from app.audit.models import AuditEvent
+from app.audit.service import Actor
 from app.db import utcnow
 from app.errors import Forbidden, NotFound
 from app.grants import service as grants
 from app.grants.models import AccessRequest
+from app.jobs import service as jobs
 from app.settings import Settings
-from support import Account, Platform
+from support import Account, Platform, register_clusters
 
 API = "/api/v1"
 LINES = ["first sentence", "zweiter Satz", "troisième phrase"]
@@ -57,6 +60,7 @@ def use(platform: Platform, settings: Settings, user: Account, dataset_id: str) 
         reader = grants.open_dataset_for_job(
             db, user_id=user.id, dataset_id=dataset_id, job_id="job-42", settings=settings
         )
+        db.commit()  # the caller owns the unit: the use is recorded with its commit
     return list(reader.iter_lines())
 
 
@@ -71,16 +75,18 @@ def audit_of(platform: Platform, subject_id: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def revoked_hook() -> Iterator[list[str]]:
-    """The ids the revocation hook was called with."""
+def stops_asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The grants whose jobs the routes asked to stop after their commits (the stop still runs)."""
     seen: list[str] = []
+    real = jobs.stop_jobs_of_ended_grants
 
-    def hook(_bind: object, request_id: str) -> None:
-        seen.append(request_id)
+    def spy(db: Session, *, ended: Iterable[grants.EndedRequest]) -> list[str]:
+        ended = list(ended)
+        seen.extend(end.request_id for end in ended if end.was_granted)
+        return real(db, ended=ended)
 
-    grants.on_grant_revoked.append(hook)
-    yield seen
-    grants.on_grant_revoked.remove(hook)
+    monkeypatch.setattr(jobs, "stop_jobs_of_ended_grants", spy)
+    return seen
 
 
 def test_a_grants_whole_life_request_approve_use_expire_refuse(
@@ -151,7 +157,7 @@ def test_a_grants_whole_life_request_approve_use_expire_refuse(
 
 
 def test_revoke_ends_the_grant_at_once_and_calls_the_hook(
-    client: TestClient, platform: Platform, settings: Settings, revoked_hook: list[str]
+    client: TestClient, platform: Platform, settings: Settings, stops_asked: list[str]
 ) -> None:
     alice, bob = platform.user(), platform.user()
     dataset = upload(client, alice)
@@ -161,7 +167,7 @@ def test_revoke_ends_the_grant_at_once_and_calls_the_hook(
     assert act(client, bob, request["id"], "revoke").status_code == 403  # not the owner
     revoked = act(client, alice, request["id"], "revoke")
     assert revoked.status_code == 200 and revoked.json()["status"] == "revoked"
-    assert revoked_hook == [request["id"]]
+    assert stops_asked == [request["id"]]
     with pytest.raises(Forbidden):
         use(platform, settings, bob, dataset)
     assert act(client, alice, request["id"], "revoke").status_code == 409
@@ -174,8 +180,80 @@ def test_revoke_ends_the_grant_at_once_and_calls_the_hook(
     ]
 
 
+def test_a_revocation_fails_the_requesters_live_job_in_the_revoking_call(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    register_clusters(platform.factory, settings, "cluster-a", "cluster-b")
+    alice, bob = platform.user(), platform.user()
+    dataset = upload(client, alice)
+    request = ask(client, bob, dataset)
+    act(client, alice, request["id"], "approve")
+    workspace = client.get(f"{API}/workspaces", headers=bob.headers).json()["items"][0]["id"]
+    submitted = client.post(
+        f"{API}/workspaces/{workspace}/jobs",
+        json={
+            "kind": "electra_pretrain",
+            "config": {"steps": 3},
+            "inputs": {"text": dataset},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+        headers=bob.headers,
+    )
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    assert act(client, alice, request["id"], "revoke").status_code == 200
+    # no reaper runs here: the revoking request itself failed the job, after its commit
+    job = client.get(f"{API}/jobs/{job_id}", headers=bob.headers).json()
+    assert job["status"] == "failed"
+    assert job["error"] == f"access grant {request['id']} to dataset {dataset} was revoked"
+    with platform.factory() as db:
+        failure = db.scalar(
+            select(AuditEvent).where(
+                AuditEvent.action == "job.fail", AuditEvent.subject_id == job_id
+            )
+        )
+    assert failure is not None and failure.details["access_request_id"] == request["id"]
+
+
+def test_ending_a_grant_returns_what_ended_and_no_listener_acts_on_commit(
+    client: TestClient, platform: Platform
+) -> None:
+    """The stop is the caller's explicit call: nothing registered on sessions does it."""
+    import app.main  # noqa: F401  (every module of the control plane is loaded)
+
+    with platform.factory() as db:
+        assert list(db.dispatch.after_commit) == []
+        assert list(db.dispatch.after_rollback) == []
+    alice, bob = platform.user(), platform.user()
+    dataset = upload(client, alice)
+    granted, pending = ask(client, bob, dataset), ask(client, platform.user(), dataset)
+    act(client, alice, granted["id"], "approve")
+    with platform.factory() as db:
+        owner = db.get(User, alice.id)
+        assert owner is not None
+        _request, ended = grants.revoke(
+            db, actor=Actor(user_id=alice.id), user=owner, request_id=granted["id"]
+        )
+        assert ended == grants.EndedRequest(
+            request_id=granted["id"],
+            requester_id=bob.id,
+            dataset_id=dataset,
+            state="revoked",
+            was_granted=True,
+        )
+        db.commit()
+    with platform.factory() as db:
+        carol = db.get(User, pending["requester_id"])
+        assert carol is not None
+        _request, withdrawn = grants.withdraw(
+            db, actor=Actor(user_id=carol.id), user=carol, request_id=pending["id"]
+        )
+        assert (withdrawn.state, withdrawn.was_granted) == ("withdrawn", False)
+        assert jobs.stop_jobs_of_ended_grants(db, ended=[withdrawn]) == []
+
+
 def test_withdraw_by_the_requester_only(
-    client: TestClient, platform: Platform, revoked_hook: list[str]
+    client: TestClient, platform: Platform, stops_asked: list[str]
 ) -> None:
     alice, bob = platform.user(), platform.user()
     dataset = upload(client, alice)
@@ -184,12 +262,12 @@ def test_withdraw_by_the_requester_only(
     withdrawn = act(client, bob, pending["id"], "withdraw")
     assert withdrawn.status_code == 200 and withdrawn.json()["status"] == "withdrawn"
     assert act(client, alice, pending["id"], "approve").status_code == 409
-    assert revoked_hook == []  # nothing was granted
+    assert stops_asked == []  # nothing was granted
     # giving up an active grant also ends it for running jobs
     granted = ask(client, bob, dataset)
     act(client, alice, granted["id"], "approve")
     assert act(client, bob, granted["id"], "withdraw").json()["status"] == "withdrawn"
-    assert revoked_hook == [granted["id"]]
+    assert stops_asked == [granted["id"]]
     assert audit_of(platform, pending["id"]) == [
         ("access.request", "success"),
         ("access.withdraw", "denied"),
@@ -267,7 +345,7 @@ def test_non_parties_get_404_on_a_request(client: TestClient, platform: Platform
 
 
 def test_deleting_the_dataset_ends_its_grants(
-    client: TestClient, platform: Platform, settings: Settings, revoked_hook: list[str]
+    client: TestClient, platform: Platform, settings: Settings, stops_asked: list[str]
 ) -> None:
     alice, bob, carol = platform.user(), platform.user(), platform.user()
     dataset = upload(client, alice)
@@ -278,13 +356,13 @@ def test_deleting_the_dataset_ends_its_grants(
     for request, who in ((granted, bob), (pending, carol)):
         got = client.get(f"{API}/access-requests/{request['id']}", headers=who.headers)
         assert got.json()["status"] == "revoked"
-    assert revoked_hook == [granted["id"]]
+    assert stops_asked == [granted["id"]]
     with pytest.raises(NotFound):
         use(platform, settings, bob, dataset)
 
 
 def test_deleting_a_user_ends_their_grants_both_ways(
-    client: TestClient, platform: Platform, revoked_hook: list[str]
+    client: TestClient, platform: Platform, stops_asked: list[str]
 ) -> None:
     alice, bob, carol = platform.user(), platform.user(), platform.user()
     admin = platform.user(Role.admin)
@@ -300,7 +378,7 @@ def test_deleting_a_user_ends_their_grants_both_ways(
             for r in db.scalars(select(AccessRequest)).all()  # every request of the platform
         }
     assert statuses == {bob_uses_alices["id"]: "revoked", carol_uses_bobs["id"]: "revoked"}
-    assert sorted(revoked_hook) == sorted([bob_uses_alices["id"], carol_uses_bobs["id"]])
+    assert sorted(stops_asked) == sorted([bob_uses_alices["id"], carol_uses_bobs["id"]])
     # the deleted owner's datasets leave the catalog
     catalog = client.get(f"{API}/catalog", headers=carol.headers).json()
     assert of_bob not in {d["id"] for d in catalog["items"]}

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.jobtoken import JobClaims
 from workers.switch import protocol as p
-from workers.switch.jobtoken import JobClaims
 from workers.switch.rules import (
     LinkMeter,
     ResendWindow,
