@@ -251,6 +251,7 @@ class _Outbound:
     queue: FairQueue[str, tuple[Routed, float]]
     window: ResendWindow[Routed]
     meter: LinkMeter = field(default_factory=LinkMeter)
+    pending: tuple[Routed, float] | None = None  # taken from the queue, waiting for room
     stream: FrameStream | None = None
     connected: threading.Event = field(default_factory=threading.Event)
     connections: int = 0
@@ -1188,21 +1189,20 @@ class _PeerSending:
         for _, frame in out.window.replay():
             self.sent += 1  # first: its acknowledgement may come while it is written
             self.send(frame)
-        pending: tuple[Routed, float] | None = None
         while not stop.is_set():
             self.take_all()
             wait = self.ping_if_due()
-            if pending is None:
-                pending = out.queue.get(timeout=wait)
-                if pending is None:
+            if out.pending is None:
+                out.pending = out.queue.get(timeout=wait)
+                if out.pending is None:
                     continue
-            frame, queued_at = pending
+            frame, queued_at = out.pending
             nbytes = len(frame.body) if isinstance(frame, Data) else 0
             if not out.window.has_room(nbytes):
                 # full: wait for the peer to catch up, a poll at a time
                 self.stream.wait_readable(min(wait, POLL_S))
                 continue
-            pending = None
+            out.pending = None  # it stays with the outbound (not this connection) till here
             out.window.push(frame, nbytes)
             if self.shaper is not None:
                 self.shaper.hold(queued_at)
