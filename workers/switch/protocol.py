@@ -236,13 +236,8 @@ def _meta_of(frame: Frame) -> tuple[Kind, dict[str, Any]]:
     if isinstance(frame, Welcome):
         return Kind.WELCOME, {}
     if isinstance(frame, Receipt):
-        return Kind.RECEIPT, {
-            "job": frame.job_id,
-            "src": frame.src_role,
-            "dst": frame.dst_role,
-            "next": frame.next_seq,
-            "resend": frame.resend,
-        }
+        route = {"job": frame.job_id, "src": frame.src_role, "dst": frame.dst_role}
+        return Kind.RECEIPT, route | {"next": frame.next_seq, "resend": frame.resend}
     if isinstance(frame, Ping):
         return Kind.PING, {"id": frame.id}
     if isinstance(frame, LinkReport):

@@ -118,15 +118,16 @@ def test_a_dropped_worker_connection_resumes_with_its_token(
 def test_a_peer_that_stops_reading_is_cut_within_seconds(
     make_pair: Callable[..., Pair], cutting_proxy, switch_log
 ) -> None:  # type: ignore[no-untyped-def]
-    proxy = None
-
-    def via_proxy(b):  # type: ignore[no-untyped-def]
-        nonlocal proxy
-        proxy = cutting_proxy(b.peer_address)
-        return proxy.address
-
-    pair = make_pair(a_peer_address=via_proxy, io_timeout_s=2.0, ping_interval_s=0.5)
-    assert proxy is not None and pair.a.wait_connected("cluster-b", 10)
+    proxies = []
+    pair = make_pair(
+        a_peer_address=lambda b: (
+            proxies.append(cutting_proxy(b.peer_address)) or proxies[0].address
+        ),
+        io_timeout_s=2.0,
+        ping_interval_s=0.5,
+    )
+    (proxy,) = proxies
+    assert pair.a.wait_connected("cluster-b", 10)
     with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
         g.send("c", b"before")
         assert d.recv("c", timeout=10) == b"before"
