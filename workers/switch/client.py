@@ -50,7 +50,7 @@ from workers.switch.protocol import (
     Welcome,
 )
 from workers.switch.rules import ResendWindow
-from workers.switch.stream import FrameStream, tune
+from workers.switch.stream import FrameStream, cut, tune
 from workers.switch.tls import PeerRejected, check_peer, client_context
 
 log = logging.getLogger("nebula.switch.client")
@@ -434,8 +434,7 @@ class SwitchLink:
             with contextlib.suppress(OSError, ProtocolError):
                 self._out.write(Error(GOODBYE))  # no resume: the switch frees the role now
         for stream in (self._out, self._in):
-            with contextlib.suppress(OSError):
-                stream.sock.shutdown(socket.SHUT_RDWR)
+            cut(stream.sock)
         self._reader.join(timeout=5)
         self._out.close()
         self._in.close()

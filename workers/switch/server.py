@@ -78,7 +78,7 @@ from workers.switch.protocol import (
 )
 from workers.switch.rules import LinkMeter, ResendWindow, WindowError, admit_worker
 from workers.switch.shaper import Shaper, ShaperConfig
-from workers.switch.stream import FrameStream, tune
+from workers.switch.stream import FrameStream, cut, tune
 from workers.switch.tls import (
     CrlInfo,
     PeerIdentity,
@@ -361,12 +361,12 @@ class Switch:
         """Close every listener and connection and join the threads."""
         self._stop.set()
         for listener in self._doors.listeners:
-            _cut(listener)
+            cut(listener)
         with self._lock:
             streams = [*self._doors.peers, *self._doors.workers]
             streams += [o.stream for o in self._outbound.values() if o.stream is not None]
         for stream in streams:
-            _cut(stream.sock)
+            cut(stream.sock)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()  # type: ignore[attr-defined]
         for thread in self._threads:
@@ -484,7 +484,7 @@ class Switch:
                 serial,
             )
             self._meters.refused.labels("revoked").inc()
-            _cut(stream.sock)
+            cut(stream.sock)
 
     @property
     def revoked(self) -> frozenset[int]:
@@ -509,7 +509,7 @@ class Switch:
             self._doors.peers.clear()
         log.error("switch %s: no fresh CRL within the grace period; failing closed", self.cluster)
         for stream in doomed:
-            _cut(stream.sock)
+            cut(stream.sock)
 
     def _crl_loop(self) -> None:
         while not self._stop.wait(self.config.crl_refresh_s):
@@ -933,7 +933,7 @@ class Switch:
                 if older is not None:
                     self._doors.peers.pop(older, None)
             if older is not None:
-                _cut(older.sock)
+                cut(older.sock)
             stream.write(Welcome())
             self._authenticated()
             log.info("switch %s: peer %s connected from %s", self.cluster, cluster, address)
@@ -1211,14 +1211,7 @@ class _PeerSending:
             self.switch._meters.count(frame, "to_peer")
 
 
-def _cut(sock: socket.socket) -> None:
-    """Shut a socket down from another thread; its owner notices and closes it."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
 def _shutdown(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
+    cut(sock)
     with contextlib.suppress(OSError):
         sock.close()

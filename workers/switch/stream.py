@@ -25,6 +25,19 @@ def tune(sock: socket.socket, *, keepalive_s: int = 5) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def cut(sock: socket.socket) -> None:
+    """Shut a connection down from a thread other than its reader's; the reader then
+    sees the end of the stream and closes the socket.
+
+    Not `SSLSocket.shutdown`: it drops the TLS state first, and a reader in the middle
+    of a frame would go on with a plain `recv_into`, taking the ciphertext of the TLS
+    records still queued as the frame's bytes. The descriptor's own shutdown leaves
+    the TLS layer in place to see the end of the stream.
+    """
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
 class FrameStream:
     """Reads and writes frames on one socket; the owner keeps it to one thread."""
 
