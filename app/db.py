@@ -246,11 +246,22 @@ def newest_first(
     limit: int,
     offset: int,
 ) -> tuple[list[ModelT], int]:
-    """One page of `model` rows matching `where`, newest first, and how many match in all."""
+    """One page of `model` rows matching `where`, newest first, and how many match in all.
+
+    One query: the total rides along on each row as a window count (evaluated before the
+    page is cut); only a page past the end asks for it on its own.
+    """
     table = model.__table__
-    stmt, count = select(model), select(func.count()).select_from(table)
+    stmt = select(model, func.count().over())
     if where is not None:
-        stmt, count = stmt.where(where), count.where(where)
+        stmt = stmt.where(where)
     order = [table.c.created_at.desc(), *model.__mapper__.primary_key]
-    items = db.scalars(stmt.order_by(*order).limit(limit).offset(offset)).all()
-    return list(items), db.scalar(count) or 0
+    rows = db.execute(stmt.order_by(*order).limit(limit).offset(offset)).all()
+    if rows:
+        return [row[0] for row in rows], int(rows[0][1])
+    if offset == 0:
+        return [], 0
+    count = select(func.count()).select_from(table)
+    if where is not None:
+        count = count.where(where)
+    return [], db.scalar(count) or 0

@@ -10,7 +10,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.accounts import passwords, tokens
-from app.accounts.models import AuthToken, LoginFailure, Role, TokenKind, User, UserStatus
+from app.accounts.models import (
+    AuthToken,
+    Identity,
+    LoginFailure,
+    Role,
+    TokenKind,
+    User,
+    UserStatus,
+)
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import begin_reading, begin_writing, newest_first, utcnow
@@ -230,8 +238,10 @@ def login(
 
 
 # Built once: it runs on every authenticated request, and building costs more than running.
+# Columns, not entities: loading ORM objects costs several times the query itself, and
+# most requests need no more than who is calling; the rows load when a service asks.
 _TOKEN_LOOKUP = (
-    select(User, AuthToken)
+    select(User.id, User.role, AuthToken.id, AuthToken.kind)
     .join(User, User.id == AuthToken.user_id)
     .where(
         AuthToken.token_hash == bindparam("token_hash"),
@@ -242,11 +252,18 @@ _TOKEN_LOOKUP = (
 )
 
 
-def resolve_token(db: Session, *, secret: str) -> tuple[User, AuthToken] | None:
-    """The active user and live token behind a bearer secret, or None (one query, no write)."""
+def resolve_token(db: Session, *, secret: str) -> Identity | None:
+    """Who is behind a bearer secret: a live token of an active user, or None.
+
+    One query, no write, checked against the database on every call: a revoked token, an
+    ended session or a suspended user is refused by the next request.
+    """
     params = {"token_hash": tokens.token_hash(secret), "now": utcnow()}
-    row = db.execute(_TOKEN_LOOKUP, params).first()
-    return None if row is None else (row[0], row[1])
+    row = db.connection().execute(_TOKEN_LOOKUP, params).first()
+    if row is None:
+        return None
+    user_id, role, token_id, kind = row
+    return Identity(id=user_id, role=role, token_id=token_id, token_kind=kind)
 
 
 def token_is_live(db: Session, *, token_id: str) -> bool:

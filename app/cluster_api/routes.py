@@ -45,8 +45,9 @@ from app.errors import (
 )
 from app.fields import JobIdPath
 from app.openapi import security
+from app.routing import OneHopRoute
 
-router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
+router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"], route_class=OneHopRoute)
 
 WORKER_HEADER = "X-Nebula-Worker"
 RoleName = Annotated[

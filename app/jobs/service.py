@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import User
+from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
@@ -144,7 +144,7 @@ def submit(
     return job
 
 
-def get_owned(db: Session, *, actor: Actor, user: User, job_id: str) -> Job:
+def get_owned(db: Session, *, actor: Actor, user: User | Identity, job_id: str) -> Job:
     """The job if `user` owns it; NotFound (audited) otherwise."""
     job = db.get(Job, job_id)
     if job is None or job.owner_id != user.id:

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import Role, User
+from app.accounts.models import Identity, Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import new_id, newest_first
@@ -67,7 +67,7 @@ def create(
     return workspace
 
 
-def get_owned(db: Session, *, actor: Actor, user: User, workspace_id: str) -> Workspace:
+def get_owned(db: Session, *, actor: Actor, user: User | Identity, workspace_id: str) -> Workspace:
     """The workspace if `user` owns it; NotFound (audited) otherwise."""
     workspace = db.get(Workspace, workspace_id)
     if workspace is None or workspace.owner_id != user.id:

@@ -77,21 +77,35 @@ def test_authenticated_reads_take_no_write_lock(settings: Settings, database_url
                 assert answer.status_code == 200, (path, answer.text)
 
 
-def test_token_and_user_come_in_one_query(client: TestClient, platform: Platform) -> None:
-    alice = platform.user()
+def _statements(client: TestClient, path: str, headers: dict[str, str]) -> list[str]:
+    """The SQL statements one GET of `path` ran (transaction control left out)."""
     engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
     statements: list[str] = []
 
     def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if not statement.lstrip().upper().startswith(("PRAGMA", "BEGIN")):
-            statements.append(statement)
+            statements.append(" ".join(statement.split()))
 
     event.listen(engine, "before_cursor_execute", seen)
     try:
-        assert client.get("/api/v1/me", headers=alice.headers).status_code == 200
+        assert client.get(f"/api/v1{path}", headers=headers).status_code == 200
     finally:
         event.remove(engine, "before_cursor_execute", seen)
-    assert len(statements) == 1, statements
+    return statements
+
+
+def test_token_and_user_come_in_one_query(client: TestClient, platform: Platform) -> None:
+    alice = platform.user()
+    # authentication: the token by its hash, joined with its user (status and role)
+    workspaces = _statements(client, "/workspaces", alice.headers)
+    assert "FROM auth_tokens JOIN users" in workspaces[0], workspaces
+    # a page and its total come in one query; nothing else is read
+    assert len(workspaces) == 2, workspaces
+    assert "count(*) OVER ()" in workspaces[1], workspaces
+    # the user's row is read only by an endpoint that needs it, once
+    me = _statements(client, "/me", alice.headers)
+    assert "FROM auth_tokens JOIN users" in me[0], me
+    assert len(me) == 2 and me[1].startswith("SELECT users.id"), me
 
 
 @pytest.fixture
@@ -126,7 +140,7 @@ def test_argon2_runs_while_no_connection_is_held(
     assert answer.status_code == 204
     # create (hash), login (verify) twice, unknown (burn), change (verify + hash)
     assert len(connections_during_argon2) == 7
-    assert set(connections_during_argon2) == {0}
+    assert set(connections_during_argon2) == {0}, connections_during_argon2
 
 
 def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings) -> None:
