@@ -11,12 +11,15 @@ import httpx
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
 from sqlalchemy.engine import Engine
 
 from app.accounts import passwords
+from app.accounts import service as accounts
+from app.accounts.models import Role, User, UserStatus
 from app.audit.models import AuditEvent
-from app.errors import TooManyAttempts
+from app.deps import Caller
+from app.errors import NotAuthenticated, TooManyAttempts
 from app.main import create_app
 from app.settings import Settings
 from support import PASSWORD, LiveServer, Platform, make_user
@@ -190,3 +193,56 @@ def test_password_gate_refuses_beyond_its_slots_and_admits_again_after() -> None
             release.set()
         assert running.result() == "first"
     assert gate.run(lambda: "third") == "third"
+
+
+def _identity_only_paths(client: TestClient, headers: dict[str, str]) -> list[str]:
+    """Reads whose endpoints decide on the caller's identity alone (no user row loaded)."""
+    ws = client.get("/api/v1/workspaces", headers=headers).json()["items"][0]["id"]
+    return [
+        "/workspaces",
+        f"/workspaces/{ws}",
+        f"/workspaces/{ws}/datasets",
+        f"/workspaces/{ws}/jobs",
+    ]
+
+
+def test_reads_that_load_no_user_row_still_refuse_ended_credentials_at_once(
+    client: TestClient, platform: Platform
+) -> None:
+    admin, alice, bob = platform.user(Role.admin), platform.user(), platform.user()
+    paths = _identity_only_paths(client, alice.headers)
+    api = client.post("/api/v1/me/tokens", json={"name": "x"}, headers=bob.headers).json()
+    api_headers = {"Authorization": f"Bearer {api['token']}"}
+    bob_paths = _identity_only_paths(client, api_headers)
+    for path in paths:
+        assert client.get(f"/api/v1{path}", headers=alice.headers).status_code == 200, path
+    # suspension: every credential of the user is refused by the next request
+    assert (
+        client.post(f"/api/v1/users/{alice.id}/suspend", headers=admin.headers).status_code == 200
+    )
+    for path in paths:
+        assert client.get(f"/api/v1{path}", headers=alice.headers).status_code == 401, path
+    # a revoked API token, then a logged-out session
+    assert client.delete(f"/api/v1/me/tokens/{api['id']}", headers=bob.headers).status_code == 204
+    assert client.post("/api/v1/auth/logout", headers=bob.headers).status_code == 204
+    for path in bob_paths:
+        assert client.get(f"/api/v1{path}", headers=api_headers).status_code == 401, path
+        assert client.get(f"/api/v1{path}", headers=bob.headers).status_code == 401, path
+
+
+def test_a_user_suspended_after_authentication_is_refused_when_the_row_loads(
+    client: TestClient, platform: Platform
+) -> None:
+    alice = platform.user()
+    with platform.factory() as db:
+        identity = accounts.resolve_token(db, secret=alice.token)
+        assert identity is not None and identity.id == alice.id
+        caller = Caller(identity=identity, via_cookie=False, ip=None, db=db)
+        db.commit()
+        with platform.factory() as other:
+            other.execute(
+                update(User).where(User.id == alice.id).values(status=UserStatus.suspended)
+            )
+            other.commit()
+        with pytest.raises(NotAuthenticated):
+            _ = caller.user
