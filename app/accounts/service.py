@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -174,6 +176,19 @@ def _attempt_succeeded(db: Session, attempt_id: str) -> None:
     db.execute(delete(LoginFailure).where(LoginFailure.id == attempt_id))
 
 
+@contextmanager
+def _checking_password(db: Session, attempt_id: str) -> Iterator[None]:
+    """Argon2 for a counted attempt. Refused by a full password gate (429), no password was
+    checked: the attempt no longer counts, and the refusal leaves nothing written."""
+    try:
+        yield
+    except TooManyAttempts:
+        begin_writing(db)
+        _attempt_succeeded(db, attempt_id)
+        db.commit()
+        raise
+
+
 def login(
     db: Session, *, email: str, password: str, ip: str | None, settings: Settings
 ) -> tuple[User, IssuedToken]:
@@ -196,12 +211,13 @@ def login(
     begin_reading(db)
     user = db.scalar(select(User).where(User.email == email))
     db.commit()
-    if user is None:
-        passwords.burn_verify(password, settings)
-        ok, checked_hash = False, None
-    else:
-        checked_hash = user.password_hash
-        ok = passwords.verify_password(password, checked_hash, settings)
+    with _checking_password(db, attempt):
+        if user is None:
+            passwords.burn_verify(password, settings)
+            ok, checked_hash = False, None
+        else:
+            checked_hash = user.password_hash
+            ok = passwords.verify_password(password, checked_hash, settings)
     begin_writing(db)
     if user is not None:
         # a password change or a suspension while argon2 ran wins over this login
@@ -317,7 +333,9 @@ def change_password(
     """
     door = _Door(actor, "user.password", "user", user.id, "too many failed attempts; try later")
     attempt = _begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
-    if not passwords.verify_password(current_password, user.password_hash, settings):
+    with _checking_password(db, attempt):
+        right = passwords.verify_password(current_password, user.password_hash, settings)
+    if not right:
         audit.record(
             db,
             actor=actor,
@@ -329,7 +347,8 @@ def change_password(
         db.commit()
         raise NotAuthenticated("current password is wrong")
     passwords.check_policy(new_password, email=user.email)
-    new_hash = passwords.hash_password(new_password, settings)  # before any statement: no lock
+    with _checking_password(db, attempt):
+        new_hash = passwords.hash_password(new_password, settings)  # before any statement
     _attempt_succeeded(db, attempt)
     user.password_hash = new_hash
     revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)

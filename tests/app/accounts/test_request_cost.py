@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from app.accounts import passwords
 from app.accounts import service as accounts
-from app.accounts.models import Role, User, UserStatus
+from app.accounts.models import LoginFailure, Role, User, UserStatus
 from app.audit.models import AuditEvent
 from app.deps import Caller
 from app.errors import NotAuthenticated, TooManyAttempts
@@ -159,6 +159,7 @@ def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings)
     with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
         with app.state.sessionmaker() as db:
             before = db.scalar(select(func.count()).select_from(AuditEvent))
+            attempts = db.scalar(select(func.count()).select_from(LoginFailure))
         busy = pool.submit(gate.run, occupy)
         started.wait()
         try:
@@ -171,6 +172,8 @@ def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings)
         assert answer.status_code == 429
         with app.state.sessionmaker() as db:
             assert db.scalar(select(func.count()).select_from(AuditEvent)) == before
+            # no password was checked: the attempt does not count against the lockout
+            assert db.scalar(select(func.count()).select_from(LoginFailure)) == attempts
     app.state.engine.dispose()
 
 
