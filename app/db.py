@@ -11,7 +11,17 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, DateTime, MetaData, String, create_engine, event, func, select
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    MetaData,
+    String,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    select,
+)
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -223,6 +233,24 @@ def begin_writing(db: Session) -> None:
     if db.in_transaction():
         db.commit()
     db.connection(execution_options=access_options(db.get_bind().dialect.name, writes=True))
+
+
+_OWNER_LOOKUPS: dict[type[Base], Any] = {}
+
+
+def owner_of(db: Session, model: type[Base], key: str) -> str | None:
+    """The `owner_id` of the `model` row with primary key `key` (None: no such row).
+
+    A column read on the session's connection, by a statement built once per model: an
+    ownership check that loads no ORM object, for reads that need the row no further.
+    """
+    stmt = _OWNER_LOOKUPS.get(model)
+    if stmt is None:
+        (primary_key,) = model.__mapper__.primary_key
+        stmt = select(model.__table__.c.owner_id).where(primary_key == bindparam("key"))
+        _OWNER_LOOKUPS[model] = stmt
+    owner: str | None = db.connection().execute(stmt, {"key": key}).scalar()
+    return owner
 
 
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:

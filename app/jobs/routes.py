@@ -89,7 +89,7 @@ def list_jobs(
     workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep, page: PageDep
 ) -> JobList:
     """Jobs of one of the caller's workspaces."""
-    workspaces.get_owned(db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id)
+    workspaces.check_owned(db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id)
     items, total = service.list_for_workspace(
         db, workspace_id=workspace_id, limit=page.limit, offset=page.offset
     )
@@ -117,14 +117,14 @@ def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
 def job_metrics(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> MetricsOut:
     """Every metric as a time series: `{"series": {"role.name": [[step, value], ...]}}`."""
-    service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    service.check_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
     return MetricsOut(series=service.metric_series(db, job_id=job_id))
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=ArtifactList)
 def job_artifacts(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> ArtifactList:
     """Models and reports the job wrote (models are datasets in the owner's workspace)."""
-    service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    service.check_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
     items = service.artifacts(db, job_id=job_id)
     return ArtifactList(items=[ArtifactOut.model_validate(a) for a in items], total=len(items))
 

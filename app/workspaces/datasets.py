@@ -354,8 +354,8 @@ def list_in_workspace(
     db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Dataset], int]:
     """The live datasets of one of the user's workspaces, newest first."""
-    workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
-    where = (Dataset.workspace_id == workspace.id) & Dataset.deleted_at.is_(None)
+    workspaces.check_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    where = (Dataset.workspace_id == workspace_id) & Dataset.deleted_at.is_(None)
     return newest_first(db, Dataset, where, limit=limit, offset=offset)
 
 
