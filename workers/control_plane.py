@@ -14,18 +14,32 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
-from workers.training.rendezvous import Rendezvous
+from contract import API_PREFIX
+from contract.cluster_api import (
+    ClaimIn,
+    ClaimOut,
+    EndedJobsIn,
+    EndedJobsOut,
+    FinishIn,
+    FinishOut,
+    HeartbeatOut,
+    MetricBatchIn,
+    MetricBatchOut,
+    MetricPoint,
+    PresenceAnswer,
+    PresenceIn,
+    Rendezvous,
+)
 
 log = logging.getLogger("nebula.cluster")
 
-API = "/api/v1/cluster"
+API = f"{API_PREFIX}/cluster"
 WORKER_HEADER = "X-Nebula-Worker"
 UPLOAD_CHUNK = 1024 * 1024
 T = TypeVar("T")
@@ -109,23 +123,6 @@ def retrying(call: Callable[[], T], *, within_s: float, what: str) -> T:
             delay = min(delay * 2, 4.0)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What the control plane hands a role that claims its attempt."""
-
-    job_id: str
-    attempt: int
-    role: str
-    peer_role: str
-    kind: str
-    config: dict[str, Any]
-    inputs: list[str]
-    token: str
-    heartbeat_s: float
-    grace_s: float
-    checkpoint_key: bytes = field(repr=False, default=b"")
-
-
 class ClusterClient:
     """A worker's connection to the cluster API, authenticated by its worker credential."""
 
@@ -151,48 +148,41 @@ class ClusterClient:
 
     def report_presence(self, *, kind: str, instance: str, version: str, online: bool) -> float:
         """Report this switch or worker in (or leaving); how long until the next report."""
-        answer = self.http.post(
-            "/presence",
-            json={"kind": kind, "instance": instance, "version": version, "online": online},
+        # built unvalidated from the contract's model: the server judges the body
+        body = PresenceIn.model_construct(
+            kind=kind,  # type: ignore[arg-type]
+            instance=instance,
+            version=version,
+            online=online,
         )
+        answer = self.http.post("/presence", json=body.model_dump())
         _raise_for(answer)
-        return float(answer.json()["report_every_s"])
+        return PresenceAnswer.model_validate(answer.json()).report_every_s
 
     def ended_jobs(self, job_ids: list[str]) -> list[str]:
         """Of `job_ids`, those this cluster has no live part in any more."""
-        answer = self.http.post("/jobs/ended", json={"job_ids": job_ids})
+        answer = self.http.post(
+            "/jobs/ended", json=EndedJobsIn.model_construct(job_ids=job_ids).model_dump()
+        )
         _raise_for(answer)
-        return [str(j) for j in answer.json()["ended"]]
+        return EndedJobsOut.model_validate(answer.json()).ended
 
     def claim(self, *, job_id: str, role: str, attempt: int, worker: str) -> RoleSession:
         """Start the role's attempt; Fenced if it is stale, final or held."""
-        answer = self.http.post(
-            f"/jobs/{job_id}/roles/{role}/claim", json={"attempt": attempt, "worker": worker}
-        )
+        body = ClaimIn.model_construct(attempt=attempt, worker=worker)
+        answer = self.http.post(f"/jobs/{job_id}/roles/{role}/claim", json=body.model_dump())
         _raise_for(answer)
-        body = answer.json()
-        claim = Claim(
-            job_id=body["job_id"],
-            attempt=int(body["attempt"]),
-            role=body["role"],
-            peer_role=body["peer_role"],
-            kind=body["kind"],
-            config=dict(body["config"]),
-            inputs=list(body["inputs"]),
-            token=body["token"],
-            heartbeat_s=float(body["heartbeat_s"]),
-            grace_s=float(body["grace_s"]),
-            checkpoint_key=base64.b64decode(body["checkpoint_key"]),
-        )
-        return RoleSession(self, claim)
+        return RoleSession(self, ClaimOut.model_validate(answer.json()))
 
 
 class RoleSession:
     """The calls of one claimed role; every one carries its current job token."""
 
-    def __init__(self, client: ClusterClient, claim: Claim) -> None:
+    def __init__(self, client: ClusterClient, claim: ClaimOut) -> None:
         self.client, self.claim = client, claim
         self.token = claim.token
+        # seals what the role leaves on the cluster's disk
+        self.checkpoint_key = base64.b64decode(claim.checkpoint_key)
         self._path = f"/jobs/{claim.job_id}/roles/{claim.role}"
 
     def _headers(self) -> dict[str, str]:
@@ -206,18 +196,21 @@ class RoleSession:
 
     def heartbeat(self) -> None:
         """Beat and take the renewed token; Fenced once the attempt is over."""
-        self.token = str(self._post("heartbeat", {})["token"])
+        self.token = HeartbeatOut.model_validate(self._post("heartbeat", {})).token
 
     def post_metrics(
         self, *, seq: int, points: list[tuple[int, dict[str, float]]], checkpoint_step: int | None
     ) -> bool:
         """Send batch number `seq` (applied once however often it is sent)."""
-        body = {
-            "seq": seq,
-            "points": [{"step": step, "values": values} for step, values in points],
-            "checkpoint_step": checkpoint_step,
-        }
-        return bool(self._post("metrics", body)["applied"])
+        # unvalidated here: the server refuses a NaN or an oversized batch, as it always did
+        body = MetricBatchIn.model_construct(
+            seq=seq,
+            points=[
+                MetricPoint.model_construct(step=step, values=values) for step, values in points
+            ],
+            checkpoint_step=checkpoint_step,
+        )
+        return MetricBatchOut.model_validate(self._post("metrics", body.model_dump())).applied
 
     def read_input(self, name: str) -> Iterator[bytes]:
         """The input's decrypted bytes as they stream in."""
@@ -252,7 +245,7 @@ class RoleSession:
 
     def publish_rendezvous(self, rendezvous: Rendezvous) -> None:
         """Tell this attempt's replicas where to join (the root discriminator)."""
-        self._post("rendezvous", asdict(rendezvous))
+        self._post("rendezvous", rendezvous.model_dump())
 
     def read_rendezvous(self) -> Rendezvous | None:
         """Where to join the discriminator's group (a replica); None until it is published."""
@@ -260,11 +253,15 @@ class RoleSession:
         if answer.status_code == 404:
             return None
         _raise_for(answer)
-        return Rendezvous(**answer.json())
+        return Rendezvous.model_validate(answer.json())
 
     def finish(
         self, outcome: str, *, error: str | None = None, report: dict[str, Any] | None = None
     ) -> str:
         """Report how the role ended; returns the job's status."""
-        body = {"outcome": outcome, "error": error, "report": report or {}}
-        return str(self._post("finish", body)["job_status"])
+        body = FinishIn.model_construct(
+            outcome=outcome,  # type: ignore[arg-type]
+            error=error,
+            report=report or {},
+        )
+        return FinishOut.model_validate(self._post("finish", body.model_dump())).job_status

@@ -10,19 +10,22 @@ A worker holds no database URL, no platform secret and no data key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from app.jobs.schemas import REPLICA_OF, replica_rank
+from contract.cluster_api import Rendezvous
+from contract.kinds import KINDS, REPLICA_OF, replica_rank
+from contract.text import split_lines
 from workers.control_plane import (
     ClusterClient,
     ControlPlaneError,
@@ -33,9 +36,7 @@ from workers.control_plane import (
 )
 from workers.presence import instance_name
 from workers.switch.link import Link
-from workers.text import split_lines
 from workers.training import sealed
-from workers.training.rendezvous import Rendezvous
 from workers.training.runtime import Hooks, RoleResult
 
 log = logging.getLogger("nebula.runner")
@@ -183,68 +184,90 @@ class RoleHooks(Hooks):
 
 @dataclass
 class RoleInputs:
-    """What a role reads, already decrypted, and nothing more."""
+    """What a role reads, already decrypted, and nothing more: by input name, the lines of a
+    text or parallel dataset, the bytes of a model."""
 
-    lines: list[str] | None = None
-    eval_lines: list[str] | None = None
-    model: bytes | None = None
+    lines: dict[str, list[str]] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def text(self, name: str) -> list[str]:
+        """The lines of an input the role must have."""
+        return self.lines[name]
+
+    def model(self) -> bytes:
+        """The one model the role reads."""
+        (data,) = self.files.values()
+        return data
 
 
 def _read_inputs(session: RoleSession) -> RoleInputs:
-    """The role's inputs through the cluster API (each read checked and audited there)."""
+    """The role's inputs through the cluster API (each read checked and audited there).
 
-    def read(name: str) -> Iterable[bytes]:
-        return session.read_input(name)
+    The claim names the inputs this role may read (the kinds table's reads, as the control
+    plane resolved them for this job); the table says which dataset kind each is.
+    """
+    spec = KINDS[session.claim.kind]
+    dataset_kinds = {**spec.inputs, **spec.optional_inputs}
+    inputs = RoleInputs()
+    for name in session.claim.inputs:
+        chunks = session.read_input(name)
+        if dataset_kinds[name] == "model":
+            inputs.files[name] = b"".join(chunks)
+        else:
+            inputs.lines[name] = list(split_lines(chunks))
+    return inputs
 
-    offered = set(session.claim.inputs)
-    if session.claim.kind == "electra_pretrain":
-        return RoleInputs(lines=list(split_lines(read("text"))) if "text" in offered else None)
-    model = "source_model" if session.claim.role == "encoder" else "target_model"
-    return RoleInputs(
-        lines=list(split_lines(read("parallel"))),
-        eval_lines=list(split_lines(read("eval"))) if "eval" in offered else None,
-        model=b"".join(read(model)),
-    )
+
+RoleEntry = Callable[[Any, Link, RoleInputs, Path, Hooks, int], RoleResult]
 
 
-def _train(
-    role: str, cfg: Any, seed: int, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks
+def _electra_generator(
+    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int
 ) -> RoleResult:
-    if role == "generator":
-        from workers.training.electra import run_electra_generator
+    from workers.training.electra import run_electra_generator
 
-        assert inputs.lines is not None
-        return run_electra_generator(cfg, link, inputs.lines, ckpt_dir, hooks, seed=seed)
-    if role == "discriminator":
-        from workers.training.electra import run_electra_discriminator
+    return run_electra_generator(cfg, link, inputs.text("text"), ckpt_dir, hooks, seed=seed)
 
-        return run_electra_discriminator(cfg, link, inputs.lines, ckpt_dir, hooks, seed=seed)
-    assert inputs.lines is not None and inputs.model is not None
-    if role == "encoder":
-        from workers.training.abnet import run_abnet_encoder
 
+def _electra_discriminator(
+    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int
+) -> RoleResult:
+    from workers.training.electra import run_electra_discriminator
+
+    # without the text (discriminator_reads_text=false) whole sequences cross instead
+    text = inputs.lines.get("text")
+    return run_electra_discriminator(cfg, link, text, ckpt_dir, hooks, seed=seed)
+
+
+def _abnet_side(
+    cfg: Any,
+    link: Link,
+    inputs: RoleInputs,
+    ckpt_dir: Path,
+    hooks: Hooks,
+    seed: int,
+    *,
+    encoder: bool,
+) -> RoleResult:
+    from workers.training.abnet import run_abnet_decoder, run_abnet_encoder
+
+    lines, model, evals = inputs.text("parallel"), inputs.model(), inputs.lines.get("eval")
+    if encoder:
         return run_abnet_encoder(
-            cfg,
-            link,
-            inputs.lines,
-            inputs.model,
-            ckpt_dir,
-            hooks,
-            eval_source_lines=inputs.eval_lines,
-            seed=seed,
+            cfg, link, lines, model, ckpt_dir, hooks, eval_source_lines=evals, seed=seed
         )
-    from workers.training.abnet import run_abnet_decoder
-
     return run_abnet_decoder(
-        cfg,
-        link,
-        inputs.lines,
-        inputs.model,
-        ckpt_dir,
-        hooks,
-        eval_target_lines=inputs.eval_lines,
-        seed=seed,
+        cfg, link, lines, model, ckpt_dir, hooks, eval_target_lines=evals, seed=seed
     )
+
+
+# the training code of each (kind, role) of the kinds table; a test holds it to the table
+ROLE_ENTRIES: dict[tuple[str, str], RoleEntry] = {
+    ("electra_pretrain", "generator"): _electra_generator,
+    ("electra_pretrain", "discriminator"): _electra_discriminator,
+    ("abnet_finetune", "encoder"): functools.partial(_abnet_side, encoder=True),
+    ("abnet_finetune", "decoder"): functools.partial(_abnet_side, encoder=False),
+}
 
 
 def _report(role: str, result: RoleResult) -> dict[str, Any]:
@@ -348,7 +371,7 @@ def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> R
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / REPLICA_OF
     seed = int(claim.config.get("seed", 0))
     return run_discriminator_replica(
-        cfg, rank, rendezvous, ckpt_dir, seed=seed, key=claim.checkpoint_key
+        cfg, rank, rendezvous, ckpt_dir, seed=seed, key=session.checkpoint_key
     )
 
 
@@ -374,7 +397,8 @@ def _run_trainer(
     hooks.on_stop = link.close
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
     seed = int(claim.config.get("seed", 0))
-    return _train(claim.role, cfg, seed, link, inputs, ckpt_dir, hooks)
+    entry = ROLE_ENTRIES[(claim.kind, claim.role)]
+    return entry(cfg, link, inputs, ckpt_dir, hooks, seed)
 
 
 def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:
@@ -389,7 +413,7 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     hooks = RoleHooks(session)
     hooks.publish_rendezvous = session.publish_rendezvous
     hooks.rendezvous_host = side.rendezvous_host
-    hooks.checkpoint_key = claim.checkpoint_key
+    hooks.checkpoint_key = session.checkpoint_key
     links: list[Link] = []
     try:
         if replica_rank(claim.role) is not None:
@@ -415,7 +439,7 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     try:
         if result.artifact is not None and result.artifact.exists():
             # sealed on this disk; the control plane encrypts it again for the owner
-            session.upload_artifact(sealed.read(result.artifact, claim.checkpoint_key))
+            session.upload_artifact(sealed.read(result.artifact, session.checkpoint_key))
     except (Fenced, Refused):
         return _Outcome("stopped", _finish(session, "stopped"))
     except (httpx.TransportError, ControlPlaneError) as exc:

@@ -30,6 +30,7 @@ from app.jobs.schemas import (
     ArtifactList,
     ArtifactOut,
     JobAccepted,
+    JobKindList,
     JobList,
     JobOut,
     JobOverviewList,
@@ -71,6 +72,12 @@ def submit_job(
     db.commit()
     dispatch.dispatch_job(db, settings=settings, job_id=job.id)
     return JobAccepted(id=job.id, status=job.status.value)
+
+
+@router.get("/job-kinds", response_model=JobKindList)
+def list_job_kinds(caller: CallerDep) -> JobKindList:
+    """The job kinds table: roles, peers, inputs, artifacts, presets and config of each kind."""
+    return service.kind_table()
 
 
 @router.get("/admin/jobs", response_model=JobOverviewList)

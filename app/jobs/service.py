@@ -19,12 +19,21 @@ from app.db import newest_first, owner_of, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
-from app.jobs.schemas import KINDS, JobSubmitIn, job_roles
+from app.jobs.schemas import (
+    JobInputKindOut,
+    JobKindList,
+    JobKindOut,
+    JobPresetOut,
+    JobRoleKindOut,
+    JobSubmitIn,
+)
 from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
+from contract.kinds import KINDS, job_roles
+from contract.presets import PRESET_HINTS
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
 
@@ -37,13 +46,7 @@ def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any],
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise Invalid(f"config.{where}: {first['msg']}") from None
-    from workers.training.configs import training_config
-
-    try:
-        total_steps = int(training_config(kind, parsed.model_dump()).steps)
-    except ValueError as exc:
-        raise Invalid(f"config: {exc}") from None
-    return parsed.model_dump(), total_steps
+    return parsed.model_dump(), parsed.total_steps()
 
 
 def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str]) -> None:
@@ -518,3 +521,42 @@ def stale_roles(db: Session, *, older_than: timedelta) -> list[tuple[Job, JobRol
 
 
 grants.on_grant_revoked.append(stop_jobs_on_revoked_grant)
+
+
+def kind_table() -> JobKindList:
+    """The job kinds table (contract.kinds) as `GET /job-kinds` serves it."""
+    items = []
+    for name, spec in KINDS.items():
+        tiny = spec.config.PRESETS["tiny"]
+        inputs = [
+            JobInputKindOut(
+                name=input_name,
+                kind=dataset_kind,
+                optional=input_name in spec.optional_inputs,
+                **spec.input_text[input_name].model_dump(),
+            )
+            for input_name, dataset_kind in {**spec.inputs, **spec.optional_inputs}.items()
+        ]
+        roles = [
+            JobRoleKindOut(name=role_name, **{**role.model_dump(), "reads": list(role.reads)})
+            for role_name, role in spec.roles.items()
+        ]
+        presets = [
+            JobPresetOut(name=preset, hint=PRESET_HINTS[preset], values={**tiny, **values})
+            for preset, values in spec.config.PRESETS.items()
+        ]
+        items.append(
+            JobKindOut(
+                kind=name,
+                label=spec.label,
+                description=spec.description,
+                primary_role=spec.primary_role,
+                apart=list(spec.apart),
+                roles=roles,
+                inputs=inputs,
+                presets=presets,
+                config_fields=list(spec.config.model_fields),
+                config_schema=spec.config.model_json_schema(),
+            )
+        )
+    return JobKindList(items=items)

@@ -58,9 +58,4 @@ export function isPast(value: string | null | undefined, now: Date = new Date())
   return !Number.isNaN(date.getTime()) && date.getTime() < now.getTime();
 }
 
-export const JOB_KIND_LABELS: Record<string, string> = {
-  electra_pretrain: "ELECTRA pre-training",
-  abnet_finetune: "ABNet fine-tuning",
-};
-
 export const TERMINAL_STATUSES = new Set(["succeeded", "failed", "cancelled"]);

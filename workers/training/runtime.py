@@ -13,20 +13,20 @@ import queue
 import re
 import struct
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from workers.compression import parse_spec
+from contract.cluster_api import Rendezvous
+from workers.compression import Codec, parse_spec
 from workers.switch.link import Link, Payload
 from workers.training import sealed
-from workers.training.rendezvous import Rendezvous
 
 # ---------------------------------------------------------------- hooks and results
 
@@ -184,20 +184,6 @@ class AsyncSender:
 
 
 # ---------------------------------------------------------------- codecs
-
-
-class Codec(Protocol):
-    """The compression API (workers/compression): float32 tensor <-> self-describing bytes."""
-
-    def encode(self, x: torch.Tensor) -> bytes: ...
-
-    def decode(
-        self,
-        blob: bytes,
-        *,
-        shape: Sequence[int | None] | None = None,
-        max_numel: int = ...,
-    ) -> torch.Tensor: ...
 
 
 class CodecBook:

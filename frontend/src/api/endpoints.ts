@@ -13,6 +13,7 @@ import type {
   EnrollmentToken,
   Job,
   JobMetrics,
+  JobKindSpec,
   JobOverview,
   JobSubmission,
   NewApiToken,
@@ -144,6 +145,7 @@ export const overview = {
 
 // Jobs
 export const jobs = {
+  kinds: () => api.get<{ items: JobKindSpec[] }>("/job-kinds"),
   list: (ws: string, q: PageQuery = {}) => page<Job>(`/workspaces/${enc(ws)}/jobs`, { ...q }),
   submit: (ws: string, body: JobSubmission) => api.post<{ id: string; status: string }>(`/workspaces/${enc(ws)}/jobs`, body),
   get: (id: string) => api.get<Job>(`/jobs/${enc(id)}`),

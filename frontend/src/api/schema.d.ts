@@ -752,6 +752,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/job-kinds": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Job Kinds
+         * @description The job kinds table: roles, peers, inputs, artifacts, presets and config of each kind.
+         */
+        get: operations["list_job_kinds_api_v1_job_kinds_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/jobs/{job_id}": {
         parameters: {
             query?: never;
@@ -2137,6 +2157,55 @@ export interface components {
             id: string;
             status: components["schemas"]["JobStatus"];
         };
+        /** JobInputKindOut */
+        JobInputKindOut: {
+            /** Hint */
+            hint: string;
+            /** Kind */
+            kind: string;
+            /** Label */
+            label: string;
+            /** Name */
+            name: string;
+            /** Optional */
+            optional: boolean;
+        };
+        /** JobKindList */
+        JobKindList: {
+            /** Items */
+            items: components["schemas"]["JobKindOut"][];
+        };
+        /**
+         * JobKindOut
+         * @description One job kind: everything a client needs to offer, submit and explain it.
+         */
+        JobKindOut: {
+            /** Apart */
+            apart: string[];
+            /** Config Fields */
+            config_fields: string[];
+            /** Config Schema */
+            config_schema: {
+                [key: string]: unknown;
+            };
+            /** Description */
+            description: string;
+            /** Inputs */
+            inputs: components["schemas"]["JobInputKindOut"][];
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "electra_pretrain" | "abnet_finetune";
+            /** Label */
+            label: string;
+            /** Presets */
+            presets: components["schemas"]["JobPresetOut"][];
+            /** Primary Role */
+            primary_role: string;
+            /** Roles */
+            roles: components["schemas"]["JobRoleKindOut"][];
+        };
         /** JobList */
         JobList: {
             /** Items */
@@ -2242,6 +2311,43 @@ export interface components {
             total_steps: number;
             /** Workspace Id */
             workspace_id: string;
+        };
+        /** JobPresetOut */
+        JobPresetOut: {
+            /** Hint */
+            hint: string;
+            /** Name */
+            name: string;
+            /** Values */
+            values: {
+                [key: string]: unknown;
+            };
+        };
+        /**
+         * JobRoleKindOut
+         * @description One role of a job kind, as `GET /job-kinds` tells it.
+         */
+        JobRoleKindOut: {
+            /** Artifact */
+            artifact: string | null;
+            /** Hint */
+            hint: string;
+            /** Label */
+            label: string;
+            /** Name */
+            name: string;
+            /** Peer */
+            peer: string;
+            /** Read If */
+            read_if: {
+                [key: string]: string;
+            };
+            /** Reads */
+            reads: string[];
+            /** Sees */
+            sees: string;
+            /** Sees Otherwise */
+            sees_otherwise: string;
         };
         /**
          * JobStatus
@@ -4158,6 +4264,28 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+        };
+    };
+    list_job_kinds_api_v1_job_kinds_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobKindList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
         };
     };
     get_job_api_v1_jobs__job_id__get: {

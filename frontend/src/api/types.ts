@@ -189,6 +189,7 @@ export interface EnrollmentToken {
 }
 
 export type JobKind = "electra_pretrain" | "abnet_finetune";
+export type Preset = "tiny" | "paper";
 export type JobStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
 
 export interface Job {
@@ -210,6 +211,52 @@ export interface Job {
   config?: Record<string, unknown>;
   inputs?: Record<string, string>;
   placement?: Record<string, string>;
+}
+
+/** One role of a job kind (GET /job-kinds). */
+export interface JobKindRole {
+  name: string;
+  label: string;
+  hint: string;
+  peer: string;
+  reads: string[];
+  /** input -> config field: the role reads that input only while the field is true. */
+  read_if: Record<string, string>;
+  artifact: string | null;
+  /** What the role's cluster receives. */
+  sees: string;
+  /** ... when one of its `read_if` fields is false. */
+  sees_otherwise: string;
+}
+
+export interface JobKindInput {
+  name: string;
+  /** The dataset kind it must be. */
+  kind: string;
+  optional: boolean;
+  label: string;
+  hint: string;
+}
+
+export interface JobKindPreset {
+  name: string;
+  hint: string;
+  /** The training-config fields the preset sets. */
+  values: Record<string, unknown>;
+}
+
+/** A job kind as the server's table tells it: the one source of roles, inputs and presets. */
+export interface JobKindSpec {
+  kind: JobKind;
+  label: string;
+  description: string;
+  primary_role: string;
+  apart: string[];
+  roles: JobKindRole[];
+  inputs: JobKindInput[];
+  presets: JobKindPreset[];
+  /** The fields a submission's config may hold. */
+  config_fields: string[];
 }
 
 export interface JobSubmission {

@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { formatMetric, groupSeries } from "../pages/JobPage";
 import { applyEvent, flattenSeries } from "./live";
 import { buildConfig, NO_ADVANCED } from "./specs";
+import { kindSpec } from "../test/jobKinds";
 import type { Job } from "../api/types";
 
 describe("series", () => {
@@ -54,13 +55,13 @@ describe("series", () => {
 
 describe("buildConfig", () => {
   it("sends only the preset unless overrides are filled in", () => {
-    expect(buildConfig("electra_pretrain", "tiny", NO_ADVANCED)).toEqual({ preset: "tiny" });
-    expect(buildConfig("abnet_finetune", "tiny", NO_ADVANCED)).toEqual({ preset: "tiny" });
+    expect(buildConfig(kindSpec("electra_pretrain"), "tiny", NO_ADVANCED)).toEqual({ preset: "tiny" });
+    expect(buildConfig(kindSpec("abnet_finetune"), "tiny", NO_ADVANCED)).toEqual({ preset: "tiny" });
   });
 
   it("uses ElectraJobConfig's keys for ELECTRA", () => {
     const advanced = { ...NO_ADVANCED, steps: "6", batchSize: "8", ckptEvery: "3", seed: "7", nDiscriminators: "2", discriminatorReadsText: false, forwardCodec: "int8" };
-    expect(buildConfig("electra_pretrain", "paper", advanced)).toEqual({
+    expect(buildConfig(kindSpec("electra_pretrain"), "paper", advanced)).toEqual({
       preset: "paper",
       seed: 7,
       steps: 6,
@@ -80,7 +81,7 @@ describe("buildConfig", () => {
       backwardCodec: "none",
       compressFromStep: "100",
     };
-    expect(buildConfig("abnet_finetune", "paper", advanced)).toEqual({
+    expect(buildConfig(kindSpec("abnet_finetune"), "paper", advanced)).toEqual({
       preset: "paper",
       steps: 500,
       forward_codec: "fp16(lowrank(0.2,method=power))",

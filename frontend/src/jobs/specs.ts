@@ -1,65 +1,13 @@
-/** What each job kind needs: inputs by name and kind, and the roles to place on clusters. */
-import type { DatasetKind, JobKind } from "../api/types";
+/**
+ * The web UI's side of the job kinds table. The table itself (roles, peers, inputs, presets,
+ * what each cluster receives) comes from the server, GET /job-kinds (contract/kinds.py):
+ * nothing here names a role or an input.
+ */
+import type { JobKindSpec, Preset } from "../api/types";
 
-export interface InputSpec {
-  name: string;
-  label: string;
-  kind: DatasetKind;
-  /** May be left out of the submission. */
-  optional?: boolean;
-  hint?: string;
-}
+export type { Preset };
 
-export interface RoleSpec {
-  name: string;
-  label: string;
-  hint: string;
-}
-
-export interface JobSpec {
-  kind: JobKind;
-  label: string;
-  description: string;
-  inputs: InputSpec[];
-  roles: RoleSpec[];
-}
-
-export const JOB_SPECS: Record<JobKind, JobSpec> = {
-  electra_pretrain: {
-    kind: "electra_pretrain",
-    label: "ELECTRA pre-training",
-    description: "Generator on one cluster, discriminators on another; only token ids and a small sync tensor cross the link.",
-    inputs: [{ name: "text", label: "Text corpus", kind: "text" }],
-    roles: [
-      { name: "generator", label: "Generator", hint: "Masks tokens and proposes replacements." },
-      { name: "discriminator", label: "Discriminator", hint: "Detects replaced tokens; the root scatters to sub-discriminators." },
-    ],
-  },
-  abnet_finetune: {
-    kind: "abnet_finetune",
-    label: "ABNet fine-tuning",
-    description: "Frozen source model with adapters on one cluster, frozen target model with cross-attention adapters on another.",
-    inputs: [
-      { name: "parallel", label: "Parallel corpus", kind: "parallel" },
-      { name: "source_model", label: "Source model", kind: "model" },
-      { name: "target_model", label: "Target model", kind: "model" },
-      { name: "eval", label: "Evaluation split", kind: "parallel", optional: true, hint: "Optional parallel test split: the job reports BLEU on it." },
-    ],
-    roles: [
-      { name: "encoder", label: "Encoder", hint: "Source side: sends activations, receives gradients." },
-      { name: "decoder", label: "Decoder", hint: "Target side: receives activations, sends gradients." },
-    ],
-  },
-};
-
-export const PRESETS = [
-  { value: "tiny", label: "tiny", hint: "Small models and few steps: runs on CPU in minutes. Good for a first try." },
-  { value: "paper", label: "paper", hint: "The paper's model sizes: needs accelerators and hours." },
-] as const;
-
-export type Preset = (typeof PRESETS)[number]["value"];
-
-/** Codec specs the server understands (workers/compression/spec.py); any other valid spec may be typed in. */
+/** Codec specs the server understands (contract/codec_spec.py); any other valid spec may be typed in. */
 export const CODEC_SUGGESTIONS = [
   "none",
   "fp16",
@@ -71,8 +19,11 @@ export const CODEC_SUGGESTIONS = [
   "ef(int8)",
 ];
 
-/** The ABNet codecs when the user leaves them blank (AbnetJobConfig's defaults). */
-export const DEFAULT_CODECS = { forward: "fp16", backward: "int8" } as const;
+/** A preset's value of a config field, as the server's table states it ("" when it sets none). */
+export function presetValue(spec: JobKindSpec, preset: Preset, field: string): string {
+  const value = spec.presets.find((p) => p.name === preset)?.values[field];
+  return value === undefined || value === null ? "" : String(value);
+}
 
 /** Overrides as typed in the form; blank means "the preset's value". */
 export interface AdvancedOptions {
@@ -104,55 +55,44 @@ export const NO_ADVANCED: AdvancedOptions = {
   compressFromStep: "",
 };
 
-function setNumber(config: Record<string, unknown>, key: string, value: string): void {
-  if (value.trim()) config[key] = Number(value);
+function setNumber(config: Record<string, unknown>, fields: Set<string>, key: string, value: string): void {
+  if (fields.has(key) && value.trim()) config[key] = Number(value);
+}
+
+function setText(config: Record<string, unknown>, fields: Set<string>, key: string, value: string): void {
+  if (fields.has(key) && value.trim()) config[key] = value.trim();
 }
 
 /**
- * The job config for a kind: the preset plus only the overrides the user filled in, with the
- * keys of app/jobs/schemas.py (ElectraJobConfig, AbnetJobConfig; extra keys are refused).
+ * The job config for a kind: the preset plus only the overrides the user filled in, each sent
+ * only when the kind's config has that field (`config_fields` of GET /job-kinds; the server
+ * refuses any other key).
  */
-export function buildConfig(kind: JobKind, preset: Preset, advanced: AdvancedOptions): Record<string, unknown> {
+export function buildConfig(spec: Pick<JobKindSpec, "config_fields">, preset: Preset, advanced: AdvancedOptions): Record<string, unknown> {
+  const fields = new Set(spec.config_fields);
   const config: Record<string, unknown> = { preset };
-  setNumber(config, "seed", advanced.seed);
-  setNumber(config, "steps", advanced.steps);
-  setNumber(config, "batch_size", advanced.batchSize);
-  setNumber(config, "ckpt_every", advanced.ckptEvery);
-  if (kind === "electra_pretrain") {
-    setNumber(config, "n_discriminators", advanced.nDiscriminators);
-    if (!advanced.discriminatorReadsText) config.discriminator_reads_text = false;
-  } else {
-    if (advanced.forwardCodec.trim()) config.forward_codec = advanced.forwardCodec.trim();
-    if (advanced.backwardCodec.trim()) config.backward_codec = advanced.backwardCodec.trim();
-    setNumber(config, "compress_from_step", advanced.compressFromStep);
-  }
+  setNumber(config, fields, "seed", advanced.seed);
+  setNumber(config, fields, "steps", advanced.steps);
+  setNumber(config, fields, "batch_size", advanced.batchSize);
+  setNumber(config, fields, "ckpt_every", advanced.ckptEvery);
+  setNumber(config, fields, "n_discriminators", advanced.nDiscriminators);
+  if (fields.has("discriminator_reads_text") && !advanced.discriminatorReadsText) config.discriminator_reads_text = false;
+  setText(config, fields, "forward_codec", advanced.forwardCodec);
+  setText(config, fields, "backward_codec", advanced.backwardCodec);
+  setNumber(config, fields, "compress_from_step", advanced.compressFromStep);
   return config;
 }
 
 /**
  * What each role's cluster receives, for a job kind and its config: the truth the job page
- * shows (README, "Which cluster sees what"). Neither ELECTRA mode hides the text from the
- * discriminators' cluster.
+ * shows (README, "Which cluster sees what"), from the server's table. A role whose `read_if`
+ * field is false in the config reads less, and the table says what it receives then.
  */
-export function whatEachClusterSees(kind: JobKind, config: Record<string, unknown> = {}): Record<string, string> {
-  if (kind === "electra_pretrain") {
-    const generator = "The whole text, decrypted after the grant check; it trains the tokenizer and the generator.";
-    if (config.discriminator_reads_text === false) {
-      return {
-        generator,
-        discriminator:
-          "No copy of the dataset, but every corrupted sequence (about 85% of its tokens as in the text) and the tokenizer to decode them: it can read the text nearly verbatim. It writes the model, with the tokenizer.",
-      };
-    }
-    return {
-      generator,
-      discriminator:
-        "The whole text too (its own copy, to rebuild the sequences), the tokenizer, and only the replaced tokens from the generator. It writes the model, with the tokenizer.",
-    };
-  }
-  return {
-    encoder: "The source column of the parallel corpus and the source model; gradients from the decoder. Never a target sentence.",
-    decoder:
-      "The target column and the target model; the encoder's (compressed) activations of each source sentence, which carry what it says. Never the source text itself. Both roles on one cluster is refused.",
-  };
+export function whatEachClusterSees(spec: Pick<JobKindSpec, "roles">, config: Record<string, unknown> = {}): Record<string, string> {
+  return Object.fromEntries(
+    spec.roles.map((role) => {
+      const withheld = Object.values(role.read_if).some((field) => config[field] === false);
+      return [role.name, withheld && role.sees_otherwise ? role.sees_otherwise : role.sees];
+    }),
+  );
 }

@@ -2,6 +2,7 @@ import { act, screen, waitFor } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import { FakeEventSource, member, mockApi, page } from "../test/mockApi";
+import { JOB_KINDS } from "../test/jobKinds";
 import { renderPage } from "../test/render";
 import { JobPage } from "./JobPage";
 
@@ -36,6 +37,7 @@ let artifacts: unknown[] = [];
 function routes(job: Record<string, unknown> = runningJob) {
   return {
     "GET /me": member,
+    "GET /job-kinds": JOB_KINDS,
     "GET /jobs/*": () => job,
     "GET /jobs/job-1234567890/metrics": () => metrics,
     "GET /jobs/job-1234567890/artifacts": page(artifacts),

@@ -2,11 +2,12 @@
 import { useMemo } from "react";
 import { Link, useParams } from "react-router-dom";
 import { jobs } from "../api/endpoints";
-import type { Artifact, Job } from "../api/types";
+import type { Artifact, Job, JobKindSpec } from "../api/types";
 import { LineChart, type ChartSeries } from "../components/LineChart";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, ProgressBar } from "../components/ui";
-import { formatBytes, formatDate, formatNumber, JOB_KIND_LABELS, progressPercent, shortId, TERMINAL_STATUSES } from "../format";
+import { formatBytes, formatDate, formatNumber, progressPercent, shortId, TERMINAL_STATUSES } from "../format";
 import { useAction, useLoad } from "../hooks";
+import { useJobKinds } from "../jobs/kinds";
 import { useLiveJob, type LiveMode, type SeriesMap } from "../jobs/live";
 import { whatEachClusterSees } from "../jobs/specs";
 
@@ -132,8 +133,8 @@ function ArtifactItem({ artifact: a }: { artifact: Artifact }) {
 }
 
 /** What each cluster of the job receives, by role: who could read the data. */
-export function ClusterViews({ job }: { job: Pick<Job, "kind" | "config" | "placement"> }) {
-  const sees = whatEachClusterSees(job.kind, job.config ?? {});
+export function ClusterViews({ job, spec }: { job: Pick<Job, "config" | "placement">; spec: Pick<JobKindSpec, "roles"> }) {
+  const sees = whatEachClusterSees(spec, job.config ?? {});
   return (
     <section className="card" aria-labelledby="sees-heading">
       <h2 id="sees-heading">What each cluster sees</h2>
@@ -155,6 +156,8 @@ export function ClusterViews({ job }: { job: Pick<Job, "kind" | "config" | "plac
 export function JobPage() {
   const { id = "" } = useParams();
   const { job, series, error, mode, reload } = useLiveJob(id);
+  const kinds = useJobKinds();
+  const spec = job ? kinds.of(job.kind) : undefined;
   const action = useAction();
   const groups = useMemo(() => groupSeries(series), [series]);
   const finished = job ? TERMINAL_STATUSES.has(job.status) : false;
@@ -171,7 +174,7 @@ export function JobPage() {
   return (
     <>
       <PageHeader
-        title={job ? `${JOB_KIND_LABELS[job.kind] ?? job.kind} · ${shortId(job.id)}` : "Job"}
+        title={job ? `${kinds.label(job.kind)} · ${shortId(job.id)}` : "Job"}
         subtitle={
           job?.workspace_id ? (
             <Link className="small" to={`/jobs?ws=${encodeURIComponent(job.workspace_id)}`}>
@@ -239,7 +242,7 @@ export function JobPage() {
             <LineChart title="Bytes sent per direction" series={groups.bytes} yLabel="bytes per step" formatValue={(v) => formatBytes(v)} />
             {groups.other.length ? <LineChart title="Other metrics" series={groups.other} /> : null}
           </section>
-          <ClusterViews job={job} />
+          {spec ? <ClusterViews job={job} spec={spec} /> : null}
           <MetricValues metrics={job.metrics} />
           <Artifacts jobId={job.id} finished={finished} />
         </>

@@ -3,8 +3,9 @@ import { useEffect, useState } from "react";
 import { Link, useSearchParams } from "react-router-dom";
 import { jobs, workspaces } from "../api/endpoints";
 import { Badge, EmptyState, ErrorMessage, Loading, PageHeader, Pager, ProgressBar } from "../components/ui";
-import { formatDate, JOB_KIND_LABELS, progressPercent, shortId, TERMINAL_STATUSES } from "../format";
+import { formatDate, progressPercent, shortId, TERMINAL_STATUSES } from "../format";
 import { useLoad } from "../hooks";
+import { useJobKinds } from "../jobs/kinds";
 
 const PAGE_SIZE = 25;
 const REFRESH_MS = 5000;
@@ -12,6 +13,7 @@ const REFRESH_MS = 5000;
 export function JobsPage() {
   const [params, setParams] = useSearchParams();
   const wsList = useLoad(() => workspaces.list(), []);
+  const kinds = useJobKinds();
   const allWorkspaces = wsList.data?.items ?? [];
   const ws = params.get("ws") || allWorkspaces[0]?.id || "";
   const [offset, setOffset] = useState(0);
@@ -91,7 +93,7 @@ export function JobsPage() {
                           {shortId(j.id)}
                         </Link>
                       </td>
-                      <td>{JOB_KIND_LABELS[j.kind] ?? j.kind}</td>
+                      <td>{kinds.label(j.kind)}</td>
                       <td>
                         <Badge status={j.status} />
                       </td>

@@ -2,6 +2,7 @@ import { screen, waitFor } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { member, mockApi, page, reply } from "../test/mockApi";
+import { JOB_KINDS } from "../test/jobKinds";
 import { renderPage } from "../test/render";
 import { NewJobPage } from "./NewJobPage";
 
@@ -12,6 +13,7 @@ const ds = (id: string, name: string, kind: string) => ({ id, name, kind, size_b
 function routes() {
   return {
     "GET /me": member,
+    "GET /job-kinds": JOB_KINDS,
     "GET /workspaces": page([{ id: "w1", name: "personal", owner_id: member.id, storage_bytes_used: 0, storage_bytes_limit: 1, max_concurrent_jobs: 2 }]),
     "GET /workspaces/w1/datasets": page([ds("d-text", "wiki", "text"), ds("d-par", "news", "parallel"), ds("d-src", "bert-de", "model")]),
     "GET /access-requests": page([
@@ -38,6 +40,8 @@ describe("NewJobPage", () => {
     expect(screen.getByLabelText("Generator runs on")).toHaveValue("alpha");
     expect(screen.getByLabelText("Discriminator runs on")).toHaveValue("beta");
     await user.click(screen.getByText("Advanced options"));
+    // a blank field shows the preset's value, as the server's table states it
+    expect(screen.getByLabelText("Training steps")).toHaveAttribute("placeholder", "600");
     await user.type(screen.getByLabelText("Training steps"), "6");
     expect(screen.queryByLabelText(/Activations codec/)).toBeNull();
     await user.click(screen.getByRole("button", { name: "Submit job" }));
@@ -66,11 +70,13 @@ describe("NewJobPage", () => {
     await user.selectOptions(screen.getByLabelText(/Source model/), "d-src");
     await user.selectOptions(target, "d-granted");
     await user.selectOptions(screen.getByLabelText("Decoder runs on"), "alpha");
-    expect(screen.getByText(/Both roles are on one cluster/)).toBeInTheDocument();
+    expect(screen.getByText(/must run on different clusters/)).toBeInTheDocument();
     await user.selectOptions(screen.getByLabelText("Decoder runs on"), "beta");
     expect(screen.getByLabelText(/Evaluation split/)).not.toBeRequired();
     await user.click(screen.getByText("Advanced options"));
     expect(screen.queryByLabelText("Discriminators")).toBeNull();
+    expect(screen.getByLabelText("Training steps")).toHaveAttribute("placeholder", "100000");
+    expect(screen.getByLabelText(/Activations codec/)).toHaveAttribute("placeholder", "fp16");
     await user.type(screen.getByLabelText(/Activations codec/), "fp16(lowrank(0.2,method=power))");
     await user.type(screen.getByLabelText(/Gradients codec/), "none");
     await user.type(screen.getByLabelText("Compress from step"), "10");
@@ -82,7 +88,7 @@ describe("NewJobPage", () => {
       inputs: { parallel: "d-par", source_model: "d-src", target_model: "d-granted" },
       placement: { encoder: "alpha", decoder: "beta" },
     });
-  });
+  }, 15_000); // types two codec specs key by key: slow on a loaded machine
 
   it("sends the optional evaluation split when one is chosen", async () => {
     const fake = mockApi(routes());

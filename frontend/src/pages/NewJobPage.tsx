@@ -2,11 +2,11 @@
 import { useEffect, useMemo, useState, type FormEvent } from "react";
 import { Link, useNavigate, useSearchParams } from "react-router-dom";
 import { access, clusters, datasets, jobs, workspaces } from "../api/endpoints";
-import type { Dataset, JobKind } from "../api/types";
+import type { Dataset, JobKind, JobKindSpec } from "../api/types";
 import { EmptyState, ErrorMessage, Loading, PageHeader } from "../components/ui";
 import { formatBytes, isPast } from "../format";
 import { useAction, useLoad } from "../hooks";
-import { buildConfig, CODEC_SUGGESTIONS, DEFAULT_CODECS, JOB_SPECS, NO_ADVANCED, PRESETS, type AdvancedOptions, type Preset } from "../jobs/specs";
+import { buildConfig, CODEC_SUGGESTIONS, NO_ADVANCED, presetValue, type AdvancedOptions, type Preset } from "../jobs/specs";
 
 export interface UsableDatasets {
   own: Dataset[];
@@ -38,20 +38,44 @@ export async function loadUsableDatasets(): Promise<UsableDatasets> {
   return { own, granted };
 }
 
+type NumericOption = Exclude<keyof AdvancedOptions, "discriminatorReadsText" | "forwardCodec" | "backwardCodec">;
+
 export function NewJobPage() {
   const [params] = useSearchParams();
   const navigate = useNavigate();
   const wsList = useLoad(() => workspaces.list(), []);
   const usable = useLoad(loadUsableDatasets, []);
   const clusterList = useLoad(() => clusters.list(), []);
+  const kindList = useLoad(() => jobs.kinds(), []);
   const [ws, setWs] = useState(params.get("ws") ?? "");
-  const [kind, setKind] = useState<JobKind>("electra_pretrain");
+  const [chosenKind, setKind] = useState<JobKind | null>(null);
   const [preset, setPreset] = useState<Preset>("tiny");
   const [inputs, setInputs] = useState<Record<string, string>>({});
   const [placement, setPlacement] = useState<Record<string, string>>({});
   const [advanced, setAdvanced] = useState<AdvancedOptions>(NO_ADVANCED);
   const action = useAction();
-  const spec = JOB_SPECS[kind];
+  const specs: JobKindSpec[] = useMemo(() => kindList.data?.items ?? [], [kindList.data]);
+  const kind = chosenKind ?? specs[0]?.kind; // the table's first kind until one is chosen
+  const spec = specs.find((s) => s.kind === kind);
+  const has = (field: string) => spec?.config_fields.includes(field) ?? false;
+  /** A number field of the advanced options, shown when the kind's config has `field`. */
+  const numeric = (kindSpec: JobKindSpec, id: string, label: string, key: NumericOption, field: string, min: number, max?: number) =>
+    has(field) ? (
+      <NumberField
+        id={id}
+        label={label}
+        min={min}
+        max={max}
+        placeholder={presetValue(kindSpec, preset, field)}
+        value={advanced[key]}
+        onChange={(v) => setAdvanced({ ...advanced, [key]: v })}
+      />
+    ) : null;
+  /** A codec spec field of the advanced options, shown when the kind's config has `field`. */
+  const codec = (kindSpec: JobKindSpec, id: string, label: string, key: "forwardCodec" | "backwardCodec", field: string) =>
+    has(field) ? (
+      <CodecField id={id} label={label} placeholder={presetValue(kindSpec, preset, field)} value={advanced[key]} onChange={(v) => setAdvanced({ ...advanced, [key]: v })} />
+    ) : null;
   const clusterNames = useMemo(() => (clusterList.data?.items ?? []).map((c) => c.name), [clusterList.data]);
 
   useEffect(() => {
@@ -60,6 +84,7 @@ export function NewJobPage() {
 
   // Place the two roles on two different clusters by default: that is the point of Nebula.
   useEffect(() => {
+    if (!spec) return;
     setPlacement((prev) => {
       const next: Record<string, string> = {};
       spec.roles.forEach((role, i) => {
@@ -69,19 +94,22 @@ export function NewJobPage() {
     });
   }, [spec, clusterNames]);
 
-  const missing = [
-    ...spec.inputs.filter((i) => !i.optional && !inputs[i.name]).map((i) => i.label),
-    ...spec.roles.filter((r) => !placement[r.name]).map((r) => `${r.label} cluster`),
-  ];
-  const sameCluster = spec.roles.length === 2 && placement[spec.roles[0].name] && placement[spec.roles[0].name] === placement[spec.roles[1].name];
+  const missing = spec
+    ? [
+        ...spec.inputs.filter((i) => !i.optional && !inputs[i.name]).map((i) => i.label),
+        ...spec.roles.filter((r) => !placement[r.name]).map((r) => `${r.label} cluster`),
+      ]
+    : ["a job kind"];
+  const placed = spec ? spec.roles.map((r) => placement[r.name]).filter(Boolean) : [];
+  const sameCluster = placed.length > 1 && new Set(placed).size === 1;
 
   async function submit(event: FormEvent) {
     event.preventDefault();
-    if (!ws || missing.length) return;
+    if (!ws || !spec || missing.length) return;
     const answer = await action.run(() =>
       jobs.submit(ws, {
         kind,
-        config: buildConfig(kind, preset, advanced),
+        config: buildConfig(spec, preset, advanced),
         inputs: Object.fromEntries(spec.inputs.filter((i) => inputs[i.name]).map((i) => [i.name, inputs[i.name]])),
         placement: Object.fromEntries(spec.roles.map((r) => [r.name, placement[r.name]])),
       }),
@@ -89,7 +117,8 @@ export function NewJobPage() {
     if (answer?.id) navigate(`/jobs/${answer.id}`);
   }
 
-  const loading = (wsList.loading && !wsList.data) || (usable.loading && !usable.data) || (clusterList.loading && !clusterList.data);
+  const loading =
+    (wsList.loading && !wsList.data) || (usable.loading && !usable.data) || (clusterList.loading && !clusterList.data) || (kindList.loading && !kindList.data);
   const own = usable.data?.own ?? [];
   const granted = usable.data?.granted ?? [];
 
@@ -99,7 +128,8 @@ export function NewJobPage() {
       <ErrorMessage error={wsList.error} />
       <ErrorMessage error={usable.error} />
       <ErrorMessage error={clusterList.error} />
-      {loading ? (
+      <ErrorMessage error={kindList.error} />
+      {loading || !spec ? (
         <Loading />
       ) : !wsList.data?.items.length ? (
         <EmptyState title="You need a workspace first.">
@@ -121,7 +151,7 @@ export function NewJobPage() {
           <fieldset>
             <legend>Kind</legend>
             <div className="choice-grid">
-              {Object.values(JOB_SPECS).map((s) => (
+              {specs.map((s) => (
                 <label key={s.kind} className={kind === s.kind ? "choice selected" : "choice"}>
                   <input
                     type="radio"
@@ -145,11 +175,11 @@ export function NewJobPage() {
           <fieldset>
             <legend>Preset</legend>
             <div className="choice-grid">
-              {PRESETS.map((p) => (
-                <label key={p.value} className={preset === p.value ? "choice selected" : "choice"}>
-                  <input type="radio" name="job-preset" value={p.value} checked={preset === p.value} onChange={() => setPreset(p.value)} />
+              {spec.presets.map((p) => (
+                <label key={p.name} className={preset === p.name ? "choice selected" : "choice"}>
+                  <input type="radio" name="job-preset" value={p.name} checked={preset === p.name} onChange={() => setPreset(p.name as Preset)} />
                   <span>
-                    <strong>{p.label}</strong>
+                    <strong>{p.name}</strong>
                     <span className="muted small block">{p.hint}</span>
                   </span>
                 </label>
@@ -235,74 +265,42 @@ export function NewJobPage() {
                 </div>
               );
             })}
-            {sameCluster ? <p className="hint warn">Both roles are on one cluster: nothing crosses a wide-area link.</p> : null}
+            {sameCluster ? (
+              <p className="hint warn">
+                {spec.apart.length ? "These roles must run on different clusters: the server refuses one cluster for both." : "Both roles are on one cluster: nothing crosses a wide-area link."}
+              </p>
+            ) : null}
           </fieldset>
 
           <details>
             <summary>Advanced options</summary>
             <p className="muted small">Leave blank to use the preset’s values.</p>
             <div className="form-grid">
-              <NumberField id="job-steps" label="Training steps" min={1} value={advanced.steps} onChange={(v) => setAdvanced({ ...advanced, steps: v })} />
-              <NumberField id="job-batch" label="Batch size" min={2} value={advanced.batchSize} onChange={(v) => setAdvanced({ ...advanced, batchSize: v })} />
-              <NumberField
-                id="job-ckpt"
-                label="Checkpoint every (steps)"
-                min={1}
-                value={advanced.ckptEvery}
-                onChange={(v) => setAdvanced({ ...advanced, ckptEvery: v })}
-              />
-              <NumberField id="job-seed" label="Seed" min={0} value={advanced.seed} onChange={(v) => setAdvanced({ ...advanced, seed: v })} />
-              {kind === "electra_pretrain" ? (
-                <>
-                  <NumberField
-                    id="job-ndisc"
-                    label="Discriminators"
-                    min={1}
-                    max={16}
-                    value={advanced.nDiscriminators}
-                    onChange={(v) => setAdvanced({ ...advanced, nDiscriminators: v })}
+              {numeric(spec, "job-steps", "Training steps", "steps", "steps", 1)}
+              {numeric(spec, "job-batch", "Batch size", "batchSize", "batch_size", 2)}
+              {numeric(spec, "job-ckpt", "Checkpoint every (steps)", "ckptEvery", "ckpt_every", 1)}
+              {numeric(spec, "job-seed", "Seed", "seed", "seed", 0)}
+              {numeric(spec, "job-ndisc", "Discriminators", "nDiscriminators", "n_discriminators", 1, 16)}
+              {has("discriminator_reads_text") ? (
+                <div className="field field-check">
+                  <input
+                    id="job-reads-text"
+                    type="checkbox"
+                    checked={advanced.discriminatorReadsText}
+                    onChange={(e) => setAdvanced({ ...advanced, discriminatorReadsText: e.target.checked })}
                   />
-                  <div className="field field-check">
-                    <input
-                      id="job-reads-text"
-                      type="checkbox"
-                      checked={advanced.discriminatorReadsText}
-                      onChange={(e) => setAdvanced({ ...advanced, discriminatorReadsText: e.target.checked })}
-                    />
-                    <label htmlFor="job-reads-text">The discriminators’ cluster may read the text too (only masked positions cross the link)</label>
-                    <p className="hint">
-                      Either way that cluster can read the text: turned off, it keeps no copy of the dataset but receives every corrupted sequence and
-                      the tokenizer.
-                    </p>
-                  </div>
-                </>
-              ) : (
-                <>
-                  <CodecField
-                    id="job-forward-codec"
-                    label="Activations codec (encoder → decoder)"
-                    placeholder={DEFAULT_CODECS.forward}
-                    value={advanced.forwardCodec}
-                    onChange={(v) => setAdvanced({ ...advanced, forwardCodec: v })}
-                  />
-                  <CodecField
-                    id="job-backward-codec"
-                    label="Gradients codec (decoder → encoder)"
-                    placeholder={DEFAULT_CODECS.backward}
-                    value={advanced.backwardCodec}
-                    onChange={(v) => setAdvanced({ ...advanced, backwardCodec: v })}
-                  />
-                  <NumberField
-                    id="job-compress-from"
-                    label="Compress from step"
-                    min={0}
-                    value={advanced.compressFromStep}
-                    onChange={(v) => setAdvanced({ ...advanced, compressFromStep: v })}
-                  />
-                </>
-              )}
+                  <label htmlFor="job-reads-text">The discriminators’ cluster may read the text too (only masked positions cross the link)</label>
+                  <p className="hint">
+                    Either way that cluster can read the text: turned off, it keeps no copy of the dataset but receives every corrupted sequence and
+                    the tokenizer.
+                  </p>
+                </div>
+              ) : null}
+              {codec(spec, "job-forward-codec", "Activations codec (encoder → decoder)", "forwardCodec", "forward_codec")}
+              {codec(spec, "job-backward-codec", "Gradients codec (decoder → encoder)", "backwardCodec", "backward_codec")}
+              {numeric(spec, "job-compress-from", "Compress from step", "compressFromStep", "compress_from_step", 0)}
             </div>
-            {kind === "abnet_finetune" ? (
+            {has("forward_codec") || has("backward_codec") ? (
               <datalist id="codec-suggestions">
                 {CODEC_SUGGESTIONS.map((c) => (
                   <option key={c} value={c} />
@@ -329,6 +327,7 @@ function NumberField({
   onChange,
   min,
   max,
+  placeholder,
 }: {
   id: string;
   label: string;
@@ -336,11 +335,12 @@ function NumberField({
   onChange: (value: string) => void;
   min?: number;
   max?: number;
+  placeholder?: string;
 }) {
   return (
     <div className="field">
       <label htmlFor={id}>{label}</label>
-      <input id={id} type="number" inputMode="numeric" step={1} min={min} max={max} value={value} onChange={(e) => onChange(e.target.value)} />
+      <input id={id} type="number" inputMode="numeric" step={1} min={min} max={max} placeholder={placeholder} value={value} onChange={(e) => onChange(e.target.value)} />
     </div>
   );
 }

@@ -2,6 +2,7 @@ import { render, screen, waitFor, within } from "@testing-library/react";
 import userEvent from "@testing-library/user-event";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { whatEachClusterSees } from "../jobs/specs";
+import { kindSpec } from "../test/jobKinds";
 import { member, mockApi, page, reply } from "../test/mockApi";
 import { renderPage } from "../test/render";
 import { AccessPage } from "./AccessPage";
@@ -139,15 +140,15 @@ describe("release requests on the access page", () => {
 
 describe("what each cluster sees", () => {
   it("says the discriminators' cluster can read the text in both ELECTRA modes", () => {
-    expect(whatEachClusterSees("electra_pretrain").discriminator).toMatch(/whole text/);
-    expect(whatEachClusterSees("electra_pretrain", { discriminator_reads_text: false }).discriminator).toMatch(/can read the text/);
-    const abnet = whatEachClusterSees("abnet_finetune");
+    expect(whatEachClusterSees(kindSpec("electra_pretrain")).discriminator).toMatch(/whole text/);
+    expect(whatEachClusterSees(kindSpec("electra_pretrain"), { discriminator_reads_text: false }).discriminator).toMatch(/can read the text/);
+    const abnet = whatEachClusterSees(kindSpec("abnet_finetune"));
     expect(abnet.encoder).toMatch(/Never a target sentence/);
     expect(abnet.decoder).toMatch(/Never the source text/);
   });
 
   it("shows it on the job page by role and cluster", () => {
-    render(<ClusterViews job={{ kind: "abnet_finetune", config: {}, placement: { encoder: "cluster-a", decoder: "cluster-b" } }} />);
+    render(<ClusterViews job={{ config: {}, placement: { encoder: "cluster-a", decoder: "cluster-b" } }} spec={kindSpec("abnet_finetune")} />);
     expect(screen.getByText("encoder on cluster-a")).toBeInTheDocument();
     expect(screen.getByText("decoder on cluster-b")).toBeInTheDocument();
   });

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -244,3 +245,54 @@ def test_abnet_with_encoder_and_decoder_on_one_cluster_is_refused(
     assert status == 422 and "different clusters" in answer["detail"]
     with platform.factory() as db:
         assert db.scalars(select(Job)).all() == [] and db.scalars(select(JobRole)).all() == []
+
+
+def test_the_job_kinds_table_is_served_and_a_job_built_from_it_is_accepted(
+    client: TestClient, platform: Platform, clusters_ready: None
+) -> None:
+    assert client.get(f"{API}/job-kinds").status_code == 401  # signed-in callers only
+    alice = platform.user()
+    answer = client.get(f"{API}/job-kinds", headers=alice.headers)
+    assert answer.status_code == 200, answer.text
+    kinds = {k["kind"]: k for k in answer.json()["items"]}
+    assert set(kinds) == {"electra_pretrain", "abnet_finetune"}
+    electra = kinds["electra_pretrain"]
+    roles = {r["name"]: r for r in electra["roles"]}
+    assert roles["generator"]["peer"] == "discriminator" and electra["primary_role"] in roles
+    assert roles["discriminator"]["artifact"] == "model"
+    assert roles["discriminator"]["read_if"] == {"text": "discriminator_reads_text"}
+    assert "nearly verbatim" in roles["discriminator"]["sees_otherwise"]
+    presets = {p["name"]: p["values"] for p in electra["presets"]}
+    assert presets["tiny"]["steps"] == 600 and presets["paper"]["steps"] == 400_000
+    assert "n_discriminators" in electra["config_fields"]
+    assert electra["config_schema"]["additionalProperties"] is False
+    abnet = kinds["abnet_finetune"]
+    assert abnet["apart"] == ["encoder", "decoder"]
+    inputs = {i["name"]: i for i in abnet["inputs"]}
+    assert inputs["eval"]["optional"] and inputs["source_model"]["kind"] == "model"
+    assert {p["name"]: p["values"] for p in abnet["presets"]}["tiny"]["forward_codec"] == "fp16"
+
+    # a job made from the table alone: its inputs by kind, its roles on the clusters in turn
+    text = _upload(client, alice, kind=electra["inputs"][0]["kind"])
+    body = {
+        "kind": electra["kind"],
+        "config": {"preset": "tiny", "steps": 3},
+        "inputs": {i["name"]: text for i in electra["inputs"] if not i["optional"]},
+        "placement": dict(zip(roles, ("cluster-a", "cluster-b"), strict=True)),
+    }
+    status, job = _submit(client, alice, body)
+    assert status == 202, job
+    rows = client.get(f"{API}/jobs/{job['id']}", headers=alice.headers).json()
+    assert rows["total_steps"] == 3 and rows["placement"] == body["placement"]
+
+
+def test_the_web_uis_test_table_is_what_the_server_serves() -> None:
+    # the web UI's component tests answer GET /job-kinds with this file: it must not drift
+    from app.jobs.service import kind_table
+
+    fixture = Path(__file__).resolve().parents[3] / "frontend/src/test/job-kinds.json"
+    assert json.loads(fixture.read_text()) == kind_table().model_dump(mode="json"), (
+        "regenerate it: python -c 'import json; from app.jobs.service import kind_table; "
+        'print(json.dumps(kind_table().model_dump(mode="json"), indent=2, ensure_ascii=False))\''
+        " > frontend/src/test/job-kinds.json"
+    )

@@ -2,12 +2,14 @@
  * how far; the API gives an admin no job's data, config or metrics here. */
 import { overview } from "../../api/endpoints";
 import { Badge, EmptyState, ErrorMessage, Loading, PageHeader, ProgressBar } from "../../components/ui";
-import { formatDate, JOB_KIND_LABELS, progressPercent, shortId } from "../../format";
+import { formatDate, progressPercent, shortId } from "../../format";
 import { useLoad, usePoll } from "../../hooks";
+import { useJobKinds } from "../../jobs/kinds";
 import { HEALTH_POLL_MS } from "./ClustersPage";
 
 export function RunningJobsPage() {
   const list = useLoad(() => overview.activeJobs(), []);
+  const kinds = useJobKinds();
   usePoll(() => void list.reload(), HEALTH_POLL_MS);
   const items = list.data?.items ?? [];
   return (
@@ -38,7 +40,7 @@ export function RunningJobsPage() {
                 <tr key={j.id}>
                   <td className="mono">{shortId(j.id)}</td>
                   <td>{j.owner_email}</td>
-                  <td>{JOB_KIND_LABELS[j.kind] ?? j.kind}</td>
+                  <td>{kinds.label(j.kind)}</td>
                   <td>
                     <Badge status={j.status}>{j.status}</Badge>
                     {j.attempt > 1 ? <span className="muted small block">attempt {j.attempt}</span> : null}

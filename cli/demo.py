@@ -21,8 +21,23 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-API = "/api/v1"
+from contract import API_PREFIX
+from contract.kinds import KINDS
+
+API = API_PREFIX
 console = Console()
+
+
+def _placed(kind: str, first: str, second: str) -> dict[str, str]:
+    """The kind's roles (as the kinds table lists them) on the two clusters in turn."""
+    return dict(zip(KINDS[kind].roles, (first, second), strict=True))
+
+
+def _artifact(kind: str) -> str:
+    """The kind of artifact the job's primary role stores."""
+    artifact = KINDS[kind].roles[KINDS[kind].primary_role].artifact
+    assert artifact is not None
+    return artifact
 
 
 class DemoError(SystemExit):
@@ -165,7 +180,7 @@ def run_demo(
             "kind": "electra_pretrain",
             "config": {"preset": "tiny", "steps": electra_steps},
             "inputs": {"text": text_id},
-            "placement": {"generator": first, "discriminator": second},
+            "placement": _placed("electra_pretrain", first, second),
         },
     )
     done = _follow(bob, electra, f"ELECTRA  G@{first} -> D@{second}")
@@ -174,7 +189,7 @@ def run_demo(
     model = next(
         a["dataset_id"]
         for a in bob.call("GET", f"/jobs/{electra}/artifacts", 200)["items"]
-        if a["kind"] == "model"
+        if a["kind"] == _artifact("electra_pretrain")
     )
     abnet = _submit(
         bob,
@@ -188,7 +203,7 @@ def run_demo(
                 "target_model": model,
                 "eval": test_id,
             },
-            "placement": {"encoder": first, "decoder": second},
+            "placement": _placed("abnet_finetune", first, second),
         },
     )
     finished = _follow(bob, abnet, f"ABNet    S@{first} -> T@{second}")
@@ -209,7 +224,7 @@ def run_demo(
         f"  audit: {uses} dataset uses recorded; chain verified: "
         f"{admin.call('GET', '/audit/verify', 200)['ok']}"
     )
-    bleu = finished["metrics"].get("decoder.bleu")
+    bleu = finished["metrics"].get(f"{KINDS['abnet_finetune'].primary_role}.bleu")
     console.print(f"[bold]BLEU on the test split: {bleu if bleu is not None else 'n/a'}")
     summary = {"electra": done["metrics"], "abnet": finished["metrics"], "bleu": bleu}
     console.print_json(json.dumps(summary))
