@@ -68,7 +68,7 @@ from workers.training.role import StepSync
 from workers.training.runtime import Hooks, pack_message, unpack_message
 
 RESULTS = Path(__file__).parent / "results" / "electra_throughput.json"
-STEPS, SKIP, ROUNDS = 100, 20, 3  # --quick: 40, 10
+STEPS, SKIP, ROUNDS = 60, 15, 3  # --quick: 30, 10 (each run also starts 3-5 processes)
 SEED = 3
 RATE_MBIT = 60.0  # the paper's slow link
 DELAY_MS = 25.0  # one way, on both switches' outgoing link
@@ -125,8 +125,15 @@ class SwitchProcess:
 
     def add_peer(self, cluster: str, address: tuple[str, int]) -> None:
         """Tell the switch where its peer switch listens."""
+        self._started()
         self._conn.send(("peer", cluster, address))
         self._conn.recv()
+
+    def cpu_s(self) -> float:
+        """CPU seconds the switch's process has used so far."""
+        self._started()
+        self._conn.send(("cpu",))
+        return float(self._conn.recv())
 
     def stop(self) -> None:
         """Stop the switch and its process."""
@@ -139,9 +146,12 @@ class SwitchProcess:
 def _switch_main(config: SwitchConfig, conn: Connection) -> None:
     switch = Switch(config).start()
     conn.send((switch.worker_address, switch.peer_address))
-    while (message := conn.recv())[0] == "peer":
-        switch.add_peer(message[1], message[2])
-        conn.send("ok")
+    while (message := conn.recv())[0] != "stop":
+        if message[0] == "peer":
+            switch.add_peer(message[1], message[2])
+            conn.send("ok")
+        else:
+            conn.send(time.process_time())
     switch.stop()
 
 
@@ -197,6 +207,10 @@ class SwitchPair:
             )
             out.append(LinkTicket(switch.worker_address, self.ca_path, token, job, role, peer))
         return out[0], out[1]
+
+    def cpu_s(self) -> float:
+        """CPU seconds both switch processes have used so far (0.0: in this process)."""
+        return sum(s.cpu_s() for s in self.switches if isinstance(s, SwitchProcess))
 
     def stop(self) -> None:
         """Stop both switches."""
@@ -400,6 +414,7 @@ class Run:
     d_cpu_s: float  # CPU seconds of the root discriminator's process per step
     d_wait_s: float  # seconds per step the root discriminator waited for a batch
     g_cpu_s: float = 0.0  # CPU seconds of the generator's process per step (split only)
+    switch_cpu_s: float = 0.0  # CPU seconds of both switch processes per step (split only)
     g_compute_s: float = 0.0  # G's own compute per step, from its metrics (split only)
     bytes_to_discriminator: float = 0.0  # payload bytes per step
     bytes_to_generator: float = 0.0
@@ -490,11 +505,18 @@ def split(
     shaper = ShaperConfig(rate_mbit=RATE_MBIT, delay_ms=DELAY_MS)
     switches = SwitchPair(root / "pki", shaper, own_processes=True)
     g_ticket, d_ticket = switches.tickets("electra-bench", "generator", "discriminator")
+    switch_cpu: dict[int, float] = {}
+
+    def on_step(step: int) -> None:
+        advance()
+        if step in (SKIP, cfg.steps - 1):
+            switch_cpu[step] = switches.cpu_s()
+
     try:
         g, d = run_in_processes(
             (generator_role, (cfg, g_ticket, lines, root)),
             (discriminator_role, (cfg, d_ticket, None, root)),
-            lambda _step: advance(),
+            on_step,
         )
     finally:
         switches.stop()
@@ -503,6 +525,7 @@ def split(
     return Run(
         **_measured(d, tokens),
         g_cpu_s=g["cpu_s_per_step"],
+        switch_cpu_s=(switch_cpu[cfg.steps - 1] - switch_cpu[SKIP]) / (cfg.steps - 1 - SKIP),
         g_compute_s=statistics.mean(
             h["bytes_to_discriminator"] / h["bytes_per_token"] / h["tokens_per_s"] for h in steady
         ),
@@ -541,11 +564,11 @@ def main() -> None:
     """Run every variant in interleaved rounds, print the table, write the JSON."""
     global STEPS, SKIP, ROUNDS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="40 steps: to try, not to commit")
+    parser.add_argument("--quick", action="store_true", help="30 steps: to try, not to commit")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
     args = parser.parse_args()
     if args.quick:
-        STEPS, SKIP = 40, 10
+        STEPS, SKIP = 30, 10
     ROUNDS = args.rounds
     console = Console(width=150)
     load_before = load_average()
@@ -604,7 +627,7 @@ def main() -> None:
         "split / d-only (min-max)",
         "D step s",
         "G compute s",
-        "CPU s/step D, G",
+        "CPU s/step D, G, switches",
         "CPU-bound ratio",
         "D waits s/step",
         "bytes/step to D",
@@ -632,10 +655,12 @@ def main() -> None:
             "cpu_s_per_step_g": spread([s.g_cpu_s for s in s_runs]),
             "wait_s_per_step_d_split": spread([s.d_wait_s for s in s_runs]),
             "wait_s_per_step_d_only": spread([d.d_wait_s for d in d_runs]),
-            # with every core busy, G's CPU comes out of D's: the ratio a CPU-bound split keeps
+            "cpu_s_per_step_switches": spread([s.switch_cpu_s for s in s_runs]),
+            # with every core busy, the CPU of G and of the switches comes out of D's share:
+            # the ratio a CPU-bound split keeps
             "cpu_bound_expectation": spread(
                 [
-                    n * d.d_cpu_s / (n * d.d_cpu_s + s.g_cpu_s)
+                    n * d.d_cpu_s / (n * d.d_cpu_s + s.g_cpu_s + s.switch_cpu_s)
                     for s, d in zip(s_runs, d_runs, strict=True)
                 ]
             ),
@@ -661,7 +686,8 @@ def main() -> None:
             f"{figures_n['step_s_d_only']['median']:.3f}",
             f"{figures_n['g_compute_s_per_step']['median']:.3f}",
             f"{figures_n['cpu_s_per_step_d_split']['median']:.3f}, "
-            f"{figures_n['cpu_s_per_step_g']['median']:.3f}",
+            f"{figures_n['cpu_s_per_step_g']['median']:.3f}, "
+            f"{figures_n['cpu_s_per_step_switches']['median']:.3f}",
             f"{figures_n['cpu_bound_expectation']['median']:.3f}",
             f"{figures_n['wait_s_per_step_d_split']['median']:.3f} / "
             f"{figures_n['wait_s_per_step_d_only']['median']:.3f}",
@@ -681,8 +707,9 @@ def main() -> None:
             "d_only: the same D role and replicas on G's pre-generated messages replayed in "
             "its process; D without the text (full mode); ratios are medians of per-round "
             "ratios (min-max beside); bytes are payload bytes per step; wire_s_per_step_at_rate"
-            " = bytes / bandwidth; cpu_bound_expectation = n * D's CPU s per step / (that + G's): "
-            "what the split keeps when every core is busy and G's CPU is taken from D's; "
+            " = bytes / bandwidth; cpu_bound_expectation = n * D's CPU s per step / (that + "
+            "G's + the switches'): what the split keeps when every core is busy and their CPU "
+            "is taken from D's; "
             "wait_s = D's time blocked waiting for a batch; "
             "latency_to_hide_s = a sync back plus a batch out; lead_s = "
             "(max_lag - 1) D steps, the time G's lead gives"
