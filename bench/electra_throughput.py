@@ -144,6 +144,7 @@ class SwitchProcess:
 
 
 def _switch_main(config: SwitchConfig, conn: Connection) -> None:
+    os.setsid()  # a CPU share of its own (see `_role_process`)
     switch = Switch(config).start()
     conn.send((switch.worker_address, switch.peer_address))
     while (message := conn.recv())[0] != "stop":
@@ -246,8 +247,17 @@ class LinkTicket:
 RoleTarget = Callable[..., Any]
 
 
-def _role_process(target: RoleTarget, args: tuple[Any, ...], conn: Connection) -> None:
-    """Child: one intra-op thread (roles share 2 cores), run the role, send its result."""
+def _role_process(
+    target: RoleTarget, args: tuple[Any, ...], conn: Connection, own_session: bool
+) -> None:
+    """Child: one intra-op thread (roles share 2 cores), run the role, send its result.
+
+    `own_session`: the process leaves its parent's session, so that the kernel's autogroup
+    scheduling gives it (and the replicas it starts) a CPU share of its own, as a cluster
+    of its own would have; otherwise it shares one with its parent and its siblings.
+    """
+    if own_session:
+        os.setsid()
     torch.set_num_threads(1)
     try:
         conn.send(("result", target(conn, *args)))
@@ -257,18 +267,23 @@ def _role_process(target: RoleTarget, args: tuple[Any, ...], conn: Connection) -
 
 
 def run_processes(
-    roles: Sequence[tuple[RoleTarget, tuple[Any, ...]]], on_event: Callable[[Any], None]
+    roles: Sequence[tuple[RoleTarget, tuple[Any, ...]]],
+    on_event: Callable[[Any], None],
+    *,
+    own_sessions: bool = False,
 ) -> list[Any]:
     """Each role in a process of its own, as clusters run them; events and results come back.
 
     A target is called as target(conn, *args); it may conn.send(("event", x)) as it
-    goes (handed to on_event) and returns its result.
+    goes (handed to on_event) and returns its result. `own_sessions`: see `_role_process`.
     """
     spawn = multiprocessing.get_context("spawn")
     procs, conns = [], []
     for target, args in roles:
         parent, child = spawn.Pipe()
-        proc = spawn.Process(target=_role_process, args=(target, args, child))  # may start replicas
+        proc = spawn.Process(  # not a daemon: it may start replicas
+            target=_role_process, args=(target, args, child, own_sessions)
+        )
         proc.start()
         procs.append(proc)
         conns.append(parent)
@@ -498,8 +513,13 @@ def split(
     tokens: list[int],
     root: Path,
     advance: Callable[[], None],
+    *,
+    own_sessions: bool = True,
 ) -> Run:
-    """G and D in processes of their own, through two switches in processes of their own."""
+    """G and D in processes of their own, through two switches in processes of their own.
+
+    `own_sessions`: G and D each get a CPU share of their own, as on two hosts; False: G's
+    process shares D's (see `_role_process`)."""
     (root / "g").mkdir(parents=True)
     tokenizer.save(str(root / "g" / "tokenizer.json"))  # G uses it instead of training its own
     shaper = ShaperConfig(rate_mbit=RATE_MBIT, delay_ms=DELAY_MS)
@@ -513,10 +533,13 @@ def split(
             switch_cpu[step] = switches.cpu_s()
 
     try:
-        g, d = run_in_processes(
-            (generator_role, (cfg, g_ticket, lines, root)),
-            (discriminator_role, (cfg, d_ticket, None, root)),
+        g, d = run_processes(
+            [
+                (generator_role, (cfg, g_ticket, lines, root)),
+                (discriminator_role, (cfg, d_ticket, None, root)),
+            ],
             on_step,
+            own_sessions=own_sessions,
         )
     finally:
         switches.stop()
@@ -543,7 +566,9 @@ def d_only(
 ) -> Run:
     """The discriminator role alone in its process, on the pre-generated batches."""
     (d,) = run_processes(
-        [(discriminator_role, (cfg, None, transcript, root))], lambda _step: advance()
+        [(discriminator_role, (cfg, None, transcript, root))],
+        lambda _step: advance(),
+        own_sessions=True,
     )
     return Run(**_measured(d, tokens))
 
@@ -591,6 +616,7 @@ def main() -> None:
         ids = encode_lines(tokenizer, lines, cfgs[1].seq_len)
         tokens = {n: tokens_per_step(cfg, ids) for n, cfg in cfgs.items()}
         variants = [f"{kind}-{n}" for n in N_DISCRIMINATORS for kind in ("split", "d_only")]
+        variants.insert(1, "split_one_session-1")
         with Progress(console=console) as progress:
             for round_ in range(ROUNDS):
                 figures: dict[str, Run] = {}
@@ -603,8 +629,16 @@ def main() -> None:
                     def advance(task: Any = task) -> None:
                         progress.advance(task)
 
-                    if kind == "split":
-                        figures[key] = split(cfgs[n], lines, tokenizer, tokens[n], root, advance)
+                    if kind.startswith("split"):
+                        figures[key] = split(
+                            cfgs[n],
+                            lines,
+                            tokenizer,
+                            tokens[n],
+                            root,
+                            advance,
+                            own_sessions=kind == "split",
+                        )
                     else:
                         figures[key] = d_only(cfgs[n], transcripts[n], tokens[n], root, advance)
                     progress.update(task, completed=STEPS)
@@ -635,9 +669,10 @@ def main() -> None:
     )
     for column in columns:
         table.add_column(column, justify="right")
-    per_n: dict[str, Any] = {}
-    for n in N_DISCRIMINATORS:
-        s_runs = [r[f"split-{n}"] for r in rounds]
+
+    def compare(n: int, split_key: str, label: str) -> dict[str, Any]:
+        """The split runs `split_key` against the d-only runs, n discriminators; adds a row."""
+        s_runs = [r[f"{split_key}-{n}"] for r in rounds]
         d_runs = [r[f"d_only-{n}"] for r in rounds]
         ratio = spread(
             [s.tokens_per_s / d.tokens_per_s for s, d in zip(s_runs, d_runs, strict=True)]
@@ -676,9 +711,8 @@ def main() -> None:
             "latency_to_hide_s": round(2 * DELAY_MS / 1000, 3),
             "lead_s": round((cfgs[n].max_lag - 1) * statistics.median(d.step_s for d in d_runs), 3),
         }
-        per_n[str(n)] = figures_n
         table.add_row(
-            str(n),
+            label,
             f"{figures_n['tokens_per_s_split']['median']:,.0f}",
             f"{figures_n['tokens_per_s_d_only']['median']:,.0f}",
             f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})",
@@ -694,15 +728,25 @@ def main() -> None:
             f"{to_d:,.0f}",
             f"{wire_s * 1000:.2f} ms",
         )
+        return figures_n
+
+    per_n: dict[str, Any] = {str(n): compare(n, "split", str(n)) for n in N_DISCRIMINATORS}
+    one_session = compare(1, "split_one_session", "1, G in D's session")
     console.print(table)
     summary: dict[str, Any] = {
         "electra_split_vs_d_only": per_n["1"]["split_vs_d_only"]["median"],
         "electra_split_vs_d_only_n2": per_n["2"]["split_vs_d_only"]["median"],
+        # the same split with G's process in D's session: G's CPU then comes out of D's share
+        "electra_split_one_session_vs_d_only": one_session["split_vs_d_only"]["median"],
+        "one_session_n1": one_session,
         "target_split_vs_d_only": 0.9,
         "by_n_discriminators": per_n,
         "per_round": [{key: round(run.tokens_per_s, 1) for key, run in r.items()} for r in rounds],
         "notes": (
             "split: G, D (and D's replica) and both switches each in a process of their own, "
+            "each in a session of its own (the kernel's autogroup scheduling then gives each "
+            "a CPU share of its own, as separate hosts have; one_session_n1: G and D in the "
+            "bench's session, sharing one), "
             "one intra-op thread per role, the inter-switch link shaped both ways; "
             "d_only: the same D role and replicas on G's pre-generated messages replayed in "
             "its process; D without the text (full mode); ratios are medians of per-round "
