@@ -42,6 +42,7 @@ from safetensors.torch import save as save_safetensors
 from tokenizers import Tokenizer
 from torch import nn
 
+from contract.presets import ABNET_PRESETS, preset_values
 from workers.switch.link import Link
 from workers.training.bert import Dropout, Encoder, MultiHeadAttention, set_dropout_generator
 from workers.training.data import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, batch_indices, encode_lines
@@ -109,28 +110,12 @@ class AbnetConfig:
     @classmethod
     def tiny(cls, **overrides: Any) -> AbnetConfig:
         """Reaches a clear BLEU on the demo corpus in a few CPU minutes (the defaults)."""
-        return cls(**overrides)
+        return abnet_preset("tiny", **overrides)
 
     @classmethod
     def paper(cls, **overrides: Any) -> AbnetConfig:
         """Sizes for the `paper` ELECTRA models on GPUs."""
-        base: dict[str, Any] = dict(
-            adapter_dim=2048,  # ABNet's decoder adapters
-            cross_heads=16,
-            src_len=128,
-            tgt_len=128,
-            batch_size=64,
-            micro_batches=4,
-            steps=100_000,
-            lr=5e-4,
-            warmup_steps=4000,
-            decode_iterations=10,  # Mask-Predict's
-            length_candidates=5,
-            ckpt_every=2000,
-            eval_every=5000,
-        )
-        base.update(overrides)
-        return cls(**base)
+        return abnet_preset("paper", **overrides)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AbnetConfig:
@@ -147,14 +132,9 @@ class AbnetConfig:
         return self.forward_codec, self.backward_codec
 
 
-PRESETS = {"tiny": AbnetConfig.tiny, "paper": AbnetConfig.paper}
-
-
 def abnet_preset(name: str, **overrides: Any) -> AbnetConfig:
-    """The `tiny` or `paper` config, with overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return PRESETS[name](**overrides)
+    """The `tiny` or `paper` config (contract.presets), with overrides."""
+    return AbnetConfig(**preset_values(ABNET_PRESETS, name, **overrides))
 
 
 # ---------------------------------------------------------------- adapters and the two models

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 from workers.switch.link import Link
 from workers.training.data import clean_lines, encode_lines, lines_digest
 from workers.training.electra_artifact import PretrainedModel, export_pretrained, load_pretrained
-from workers.training.electra_config import PRESETS, ElectraConfig, electra_preset
+from workers.training.electra_config import ElectraConfig, electra_preset
 from workers.training.electra_model import (
     PAD_ID,
     CorruptedBatch,
@@ -64,7 +64,6 @@ from workers.training.runtime import (
 )
 
 __all__ = [
-    "PRESETS",
     "CorruptedBatch",
     "Discriminator",
     "DiscriminatorSide",

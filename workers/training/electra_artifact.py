@@ -16,9 +16,9 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from tokenizers import Tokenizer
 
+from contract.model_limits import check_bert_config
 from workers.training.bert import BertConfig
 from workers.training.electra_model import Discriminator
-from workers.training.limits import check_bert_config
 from workers.training.runtime import read_safetensors_metadata
 
 
