@@ -377,8 +377,10 @@ class ReplayLink(_NoNetwork):
         return self._queues[channel].pop()
 
 
-class WaitTimer:
-    """A Link wrapper that adds up the time its role waited for a batch to arrive."""
+class WaitTimer(_NoNetwork):
+    """A Link wrapper that adds up the time its role waited for a batch to arrive (the
+    role asks its link for nothing but sends and receives; the inner link is closed by
+    whoever opened it)."""
 
     def __init__(self, inner: Link) -> None:
         self.inner, self.waited_s = inner, 0.0
@@ -392,15 +394,6 @@ class WaitTimer:
         if channel == BATCH:
             self.waited_s += time.perf_counter() - t0
         return payload
-
-    def bytes_sent(self) -> dict[str, int]:
-        return self.inner.bytes_sent()
-
-    def link_estimate(self) -> LinkEstimate | None:
-        return self.inner.link_estimate()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def pregenerate(cfg: ElectraConfig, lines: list[str], root: Path) -> list[tuple[str, bytes]]:
