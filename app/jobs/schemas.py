@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from app.fields import EXAMPLE_ID, Id, StrictIn
 from app.jobs.states import JobStatus
@@ -21,7 +21,8 @@ CodecSpec = Annotated[
         max_length=200,
         json_schema_extra={"format": "codec-spec"},
         description="A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), "
-        "each optionally wrapping lowrank, and ef(<spec>) for error feedback",
+        "each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on "
+        "per-sample streams); `auto` where a kind lets the link's measurement choose",
         examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "ef(int8)"],
     ),
 ]
@@ -55,24 +56,30 @@ class AbnetJobConfig(Strict):
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=2, le=4096)
     ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
+    micro_batches: int | None = Field(default=None, ge=1, le=16)
+    # both streams are per sample (activations, their gradients): ef(...) is refused;
+    # "auto" lets the link's measurement choose per stream within auto_max_error
     forward_codec: CodecSpec = "fp16"
     backward_codec: CodecSpec = "int8"
+    auto_max_error: float | None = Field(default=None, gt=0.0, lt=1.0)
     compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
 
     @field_validator("forward_codec", "backward_codec")
     @classmethod
-    def _valid_codec(cls, spec: str) -> str:
-        from workers.compression import SpecError, parse_spec
+    def _valid_codec(cls, spec: str, info: ValidationInfo) -> str:
+        if spec == "auto":
+            return spec
+        from workers.compression import PER_SAMPLE, SpecError, check_stream_spec
 
         try:
-            parse_spec(spec)
+            check_stream_spec(spec, str(info.field_name), PER_SAMPLE)
         except SpecError as exc:
             raise ValueError(str(exc)) from None
         return spec
 
     def overrides(self) -> dict[str, Any]:
         """The training-config fields this job sets on top of its preset."""
-        keys = ("steps", "batch_size", "ckpt_every")
+        keys = ("steps", "batch_size", "ckpt_every", "micro_batches", "auto_max_error")
         values = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         values.update(
             forward_codec=self.forward_codec,

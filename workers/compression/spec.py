@@ -217,6 +217,29 @@ def _build(parser: _Parser, node: Call, top: bool) -> Codec:
     return _lowrank(parser, child, dense)
 
 
+PER_SAMPLE = "per-sample"
+PARAMETER = "parameter"
+
+
+def check_stream_spec(spec: str, stream: str, kind: str) -> Codec:
+    """`parse_spec`, and a SpecError for error feedback on a per-sample stream.
+
+    Error feedback adds the residual of one tensor to the next one of its stream. On a
+    parameter-like stream (weight gradients, weight deltas) the next tensor updates the same
+    numbers, so the residual is delivered late but delivered. On a per-sample stream
+    (activations, activation gradients) the next tensor belongs to other samples: one
+    micro-batch's error lands on another's, which is bias, not compensation.
+    """
+    codec = parse_spec(spec)
+    if kind == PER_SAMPLE and isinstance(codec, ErrorFeedback):
+        raise SpecError(
+            f"{stream}: ef(...) is refused on a per-sample stream (activations, activation "
+            "gradients): its residual would land on other samples; use it only on "
+            f"parameter-like streams, or drop ef from {spec!r}"
+        )
+    return codec
+
+
 def parse_spec(spec: str) -> Codec:
     """A fresh codec for `spec`; SpecError saying where and why when it does not parse."""
     if not isinstance(spec, str):

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from workers.compression import parse_spec
 from workers.switch.link import Link
 from workers.training.abnet import (
     ACT,
@@ -19,12 +20,15 @@ from workers.training.abnet import (
     META,
     SYNC,
     AbnetConfig,
+    EvalScore,
+    StepSync,
     abnet_preset,
     bleu,
     run_abnet_decoder,
     run_abnet_encoder,
     train_abnet_local,
 )
+from workers.training.abnet.wire import unpack_coded, unpack_sync
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
 from workers.training.runtime import CodecBook, Hooks, RoleResult, unpack_message
 
@@ -126,6 +130,32 @@ def test_split_run_equals_single_process_reference(
             torch.testing.assert_close(saved[name], p.detach(), rtol=0, atol=1e-6, msg=name)
 
 
+def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from_step(
+    link_pairs: LinkPairs, run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    # power iteration warm-starts from the previous tensor of its stream: equal figures
+    # need the same codec instance, chunks and order on both ends of the pipeline
+    cfg = small(
+        steps=6,
+        micro_batches=4,
+        activation_chunks=2,
+        forward_codec="fp16(lowrank(0.3,method=power))",
+        backward_codec="int8",
+        compress_from_step=3,
+    )
+    s, t = split_run(run_roles, cfg, link_pairs("encoder", "decoder"), plm, pairs, tmp_path)
+    ref = train_abnet_local(
+        cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED
+    )
+    for step, (r, h) in enumerate(zip(ref.history, t.history, strict=True), 1):
+        for key in ("loss", "token_loss", "length_loss", "token_accuracy"):
+            assert abs(r[key] - h[key]) <= 1e-5, (step, key)
+    # float32 before step 3, low rank from then on: the forward bytes drop at step 3
+    sent = [h["bytes_to_decoder"] for h in s.history]
+    assert sent[0] == sent[1] and sent[2] < 0.5 * sent[1]
+    assert [h["loss"] for h in s.history] == [h["loss"] for h in t.history]
+
+
 def test_only_adapters_change(plm: bytes, pairs: Pairs) -> None:
     from workers.training.electra import load_pretrained
 
@@ -172,13 +202,13 @@ def test_neither_cluster_receives_the_other_sides_tokens(
     assert {ch for ch, _ in s_link.received} == {HELLO, GRAD, SYNC}
     for ch, payload in s_link.received:
         if ch == GRAD:
-            assert isinstance(payload, bytes)
-            from workers.compression import parse_spec
-
-            g = parse_spec("int8").decode(payload)
+            coded = unpack_coded(payload)
+            assert coded.spec == "int8"
+            g = parse_spec("int8").decode(coded.blob)
             assert g.dtype == torch.float32 and g.shape[0] == cfg.batch_size
         elif ch == SYNC:
-            assert isinstance(payload, torch.Tensor) and payload.numel() == 4
+            assert isinstance(payload, bytes)
+            assert isinstance(unpack_sync(payload), StepSync | EvalScore)
         else:
             assert isinstance(payload, bytes)
             header, arrays = unpack_message(payload)
