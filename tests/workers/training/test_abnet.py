@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from workers.compression import parse_spec
-from workers.switch.link import Link
+from workers.switch.link import Link, LinkEstimate
 from workers.training.abnet import (
     ACT,
+    AUTO_CANDIDATES,
     GRAD,
     HELLO,
     META,
@@ -154,6 +155,53 @@ def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from
     sent = [h["bytes_to_decoder"] for h in s.history]
     assert sent[0] == sent[1] and sent[2] < 0.5 * sent[1]
     assert [h["loss"] for h in s.history] == [h["loss"] for h in t.history]
+
+
+class _Measured:
+    """A link whose switches report `estimate` (LocalLink measures nothing)."""
+
+    def __init__(self, inner: Link, estimate: LinkEstimate) -> None:
+        self.inner, self.estimate = inner, estimate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def link_estimate(self) -> LinkEstimate:
+        return self.estimate
+
+
+def test_auto_codecs_choose_within_the_error_bound_and_report_the_choice(
+    run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    from workers.switch.link import LocalLink
+
+    cfg = small(steps=3, forward_codec="auto", backward_codec="auto", auto_max_error=0.05)
+    # no measurement yet: the fewest bytes within the bound, as the reference picks
+    s, t = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, tmp_path / "unmeasured")
+    ref = train_abnet_local(
+        cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED
+    )
+    assert [h["loss"] for h in t.history] == pytest.approx(
+        [h["loss"] for h in ref.history], abs=1e-5
+    )
+    for side, stream in ((s, "forward"), (t, "backward")):
+        last = side.history[-1]
+        chosen = AUTO_CANDIDATES[int(last[f"auto.{stream}.choice"])]
+        assert chosen != "none"  # float32 is the most bytes of all
+        assert 0 < last[f"auto.{stream}.rel_error"] <= 0.05
+        assert last[f"auto.{stream}.measured"] == 0.0
+    # a slow measured link: transfer dominates, so the same fewest-bytes choice, now measured
+    slow = LinkEstimate(bandwidth_bytes_per_s=1000.0, rtt_s=0.04, samples=5)
+    a, b = LocalLink.pair()
+    s2, _ = split_run(
+        run_roles, cfg, (_Measured(a, slow), _Measured(b, slow)), plm, pairs, tmp_path / "slow"
+    )
+    last = s2.history[-1]
+    assert last["auto.forward.measured"] == 1.0
+    assert last["auto.forward.bandwidth_mbit"] == pytest.approx(0.008)
+    assert last["auto.forward.choice"] == s.history[-1]["auto.forward.choice"]
+    with pytest.raises(ValueError, match="per-sample"):
+        small(backward_codec="ef(int8)")
 
 
 def test_only_adapters_change(plm: bytes, pairs: Pairs) -> None:

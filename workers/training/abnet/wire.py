@@ -196,6 +196,7 @@ class StreamEncoder:
 
     def encode(self, step: int, x: torch.Tensor) -> Coded:
         """`x` (float32) encoded with the codec of `step`."""
+        x = x.detach()
         spec = self.cfg.codecs(step)[self.which]
         choice = None
         codec: Codec
@@ -206,7 +207,7 @@ class StreamEncoder:
             self.last_choice, self.last_bandwidth_bps = choice, bandwidth
         else:
             codec = self.book.get(self.stream, spec)  # type: ignore[assignment]
-        return Coded(codec.spec, step, codec.encode(x.detach()), choice)
+        return Coded(codec.spec, step, codec.encode(x), choice)
 
 
 class StreamDecoder:
