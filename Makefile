@@ -58,9 +58,10 @@ up: $(STAMP) frontend
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the arrows between the parts: [tool.importlinter] in pyproject.toml
 
 typecheck: $(STAMP)
-	$(BIN)/mypy app workers
+	$(BIN)/mypy app cli contract workers
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q

@@ -20,11 +20,11 @@ from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
 from app.openapi import security
 from app.settings import Settings
+from contract import API_PREFIX as API_PREFIX
 
 SESSION_COOKIE = "nebula_session"
 CSRF_COOKIE = "nebula_csrf"
 CSRF_HEADER = "X-CSRF-Token"
-API_PREFIX = "/api/v1"
 CLUSTER_API_PREFIX = f"{API_PREFIX}/cluster/"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 

@@ -11,59 +11,17 @@ from email_validator import EmailNotValidError, validate_email
 from fastapi import Path
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PlainValidator,
     WithJsonSchema,
-    model_validator,
 )
 
 from app.accounts.passwords import MAX_LENGTH as PASSWORD_MAX
 from app.accounts.passwords import MIN_LENGTH as PASSWORD_MIN
 
-NO_NUL_PATTERN = r"^[^\x00]*$"
-
-
-def _holds_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
-    return False
-
-
-def _integral_floats_as_ints(value: Any) -> Any:
-    # JSON Schema counts 3.0 as an integer, strict validation would refuse it; a float field
-    # takes an int as well, so no field loses by this
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_integral_floats_as_ints(v) for v in value]
-    return value
-
-
-class StrictIn(BaseModel):
-    """A request body: unknown fields are refused and nothing is coerced (`false` is no integer,
-    `"1"` no number), so the server accepts exactly what the document describes.
-
-    No string may hold a NUL character (PostgreSQL text cannot store one); the document states
-    it as a pattern on every request string (app.openapi).
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _as_json_schema_reads(cls, data: Any) -> Any:
-        if _holds_nul(data):
-            raise ValueError("text must not contain NUL characters")
-        return _integral_floats_as_ints(data)
-
+# the base of request bodies lives in the contract, which the clusters validate with too
+from contract.fields import NO_NUL_PATTERN as NO_NUL_PATTERN
+from contract.fields import StrictIn as StrictIn
 
 UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 EXAMPLE_ID = "3f2b8c1e-5d4a-4e6b-9a7c-2d1e0f9b8a76"

@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.sessionmaker = make_sessionmaker(app.state.engine)
     app.state.read_sessionmaker = make_sessionmaker(app.state.engine, writes=False)
-    app.state.broker_check = lambda: broker_check(settings)
+    app.state.broker_check = lambda: broker_check(settings.broker_url, settings.var_dir)
 
     for router in registry.routers():
         app.include_router(router)

@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from app.jobs.models import Job, JobMetric, JobStatus
 from app.migrate import upgrade
 from app.settings import Settings
 from app.workspaces.models import Workspace
+from workers.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "api_load.lua"
@@ -84,13 +84,6 @@ ACCEPTED_WRITES = (
     "access.withdraw 200",
     "login 200",
 )
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def load_average() -> list[float]:
@@ -153,7 +146,7 @@ class Server:
         with self.log_path.open("wb") as log:
             argv = ["serve", "--port", str(self.port), "--workers", str(self.workers)]
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", *argv],
+                [sys.executable, "-m", "cli", *argv],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

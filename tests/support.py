@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -173,7 +174,7 @@ class NebulaUp:
 
     def command(self, *args: str) -> list[str]:
         """argv of a `nebula` subcommand with this interpreter."""
-        return [sys.executable, "-m", "app.cli", *args]
+        return [sys.executable, "-m", "cli", *args]
 
     def __enter__(self) -> NebulaUp:
         import subprocess
@@ -256,3 +257,53 @@ def small_tmpfs(folder: Path, size: str) -> Iterator[Path]:
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@dataclass
+class ServeProcess:
+    """A `nebula serve` process of a test, on its port, logging to `log_path`."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextmanager
+def nebula_serve(var: Path, log_path: Path, *, workers: int = 1) -> Iterator[ServeProcess]:
+    """`nebula serve` on a free port over the (migrated) var folder `var`, its own process
+    (session) with the test's argon2 costs; yields once every worker has started."""
+    import signal
+    import threading
+    import time
+
+    from workers.ports import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
+    env.update(
+        NEBULA_VAR_DIR=str(var), NEBULA_ARGON2_TIME_COST="1", NEBULA_ARGON2_MEMORY_KIB="1024"
+    )
+    argv = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", str(workers)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        tick = threading.Event()
+        deadline = time.monotonic() + 90
+        while log_path.read_text().count("Application startup complete") < workers:
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            tick.wait(0.2)
+        yield ServeProcess(process, port, log_path)
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

@@ -15,14 +15,8 @@ from typing import Any
 from celery import Celery
 from kombu import Connection
 
-from app.settings import Settings
-
-RUN_ROLE_TASK = "nebula.run_role"
-
-
-def queue_for(cluster: str) -> str:
-    """The queue a cluster's workers consume."""
-    return f"cluster.{cluster}"
+from contract.queues import RUN_ROLE_TASK as RUN_ROLE_TASK
+from contract.queues import queue_for as queue_for
 
 
 def broker_options(broker_url: str, var_dir: Path) -> tuple[str, dict[str, Any]]:
@@ -46,9 +40,9 @@ def broker_options(broker_url: str, var_dir: Path) -> tuple[str, dict[str, Any]]
     }
 
 
-def broker_check(settings: Settings, *, timeout_s: float = 2.0) -> None:
+def broker_check(broker_url: str, var_dir: Path, *, timeout_s: float = 2.0) -> None:
     """Raise unless the broker answers now (a fresh connection, no retries)."""
-    url, options = broker_options(settings.broker_url, settings.var_dir)
+    url, options = broker_options(broker_url, var_dir)
     if url == "filesystem://":
         folder = Path(options["data_folder_in"])
         if not os.access(folder, os.W_OK):
@@ -99,8 +93,3 @@ def make_celery(broker_url: str, var_dir: Path) -> Celery:
 def celery_for(var_dir: Path, broker_url: str) -> Celery:
     """One Celery app per broker, cached for the process."""
     return make_celery(broker_url, var_dir)
-
-
-def current_celery(settings: Settings) -> Celery:
-    """The control plane's Celery app for `settings`, to send tasks with."""
-    return celery_for(settings.var_dir, settings.broker_url)

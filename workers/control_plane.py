@@ -14,18 +14,18 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 
-from workers.training.rendezvous import Rendezvous
+from contract import API_PREFIX
+from contract.cluster_api import ClaimOut, Rendezvous
 
 log = logging.getLogger("nebula.cluster")
 
-API = "/api/v1/cluster"
+API = f"{API_PREFIX}/cluster"
 WORKER_HEADER = "X-Nebula-Worker"
 UPLOAD_CHUNK = 1024 * 1024
 T = TypeVar("T")
@@ -109,23 +109,6 @@ def retrying(call: Callable[[], T], *, within_s: float, what: str) -> T:
             delay = min(delay * 2, 4.0)
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What the control plane hands a role that claims its attempt."""
-
-    job_id: str
-    attempt: int
-    role: str
-    peer_role: str
-    kind: str
-    config: dict[str, Any]
-    inputs: list[str]
-    token: str
-    heartbeat_s: float
-    grace_s: float
-    checkpoint_key: bytes = field(repr=False, default=b"")
-
-
 class ClusterClient:
     """A worker's connection to the cluster API, authenticated by its worker credential."""
 
@@ -170,29 +153,17 @@ class ClusterClient:
             f"/jobs/{job_id}/roles/{role}/claim", json={"attempt": attempt, "worker": worker}
         )
         _raise_for(answer)
-        body = answer.json()
-        claim = Claim(
-            job_id=body["job_id"],
-            attempt=int(body["attempt"]),
-            role=body["role"],
-            peer_role=body["peer_role"],
-            kind=body["kind"],
-            config=dict(body["config"]),
-            inputs=list(body["inputs"]),
-            token=body["token"],
-            heartbeat_s=float(body["heartbeat_s"]),
-            grace_s=float(body["grace_s"]),
-            checkpoint_key=base64.b64decode(body["checkpoint_key"]),
-        )
-        return RoleSession(self, claim)
+        return RoleSession(self, ClaimOut.model_validate(answer.json()))
 
 
 class RoleSession:
     """The calls of one claimed role; every one carries its current job token."""
 
-    def __init__(self, client: ClusterClient, claim: Claim) -> None:
+    def __init__(self, client: ClusterClient, claim: ClaimOut) -> None:
         self.client, self.claim = client, claim
         self.token = claim.token
+        # seals what the role leaves on the cluster's disk
+        self.checkpoint_key = base64.b64decode(claim.checkpoint_key)
         self._path = f"/jobs/{claim.job_id}/roles/{claim.role}"
 
     def _headers(self) -> dict[str, str]:
@@ -252,7 +223,7 @@ class RoleSession:
 
     def publish_rendezvous(self, rendezvous: Rendezvous) -> None:
         """Tell this attempt's replicas where to join (the root discriminator)."""
-        self._post("rendezvous", asdict(rendezvous))
+        self._post("rendezvous", rendezvous.model_dump())
 
     def read_rendezvous(self) -> Rendezvous | None:
         """Where to join the discriminator's group (a replica); None until it is published."""
@@ -260,7 +231,7 @@ class RoleSession:
         if answer.status_code == 404:
             return None
         _raise_for(answer)
-        return Rendezvous(**answer.json())
+        return Rendezvous.model_validate(answer.json())
 
     def finish(
         self, outcome: str, *, error: str | None = None, report: dict[str, Any] | None = None

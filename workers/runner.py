@@ -22,7 +22,9 @@ from typing import Any
 
 import httpx
 
-from app.jobs.schemas import REPLICA_OF, replica_rank
+from contract.cluster_api import Rendezvous
+from contract.kinds import REPLICA_OF, replica_rank
+from contract.text import split_lines
 from workers.control_plane import (
     ClusterClient,
     ControlPlaneError,
@@ -33,9 +35,7 @@ from workers.control_plane import (
 )
 from workers.presence import instance_name
 from workers.switch.link import Link
-from workers.text import split_lines
 from workers.training import sealed
-from workers.training.rendezvous import Rendezvous
 from workers.training.runtime import Hooks, RoleResult
 
 log = logging.getLogger("nebula.runner")
@@ -348,7 +348,7 @@ def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> R
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / REPLICA_OF
     seed = int(claim.config.get("seed", 0))
     return run_discriminator_replica(
-        cfg, rank, rendezvous, ckpt_dir, seed=seed, key=claim.checkpoint_key
+        cfg, rank, rendezvous, ckpt_dir, seed=seed, key=session.checkpoint_key
     )
 
 
@@ -389,7 +389,7 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     hooks = RoleHooks(session)
     hooks.publish_rendezvous = session.publish_rendezvous
     hooks.rendezvous_host = side.rendezvous_host
-    hooks.checkpoint_key = claim.checkpoint_key
+    hooks.checkpoint_key = session.checkpoint_key
     links: list[Link] = []
     try:
         if replica_rank(claim.role) is not None:
@@ -415,7 +415,7 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     try:
         if result.artifact is not None and result.artifact.exists():
             # sealed on this disk; the control plane encrypts it again for the owner
-            session.upload_artifact(sealed.read(result.artifact, claim.checkpoint_key))
+            session.upload_artifact(sealed.read(result.artifact, session.checkpoint_key))
     except (Fenced, Refused):
         return _Outcome("stopped", _finish(session, "stopped"))
     except (httpx.TransportError, ControlPlaneError) as exc:

@@ -16,21 +16,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from app.cluster_api import service
-from app.cluster_api.schemas import (
-    ClaimIn,
-    ClaimOut,
-    EndedJobsIn,
-    EndedJobsOut,
-    FinishIn,
-    FinishOut,
-    HeartbeatOut,
-    MetricBatchIn,
-    MetricBatchOut,
-    OutputOut,
-    PresenceAnswer,
-    PresenceIn,
-    Rendezvous,
-)
 from app.clusters import service as clusters
 from app.clusters.models import Cluster
 from app.deps import API_PREFIX, SessionDep, SettingsDep
@@ -45,6 +30,21 @@ from app.errors import (
 )
 from app.fields import JobIdPath
 from app.openapi import security
+from contract.cluster_api import (
+    ClaimIn,
+    ClaimOut,
+    EndedJobsIn,
+    EndedJobsOut,
+    FinishIn,
+    FinishOut,
+    HeartbeatOut,
+    MetricBatchIn,
+    MetricBatchOut,
+    OutputOut,
+    PresenceAnswer,
+    PresenceIn,
+    Rendezvous,
+)
 
 router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
 

@@ -22,12 +22,12 @@ from app.grants.models import AccessRequest
 from app.jobs import service as jobs
 from app.jobs.models import Job, JobRole
 from app.jobs.outputs import store_job_output
-from app.jobs.schemas import REPLICA_OF, replica_rank, role_reads, role_spec
 from app.jobs.states import FINAL_STATUSES
 from app.keyring import job_checkpoint_key
 from app.pki import service as pki
 from app.settings import Settings
-from workers.switch.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
+from contract.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
+from contract.kinds import REPLICA_OF, replica_rank, role_reads, role_spec
 
 OUTPUT_CHUNK_BYTES = 1024 * 1024
 

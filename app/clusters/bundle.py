@@ -13,7 +13,7 @@ from app.clusters import service as clusters
 from app.clusters.models import Cluster
 from app.pki import service as pki
 from app.settings import Settings
-from workers.bundle import ClusterBundle
+from contract.bundle import ClusterBundle
 
 log = logging.getLogger("nebula.clusters")
 

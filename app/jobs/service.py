@@ -19,12 +19,13 @@ from app.db import newest_first, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
-from app.jobs.schemas import KINDS, JobSubmitIn, job_roles
+from app.jobs.schemas import JobSubmitIn
 from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Workspace
+from contract.kinds import KINDS, job_roles
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
 
@@ -37,13 +38,7 @@ def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any],
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise Invalid(f"config.{where}: {first['msg']}") from None
-    from workers.training.configs import training_config
-
-    try:
-        total_steps = int(training_config(kind, parsed.model_dump()).steps)
-    except ValueError as exc:
-        raise Invalid(f"config: {exc}") from None
-    return parsed.model_dump(), total_steps
+    return parsed.model_dump(), parsed.total_steps()
 
 
 def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str]) -> None:

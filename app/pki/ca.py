@@ -3,9 +3,10 @@
 The control plane keeps the CA key encrypted under the platform secret
 (`encrypt_private_key` / `load_encrypted_private_key`), signs switch CSRs
 (`sign_csr`), publishes revocations (`build_crl`) and signs job tokens
-(`sign_job_token`). The switch side (`make_switch_key_and_csr`, CRL loading,
-job-token verification) lives in `workers/switch/` so clusters need not import
-`app/`; it is re-exported here for one import path on the control plane.
+(`sign_job_token`). What both sides apply (`make_switch_key_and_csr`, CRL
+loading, job-token verification) lives in the contract (`contract.certs`,
+`contract.jobtoken`) so clusters need not import `app/`; it is re-exported here for
+one import path on the control plane.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from workers.switch.jobtoken import (
+from contract.certs import load_crl, make_switch_key_and_csr, validate_cluster_name
+from contract.certs import needs_renewal as switch_needs_renewal
+from contract.jobtoken import (
     JobClaims,
     JobTokenError,
     load_job_token_public_key,
     sign_job_token,
     verify_job_token,
 )
-from workers.switch.tls import load_crl, make_switch_key_and_csr, validate_cluster_name
-from workers.switch.tls import needs_renewal as switch_needs_renewal
 
 __all__ = [
     "CertificateError",

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from app.errors import Invalid
 from app.workspaces.models import DatasetKind
-from workers.training.limits import ModelTooLarge, check_bert_config
+from contract.model_limits import ModelTooLarge, check_bert_config
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024

@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app.errors import DomainError
-from workers.text import split_lines
+from contract.text import split_lines
 
 MAGIC = b"NBDS"
 VERSION = 1

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from app.pki import ca
-from app.up import free_port
 from workers.control_plane import ClusterClient, Refused, tls_verify
+from workers.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Pa
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
     env.update(NEBULA_VAR_DIR=str(tmp_path / "var"), NEBULA_RUN_REAPER="false")
-    nebula = [sys.executable, "-m", "app.cli"]
+    nebula = [sys.executable, "-m", "cli"]
     subprocess.run([*nebula, "db", "upgrade"], env=env, check=True, capture_output=True)
     server = subprocess.Popen(
         [*nebula, "serve", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
@@ -76,7 +76,7 @@ def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Pa
 
 def test_serve_wants_the_certificate_and_its_key_together(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--tls-cert", str(tmp_path / "x.crt")],
+        [sys.executable, "-m", "cli", "serve", "--tls-cert", str(tmp_path / "x.crt")],
         capture_output=True,
         text=True,
         env={**os.environ, "NEBULA_VAR_DIR": str(tmp_path / "var")},

@@ -37,7 +37,7 @@ def _cluster_processes(session: int) -> list[int]:
         # field 6 of stat is the session id; the command name may hold spaces, so split after it
         if int(stat.rsplit(")", 1)[1].split()[3]) != session:
             continue
-        if b"app.cli" in argv and (b"worker" in argv or b"switch" in argv):
+        if b"cli" in argv and (b"worker" in argv or b"switch" in argv):
             pids.append(int(entry.name))
     return pids
 

@@ -27,9 +27,9 @@ import httpx
 import pytest
 from conftest import PostgresTemplates, service_unavailable
 
-from app.up import free_port
 from support import PASSWORD
 from workers.control_plane import tls_verify
+from workers.ports import free_port
 from workers.training.data import write_demo_corpus
 
 from .hosts import (
@@ -89,7 +89,7 @@ def _wait(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
 
 
 def _nebula(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from app.main import create_app
 from app.migrate import upgrade
 from app.pki import service as pki
 from app.settings import Settings
-from app.up import ensure_demo_admin
 from app.workspaces import service as workspaces
+from cli.up import ensure_demo_admin
 from support import PASSWORD, LiveServer, Platform
 from workers.switch.tls import make_switch_key_and_csr
 

@@ -56,7 +56,7 @@ def _verify(platform: Platform) -> Verification:
 
 def _cli_verify(settings: Settings) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "audit", "verify"],
+        [sys.executable, "-m", "cli", "audit", "verify"],
         env=cli_env(settings),
         capture_output=True,
         text=True,

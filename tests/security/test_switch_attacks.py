@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from switch_support import Pair
 
+from contract.jobtoken import JobClaims
 from workers.switch import protocol as p
 from workers.switch.client import SwitchLink
-from workers.switch.jobtoken import JobClaims
 from workers.switch.server import admit_worker
 from workers.switch.stream import FrameStream
 from workers.switch.tls import client_context

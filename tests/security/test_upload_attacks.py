@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import save as save_safetensors
 
+from contract.model_limits import ModelTooLarge
 from support import Platform
 from workers.training.bert import BertConfig
 from workers.training.electra import load_pretrained
-from workers.training.limits import ModelTooLarge
 
 API = "/api/v1"
 HUGE = {**asdict(BertConfig()), "vocab_size": 10_000_000, "d_model": 65536, "n_heads": 1024}

@@ -1,20 +1,10 @@
-"""The codec spec grammar: `int8`, `fp16(lowrank(0.6,method=power))`, `ef(int8)`.
-
-    spec  := call
-    call  := NAME [ "(" [ arg ("," arg)* ] ")" ]
-    arg   := call | NUMBER | NAME "=" (NUMBER | NAME)
-
-Names: none, fp16, bf16, int8 (stochastic=, seed=), each optionally wrapping one
-lowrank(r, method=svd|rsvd|power, iters=, oversample=, layout=flat|sample,
-fallback=, seed=) whose factors it encodes; ef(<spec>) adds error feedback.
+"""Codecs from spec strings: the grammar is the contract's (contract.codec_spec), the codec
+objects are built here.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass, field
-
+from contract import codec_spec as grammar
 from workers.compression.codecs import (
     CastCodec,
     Codec,
@@ -27,230 +17,52 @@ from workers.compression.codecs import (
 from workers.compression.errors import SpecError
 from workers.compression.wire import Kind
 
-_TOKEN = re.compile(
-    r"\s*(?:(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<punct>[(),=]))"
-)
-MAX_SPEC_LENGTH = 512
+_CASTS = {"none": Kind.NONE, "fp16": Kind.FP16, "bf16": Kind.BF16}
 
 
-@dataclass(frozen=True)
-class Call:
-    """One parsed `name(args)` node."""
-
-    name: str
-    position: int
-    args: list[Call | float] = field(default_factory=list)
-    options: dict[str, str] = field(default_factory=dict)
+def _dense(spec: grammar.DenseSpec) -> DenseCodec:
+    if isinstance(spec, grammar.Int8Spec):
+        return Int8Codec(stochastic=spec.stochastic, seed=spec.seed)
+    return CastCodec(_CASTS[spec.dtype])
 
 
-class _Parser:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.tokens: list[tuple[str, str, int]] = []
-        pos = 0
-        while pos < len(text):
-            if text[pos:].strip() == "":
-                break
-            match = _TOKEN.match(text, pos)
-            if match is None or match.lastgroup is None:
-                raise self.error(pos, f"unexpected character {text[pos]!r}")
-            start = match.start(match.lastgroup)
-            self.tokens.append((match.lastgroup, match.group(match.lastgroup), start))
-            pos = match.end()
-        self.index = 0
-
-    def error(self, position: int, message: str) -> SpecError:
-        return SpecError(f"bad codec spec {self.text!r} at column {position + 1}: {message}")
-
-    def peek(self) -> tuple[str, str, int]:
-        if self.index < len(self.tokens):
-            return self.tokens[self.index]
-        return ("end", "", len(self.text))
-
-    def take(self, kind: str, value: str | None = None) -> tuple[str, str, int]:
-        token = self.peek()
-        if token[0] != kind or (value is not None and token[1] != value):
-            wanted = repr(value) if value is not None else kind
-            got = "the end" if token[0] == "end" else repr(token[1])
-            raise self.error(token[2], f"expected {wanted}, got {got}")
-        self.index += 1
-        return token
-
-    def call(self) -> Call:
-        _, name, position = self.take("name")
-        node = Call(name=name.lower(), position=position)
-        if self.peek()[1] != "(":
-            return node
-        self.take("punct", "(")
-        if self.peek()[1] == ")":
-            self.take("punct", ")")
-            return node
-        while True:
-            kind, value, pos = self.peek()
-            if kind == "number":
-                self.index += 1
-                node.args.append(float(value))
-            elif (
-                kind == "name"
-                and self.index + 1 < len(self.tokens)
-                and (self.tokens[self.index + 1][1] == "=")
-            ):
-                self.index += 2
-                key = value.lower()
-                if key in node.options:
-                    raise self.error(pos, f"option {key!r} given twice")
-                kind2, value2, pos2 = self.peek()
-                if kind2 not in ("number", "name"):
-                    raise self.error(pos2, f"option {key!r} needs a value")
-                self.index += 1
-                node.options[key] = value2
-            elif kind == "name":
-                node.args.append(self.call())
-            else:
-                got = "the end" if kind == "end" else repr(value)
-                raise self.error(pos, f"expected an argument, got {got}")
-            _, sep, pos = self.peek()
-            if sep == ",":
-                self.index += 1
-                continue
-            self.take("punct", ")")
-            return node
-
-
-def _flag(parser: _Parser, node: Call, key: str, default: bool) -> bool:
-    value = node.options.pop(key, None)
-    if value is None:
-        return default
-    if value.lower() in ("true", "1", "yes"):
-        return True
-    if value.lower() in ("false", "0", "no"):
-        return False
-    raise parser.error(node.position, f"{node.name}: {key} must be true or false, got {value!r}")
-
-
-def _integer(parser: _Parser, node: Call, key: str, default: int, low: int) -> int:
-    value = node.options.pop(key, None)
-    if value is None:
-        return default
-    if not re.fullmatch(r"[-+]?\d+", value) or int(value) < low:
-        raise parser.error(
-            node.position, f"{node.name}: {key} must be an integer >= {low}, got {value!r}"
+def build_codec(spec: grammar.CodecSpec) -> Codec:
+    """A fresh codec for a parsed spec."""
+    if isinstance(spec, grammar.ErrorFeedbackSpec):
+        return ErrorFeedback(build_codec(spec.inner))
+    if isinstance(spec, grammar.LowRankSpec):
+        return LowRankCodec(
+            spec.ratio,
+            method=spec.method,
+            inner=_dense(spec.inner),
+            iters=spec.iters,
+            oversample=(
+                default_oversample(spec.method) if spec.oversample is None else spec.oversample
+            ),
+            layout=spec.layout,
+            fallback=spec.fallback,
+            seed=spec.seed,
         )
-    return int(value)
+    return _dense(spec)
 
 
-def _choice(parser: _Parser, node: Call, key: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = node.options.pop(key, default).lower()
-    if value not in allowed:
-        raise parser.error(
-            node.position, f"{node.name}: {key} must be one of {', '.join(allowed)}, got {value!r}"
-        )
-    return value
+PER_SAMPLE, PARAMETER = grammar.PER_SAMPLE, grammar.PARAMETER
 
 
-def _no_leftovers(parser: _Parser, node: Call) -> None:
-    if node.options:
-        raise parser.error(
-            node.position, f"{node.name}: unknown option(s) {', '.join(sorted(node.options))}"
-        )
-
-
-def _lowrank(parser: _Parser, node: Call, inner: DenseCodec) -> LowRankCodec:
-    if len(node.args) != 1 or not isinstance(node.args[0], float):
-        raise parser.error(
-            node.position, "lowrank takes one keep ratio r in (0, 1], e.g. lowrank(0.2)"
-        )
-    ratio = node.args[0]
-    if not (0.0 < ratio <= 1.0) or not math.isfinite(ratio):
-        raise parser.error(node.position, f"lowrank ratio must be in (0, 1], got {ratio:g}")
-    method = _choice(parser, node, "method", "svd", ("svd", "rsvd", "power"))
-    layout = _choice(parser, node, "layout", "flat", ("flat", "sample"))
-    codec = LowRankCodec(
-        ratio,
-        method=method,  # type: ignore[arg-type]
-        inner=inner,
-        iters=_integer(parser, node, "iters", 1, 1),
-        oversample=_integer(parser, node, "oversample", default_oversample(method), 0),
-        layout=layout,  # type: ignore[arg-type]
-        fallback=_flag(parser, node, "fallback", True),
-        seed=_integer(parser, node, "seed", 0, 0),
-    )
-    _no_leftovers(parser, node)
-    return codec
-
-
-_CASTS = {"none": Kind.NONE, "fp32": Kind.NONE, "fp16": Kind.FP16, "bf16": Kind.BF16}
-
-
-def _build(parser: _Parser, node: Call, top: bool) -> Codec:
-    if node.name == "ef":
-        if not top:
-            raise parser.error(node.position, "ef must be the outermost codec")
-        if len(node.args) != 1 or not isinstance(node.args[0], Call) or node.options:
-            raise parser.error(node.position, "ef wraps exactly one codec, e.g. ef(int8)")
-        return ErrorFeedback(_build(parser, node.args[0], top=False))
-    dense: DenseCodec
-    if node.name in _CASTS:
-        dense = CastCodec(_CASTS[node.name])
-    elif node.name == "int8":
-        dense = Int8Codec(
-            stochastic=_flag(parser, node, "stochastic", False),
-            seed=_integer(parser, node, "seed", 0, 0),
-        )
-    elif node.name == "lowrank":
-        return _lowrank(parser, node, CastCodec(Kind.NONE))
-    else:
-        raise parser.error(
-            node.position,
-            f"unknown codec {node.name!r}; known: none, fp16, bf16, int8, lowrank, ef",
-        )
-    _no_leftovers(parser, node)
-    if not node.args:
-        return dense
-    child = node.args[0]
-    if len(node.args) != 1 or not isinstance(child, Call) or child.name != "lowrank":
-        raise parser.error(
-            node.position,
-            f"{node.name} can only wrap one lowrank(...), e.g. {node.name}(lowrank(0.2))",
-        )
-    return _lowrank(parser, child, dense)
-
-
-PER_SAMPLE = "per-sample"
-PARAMETER = "parameter"
-
-
-def check_stream_spec(spec: str, stream: str, kind: str) -> Codec:
-    """`parse_spec`, and a SpecError for error feedback on a per-sample stream.
-
-    Error feedback adds the residual of one tensor to the next one of its stream. On a
-    parameter-like stream (weight gradients, weight deltas) the next tensor updates the same
-    numbers, so the residual is delivered late but delivered. On a per-sample stream
-    (activations, activation gradients) the next tensor belongs to other samples: one
-    micro-batch's error lands on another's, which is bias, not compensation.
-    """
-    codec = parse_spec(spec)
-    if kind == PER_SAMPLE and isinstance(codec, ErrorFeedback):
-        raise SpecError(
-            f"{stream}: ef(...) is refused on a per-sample stream (activations, activation "
-            "gradients): its residual would land on other samples; use it only on "
-            f"parameter-like streams, or drop ef from {spec!r}"
-        )
-    return codec
+def check_stream_spec(spec: str, stream: str, kind: grammar.StreamKind) -> Codec:
+    """A fresh codec for `spec`, refused (SpecError) where its stream's kind forbids it:
+    error feedback on a per-sample stream (contract.codec_spec.check_stream_spec says why)."""
+    try:
+        parsed = grammar.check_stream_spec(spec, stream, kind)
+    except grammar.SpecError as exc:
+        raise SpecError(str(exc)) from None
+    return build_codec(parsed)
 
 
 def parse_spec(spec: str) -> Codec:
     """A fresh codec for `spec`; SpecError saying where and why when it does not parse."""
-    if not isinstance(spec, str):
-        raise SpecError(f"a codec spec is a string, got {type(spec).__name__}")
-    if len(spec) > MAX_SPEC_LENGTH:
-        raise SpecError(f"codec spec longer than {MAX_SPEC_LENGTH} characters")
-    parser = _Parser(spec)
-    if not parser.tokens:
-        raise SpecError("empty codec spec; use 'none' to send float32")
-    node = parser.call()
-    kind, value, pos = parser.peek()
-    if kind != "end":
-        raise parser.error(pos, f"unexpected {value!r} after the codec")
-    return _build(parser, node, top=True)
+    try:
+        parsed = grammar.parse_codec_spec(spec)
+    except grammar.SpecError as exc:
+        raise SpecError(str(exc)) from None
+    return build_codec(parsed)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from workers.switch.jobtoken import unverified_claims
+from contract.jobtoken import unverified_claims
 from workers.switch.link import LinkClosed, LinkEstimate, Payload
 from workers.switch.protocol import (
     CLOSED,

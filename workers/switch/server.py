@@ -37,7 +37,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from prometheus_client import CollectorRegistry, Counter, generate_latest, start_http_server
 
-from workers.switch.jobtoken import (
+from contract.jobtoken import (
     JobClaims,
     JobTokenError,
     load_job_token_public_key,

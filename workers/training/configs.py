@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.jobs.schemas import KINDS
+from contract.kinds import KINDS
 
 
 def training_config(kind: str, config: dict[str, Any]) -> Any:
     """The `ElectraConfig` or `AbnetConfig` of a job: its preset with the job's overrides."""
     parsed = KINDS[kind].config.model_validate(config)
-    overrides = parsed.overrides()  # type: ignore[attr-defined]
     if kind == "electra_pretrain":
         from workers.training.electra import electra_preset
 
-        return electra_preset(parsed.preset, **overrides)  # type: ignore[attr-defined]
+        return electra_preset(parsed.preset, **parsed.overrides())
     from workers.training.abnet import abnet_preset
 
-    return abnet_preset(parsed.preset, **overrides)  # type: ignore[attr-defined]
+    return abnet_preset(parsed.preset, **parsed.overrides())

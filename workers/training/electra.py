@@ -51,6 +51,8 @@ from safetensors.torch import save as save_safetensors_bytes
 from tokenizers import Tokenizer
 from torch import nn
 
+from contract.model_limits import check_bert_config
+from contract.presets import ELECTRA_PRESETS, preset_values
 from workers.switch.link import Link
 from workers.training.bert import (
     BertConfig,
@@ -70,7 +72,6 @@ from workers.training.data import (
     lines_digest,
     train_tokenizer,
 )
-from workers.training.limits import check_bert_config
 from workers.training.runtime import (
     AsyncSender,
     CheckpointStore,
@@ -171,31 +172,12 @@ class ElectraConfig:
     @classmethod
     def tiny(cls, **overrides: Any) -> ElectraConfig:
         """Trains in a couple of minutes on 2 CPU cores (the defaults)."""
-        return cls(**overrides)
+        return electra_preset("tiny", **overrides)
 
     @classmethod
     def paper(cls, **overrides: Any) -> ElectraConfig:
         """Nebula-I's sizes: generator about 220M, discriminator about 550M parameters (GPU)."""
-        base: dict[str, Any] = dict(
-            vocab_size=64000,  # a multilingual WordPiece vocabulary
-            seq_len=512,
-            batch_size=32,
-            gen_d_model=1024,
-            gen_layers=12,
-            gen_heads=16,
-            gen_d_ff=4096,
-            disc_d_model=1280,
-            disc_layers=24,
-            disc_heads=20,
-            disc_d_ff=5120,
-            steps=400_000,
-            lr_generator=2e-4,
-            lr_discriminator=2e-4,
-            warmup_steps=10_000,
-            ckpt_every=2000,
-        )
-        base.update(overrides)
-        return cls(**base)
+        return electra_preset("paper", **overrides)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ElectraConfig:
@@ -207,14 +189,9 @@ class ElectraConfig:
         return cls(**values)
 
 
-PRESETS = {"tiny": ElectraConfig.tiny, "paper": ElectraConfig.paper}
-
-
 def electra_preset(name: str, **overrides: Any) -> ElectraConfig:
-    """The `tiny` or `paper` config, with overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return PRESETS[name](**overrides)
+    """The `tiny` or `paper` config (contract.presets), with overrides."""
+    return ElectraConfig(**preset_values(ELECTRA_PRESETS, name, **overrides))
 
 
 # ---------------------------------------------------------------- models

@@ -15,7 +15,6 @@ the same bits and takes the same optimizer step.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import timedelta
@@ -27,8 +26,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from contract.cluster_api import Rendezvous
+from workers.ports import free_port
 from workers.training.electra import CorruptedBatch, DiscriminatorSide, ElectraConfig
-from workers.training.rendezvous import Rendezvous
 from workers.training.runtime import CheckpointStore, Hooks, RoleResult, restore_training_state
 
 
@@ -108,12 +108,6 @@ def _replica_train(
     return float(stats[0]) / n, float(stats[1]) / n, int(stats[2])
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def discriminator_replicas(
     cfg: ElectraConfig,
@@ -137,11 +131,11 @@ def discriminator_replicas(
     backend = "nccl" if device.startswith("cuda") else "gloo"
     publish = hooks.publish_rendezvous if hooks is not None else None
     host = hooks.rendezvous_host if hooks is not None else "127.0.0.1"
-    address = f"{host}:{_free_port(host)}"
+    address = f"{host}:{free_port(host)}"
     init = f"tcp://{address}"
     procs = []
     if publish is not None:
-        publish(Rendezvous(address, n, vocab_size, start))
+        publish(Rendezvous(address=address, world_size=n, vocab_size=vocab_size, start_step=start))
     else:
         ctx = mp.get_context("spawn")
         procs = [

@@ -23,10 +23,10 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from contract.cluster_api import Rendezvous
 from workers.compression import parse_spec
 from workers.switch.link import Link, Payload
 from workers.training import sealed
-from workers.training.rendezvous import Rendezvous
 
 # ---------------------------------------------------------------- hooks and results
 

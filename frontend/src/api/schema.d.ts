@@ -1460,10 +1460,12 @@ export interface components {
          * @description Scenario-II: encoder + adapters on one cluster, decoder + adapters on another.
          */
         AbnetJobConfig: {
+            /** Auto Max Error */
+            auto_max_error?: number | null;
             /**
              * Backward Codec
              * Format: codec-spec
-             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback
+             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
              * @default int8
              * @example fp16
              * @example int8
@@ -1483,7 +1485,7 @@ export interface components {
             /**
              * Forward Codec
              * Format: codec-spec
-             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback
+             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
              * @default fp16
              * @example fp16
              * @example int8
@@ -1491,6 +1493,8 @@ export interface components {
              * @example ef(int8)
              */
             forward_codec: string;
+            /** Micro Batches */
+            micro_batches?: number | null;
             /**
              * Preset
              * @default tiny

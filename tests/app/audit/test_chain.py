@@ -130,7 +130,7 @@ def test_verify_endpoint_and_cli_agree(
     auditor = platform.user(Role.auditor)
     anchor_now(platform)
     env = cli_env(settings)
-    cli = [sys.executable, "-m", "app.cli", "audit", "verify"]
+    cli = [sys.executable, "-m", "cli", "audit", "verify"]
     ok = subprocess.run(cli, env=env, capture_output=True, text=True, cwd=Path(__file__).parents[3])
     assert ok.returncode == 0, ok.stderr
     assert client.get("/api/v1/audit/verify", headers=auditor.headers).json()["ok"] is True

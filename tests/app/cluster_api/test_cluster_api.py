@@ -30,11 +30,11 @@ from app.jobs import service as jobs
 from app.jobs.models import Job, JobMetric, JobStatus
 from app.pki import service as pki
 from app.settings import Settings
-from app.up import free_port
+from contract.jobtoken import sign_job_token
 from support import Account, LiveServer, Platform, register_clusters
 from workers.control_plane import ClusterClient, RoleSession
+from workers.ports import free_port
 from workers.runner import RoleHooks
-from workers.switch.jobtoken import sign_job_token
 
 API = "/api/v1"
 CLUSTER_API = f"{API}/cluster"

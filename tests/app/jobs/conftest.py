@@ -28,8 +28,8 @@ from app.clusters import service as clusters
 from app.db import make_engine, make_sessionmaker
 from app.pki import service as pki
 from app.settings import Settings
-from app.up import free_port
 from support import PASSWORD, LiveServer
+from workers.ports import free_port
 from workers.switch import agent
 from workers.switch.tls import write_private_file
 from workers.worker_state import credential_path
@@ -212,7 +212,7 @@ def platform_on(
             platform.worker_argv[name] = [
                 sys.executable,
                 "-m",
-                "app.cli",
+                "cli",
                 "worker",
                 "--cluster",
                 name,

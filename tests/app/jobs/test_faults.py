@@ -27,8 +27,8 @@ from app.audit import service as audit
 from app.db import make_engine
 from app.jobs.models import JobMetric
 from app.migrate import upgrade
-from app.up import free_port
 from support import small_tmpfs
+from workers.ports import free_port
 
 from .conftest import RunningPlatform, User, platform_on, wait_until
 from .test_orchestration import _finished, _job, electra_job

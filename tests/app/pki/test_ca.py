@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from app.pki import ca
-from workers.switch.jobtoken import unverified_claims
+from contract.jobtoken import unverified_claims
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

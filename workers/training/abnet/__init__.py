@@ -20,7 +20,6 @@ gradients T -> S through the backward codec (spec strings of workers/compression
 from workers.training.abnet.config import (
     AUTO,
     AUTO_CANDIDATES,
-    PRESETS,
     AbnetConfig,
     abnet_preset,
 )
@@ -44,7 +43,6 @@ __all__ = [
     "GRAD",
     "HELLO",
     "META",
-    "PRESETS",
     "SYNC",
     "AbnetConfig",
     "EvalScore",

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from contract.kinds import AUTO_CODEC
+from contract.presets import ABNET_PRESETS, preset_values
 from workers.compression import PER_SAMPLE, SpecError, check_stream_spec, parse_spec
 
-AUTO = "auto"
+AUTO = AUTO_CODEC
 # what `auto` chooses among (normalized specs; the index is the `auto.<stream>.choice` metric)
 AUTO_CANDIDATES: tuple[str, ...] = tuple(
     parse_spec(spec).spec
@@ -68,29 +70,12 @@ class AbnetConfig:
     @classmethod
     def tiny(cls, **overrides: Any) -> AbnetConfig:
         """Reaches a clear BLEU on the demo corpus in a few CPU minutes (the defaults)."""
-        return cls(**overrides)
+        return abnet_preset("tiny", **overrides)
 
     @classmethod
     def paper(cls, **overrides: Any) -> AbnetConfig:
         """Sizes for the `paper` ELECTRA models on GPUs."""
-        base: dict[str, Any] = dict(
-            adapter_dim=2048,  # ABNet's decoder adapters
-            cross_heads=16,
-            src_len=128,
-            tgt_len=128,
-            batch_size=32,
-            micro_batches=8,
-            activation_chunks=4,
-            steps=100_000,
-            lr=5e-4,
-            warmup_steps=4000,
-            decode_iterations=10,  # Mask-Predict's
-            length_candidates=5,
-            ckpt_every=2000,
-            eval_every=5000,
-        )
-        base.update(overrides)
-        return cls(**base)
+        return abnet_preset("paper", **overrides)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> AbnetConfig:
@@ -121,11 +106,6 @@ def check_codec_field(name: str, spec: str) -> None:
         raise ValueError(str(exc)) from None
 
 
-PRESETS = {"tiny": AbnetConfig.tiny, "paper": AbnetConfig.paper}
-
-
 def abnet_preset(name: str, **overrides: Any) -> AbnetConfig:
-    """The `tiny` or `paper` config, with overrides."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return PRESETS[name](**overrides)
+    """The `tiny` or `paper` config (contract.presets), with overrides."""
+    return AbnetConfig(**preset_values(ABNET_PRESETS, name, **overrides))

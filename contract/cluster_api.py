@@ -1,4 +1,4 @@
-"""Bodies and answers of the cluster API."""
+"""Bodies and answers of the cluster API: what the control plane serves and a worker reads."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from app.fields import StrictIn
+from contract.fields import StrictIn
 
 MAX_POINTS_PER_BATCH = 10_000
 MAX_METRICS_PER_POINT = 64
@@ -18,10 +18,7 @@ Step = Annotated[int, Field(ge=0, le=10**9)]
 MetricValue = Annotated[float, Field(allow_inf_nan=False)]
 
 
-Strict = StrictIn
-
-
-class ClaimIn(Strict):
+class ClaimIn(StrictIn):
     attempt: int = Field(ge=1, le=1000)
     worker: str = Field(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
 
@@ -43,19 +40,20 @@ class ClaimOut(TokenOut):
     inputs: list[str]  # the inputs this role may read
     heartbeat_s: float
     grace_s: float  # keep training this long without the control plane, then stop
-    checkpoint_key: str  # base64; seals what the role leaves on the cluster's disk
+    # base64; seals what the role leaves on the cluster's disk
+    checkpoint_key: str = Field(repr=False)
 
 
 class HeartbeatOut(TokenOut):
     alive: bool
 
 
-class MetricPoint(Strict):
+class MetricPoint(StrictIn):
     step: Step
     values: dict[MetricName, MetricValue] = Field(max_length=MAX_METRICS_PER_POINT)
 
 
-class MetricBatchIn(Strict):
+class MetricBatchIn(StrictIn):
     seq: int = Field(ge=1, le=2**53 - 1, description="batch number within the attempt, from 1")
     points: list[MetricPoint] = Field(max_length=MAX_POINTS_PER_BATCH)
     checkpoint_step: Step | None = None
@@ -71,7 +69,7 @@ class OutputOut(BaseModel):
     size_bytes: int
 
 
-class FinishIn(Strict):
+class FinishIn(StrictIn):
     outcome: Literal["succeeded", "failed", "stopped"]
     error: str | None = Field(default=None, max_length=2000)
     report: dict[str, Any] = Field(default_factory=dict)
@@ -81,7 +79,7 @@ class FinishOut(BaseModel):
     job_status: str
 
 
-class PresenceIn(Strict):
+class PresenceIn(StrictIn):
     kind: Literal["switch", "worker"]
     instance: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
     version: str = Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")
@@ -92,7 +90,7 @@ class PresenceAnswer(BaseModel):
     report_every_s: float
 
 
-class Rendezvous(Strict):
+class Rendezvous(StrictIn):
     """Where the discriminator's replicas join its torch.distributed process group."""
 
     address: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]{1,255}:[0-9]{1,5}$")  # host:port
@@ -101,7 +99,7 @@ class Rendezvous(Strict):
     start_step: int = Field(ge=0, le=10**9)
 
 
-class EndedJobsIn(Strict):
+class EndedJobsIn(StrictIn):
     job_ids: list[Annotated[str, Field(min_length=1, max_length=36)]] = Field(max_length=500)
 
 

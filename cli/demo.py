@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-API = "/api/v1"
+from contract import API_PREFIX
+
+API = API_PREFIX
 console = Console()
 
 

@@ -34,6 +34,7 @@ from app.migrate import upgrade
 from app.pki import service as pki
 from app.settings import Settings
 from workers.celery_app import broker_options
+from workers.ports import free_port
 from workers.settings import CONTROL_PLANE_ONLY
 from workers.switch.agent import SwitchFiles
 from workers.switch.tls import write_private_file
@@ -46,13 +47,6 @@ DEMO_CLUSTERS = ("cluster-a", "cluster-b")
 def demo_admin_path(settings: Settings) -> Path:
     """Where `nebula up` leaves the demo admin's login for `nebula demo`."""
     return settings.var_dir / "demo-admin.json"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def ensure_demo_admin(settings: Settings) -> dict[str, str]:
@@ -177,7 +171,7 @@ def cluster_environment(settings: Settings, control_plane: str) -> dict[str, str
 
 
 def _nebula(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *args]
+    return [sys.executable, "-m", "cli", *args]
 
 
 def _wait_for(check: object, what: str, timeout: float = 60.0) -> None:

@@ -1,4 +1,4 @@
-"""The `nebula` command."""
+"""The `nebula` command: its subcommands and what each starts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.settings import Settings, get_settings
-from workers.bundle import ClusterBundle
+from workers import bundle as bundles
 from workers.settings import ClusterSettings, scrub_control_plane_secrets
 
 if TYPE_CHECKING:
@@ -151,12 +151,12 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
     )
     credential = args.credential_file.read_text().strip() if args.credential_file else None
     if args.bundle:
-        bundle = ClusterBundle.load(args.bundle)
+        bundle = bundles.load_bundle(args.bundle)
         credential = credential or bundle.worker_credential
         cluster, control_plane = bundle.cluster, args.control_plane or bundle.control_plane_url
         folder = folder or args.bundle  # the switch keeps its identity beside the bundle
         enroll_token = enroll_token or bundle.enrollment_token
-        control_plane_ca = control_plane_ca or ClusterBundle.control_plane_ca(args.bundle)
+        control_plane_ca = control_plane_ca or bundles.control_plane_ca(args.bundle)
     if not cluster:
         raise SystemExit("name the cluster with --cluster or --bundle")
     agent.run(
@@ -193,11 +193,11 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     control_plane_ca, credential = args.control_plane_ca, ""
     state_dir = settings.var_dir / "clusters" / (cluster or "")
     if args.bundle:
-        bundle = ClusterBundle.load(args.bundle)
+        bundle = bundles.load_bundle(args.bundle)
         cluster, credential = bundle.cluster, bundle.worker_credential
         control_plane = args.control_plane or bundle.control_plane_url
         broker_url = bundle.broker_url or broker_url
-        control_plane_ca = control_plane_ca or ClusterBundle.control_plane_ca(args.bundle)
+        control_plane_ca = control_plane_ca or bundles.control_plane_ca(args.bundle)
         state_dir = args.bundle
     if not cluster:
         raise SystemExit("name the cluster with --cluster or --bundle")
@@ -350,7 +350,7 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
             )
         except broker.BrokerError as exc:
             raise SystemExit(str(exc)) from None
-        bundle.write(args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca)
+        bundles.write_bundle(bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca)
         db.commit()
     engine.dispose()
     print(f"bundle of {args.name} written to {args.out}: copy it to the cluster host, then")
@@ -359,7 +359,7 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
-    from app.up import up
+    from cli.up import up
 
     return up(settings, host=args.host, port=args.port)
 
@@ -367,8 +367,8 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from app.demo import run_demo
-    from app.up import demo_admin_path
+    from cli.demo import run_demo
+    from cli.up import demo_admin_path
 
     login_file = demo_admin_path(settings)
     if not login_file.exists():

@@ -1,0 +1,210 @@
+"""The job kinds table: what each kind of job is made of, in one place.
+
+For each kind: its config model (what a submission may set), its roles with their peer,
+the inputs each reads (and which column of a parallel corpus), the artifact each stores,
+the role whose steps measure progress, and the roles that must run apart. The control
+plane validates and places jobs by it, the cluster runs roles by it, and the web UI reads
+it from `GET /api/v1/job-kinds`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
+
+from contract.codec_spec import PER_SAMPLE, SpecError, check_stream_spec
+from contract.fields import StrictIn
+from contract.presets import ABNET_PRESETS, ELECTRA_PRESETS, Preset
+
+# The grammar (contract.codec_spec) is recursive; the document names it as a format.
+CodecSpec = Annotated[
+    str,
+    Field(
+        max_length=200,
+        json_schema_extra={"format": "codec-spec"},
+        description="A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), "
+        "each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on "
+        "per-sample streams); `auto` where a kind lets the link's measurement choose",
+        examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "ef(int8)"],
+    ),
+]
+
+
+AUTO_CODEC = "auto"  # a codec field's value that lets the link's measurement choose
+
+
+class JobConfig(StrictIn):
+    """What every kind's config holds: the preset, the seed and the job's overrides."""
+
+    preset: Preset = "tiny"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    # the training-config fields a job may set on top of its preset
+    OVERRIDES: ClassVar[tuple[str, ...]] = ()
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def overrides(self) -> dict[str, Any]:
+        """The training-config fields this job sets on top of its preset."""
+        return {k: getattr(self, k) for k in self.OVERRIDES if getattr(self, k) is not None}
+
+    def training_values(self) -> dict[str, Any]:
+        """The training-config fields of this job: its preset's, with its overrides."""
+        return {**self.PRESETS[self.preset], **self.overrides()}
+
+    def total_steps(self) -> int:
+        """How many optimizer steps the job runs."""
+        return int(self.training_values()["steps"])
+
+
+class ElectraJobConfig(JobConfig):
+    """Scenario-I: generator on one cluster, discriminators on another."""
+
+    OVERRIDES = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout")
+    PRESETS = ELECTRA_PRESETS
+
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    batch_size: int | None = Field(default=None, ge=2, le=4096)
+    n_discriminators: int | None = Field(default=None, ge=1, le=16)
+    dropout: float | None = Field(default=None, ge=0.0, le=0.5)
+    ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
+    # When the discriminator's cluster may read the same text, only masked positions cross.
+    discriminator_reads_text: bool = True
+
+
+class AbnetJobConfig(JobConfig):
+    """Scenario-II: encoder + adapters on one cluster, decoder + adapters on another."""
+
+    OVERRIDES = (
+        "steps",
+        "batch_size",
+        "micro_batches",
+        "ckpt_every",
+        "forward_codec",
+        "backward_codec",
+        "auto_max_error",
+        "compress_from_step",
+    )
+    PRESETS = ABNET_PRESETS
+
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    batch_size: int | None = Field(default=None, ge=2, le=4096)
+    micro_batches: int | None = Field(default=None, ge=1, le=16)
+    ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
+    # both streams are per sample (activations S -> T, their gradients T -> S), so ef(...)
+    # is refused; `auto` lets the link's measurement choose, within auto_max_error
+    forward_codec: CodecSpec = "fp16"
+    backward_codec: CodecSpec = "int8"
+    auto_max_error: float | None = Field(default=None, gt=0.0, lt=1.0)
+    compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
+
+    @field_validator("forward_codec", "backward_codec")
+    @classmethod
+    def _valid_codec(cls, spec: str, info: ValidationInfo) -> str:
+        if spec == AUTO_CODEC:
+            return spec
+        try:
+            check_stream_spec(spec, str(info.field_name), PER_SAMPLE)
+        except SpecError as exc:
+            raise ValueError(str(exc)) from None
+        return spec
+
+
+SOURCE, TARGET = 0, 1  # the columns of a parallel corpus (source \t target)
+
+
+class RoleSpec(BaseModel):
+    """One role of a job kind: its peer, what it may read, and what it stores."""
+
+    peer: str
+    # input name -> the column of a parallel corpus the role receives (None: all of it)
+    reads: dict[str, int | None]
+    artifact: str | None = None  # the kind of artifact the role stores, if any
+
+
+class JobKindSpec(BaseModel):
+    """What a job kind needs: its config model, roles, and inputs (name -> dataset kind)."""
+
+    config: type[JobConfig]
+    roles: dict[str, RoleSpec]
+    inputs: dict[str, str]
+    optional_inputs: dict[str, str] = {}
+    primary_role: str  # the role whose steps measure the job's progress
+    # roles that must run on different clusters: ABNet's encoder gets only the source
+    # column and its decoder only the target, so that no cluster holds a sentence pair
+    apart: tuple[str, ...] = ()
+
+
+KINDS: dict[str, JobKindSpec] = {
+    "electra_pretrain": JobKindSpec(
+        config=ElectraJobConfig,
+        roles={
+            "generator": RoleSpec(peer="discriminator", reads={"text": None}),
+            # reads the text too unless the job's config says discriminator_reads_text=false
+            "discriminator": RoleSpec(peer="generator", reads={"text": None}, artifact="model"),
+        },
+        inputs={"text": "text"},
+        primary_role="discriminator",
+    ),
+    "abnet_finetune": JobKindSpec(
+        config=AbnetJobConfig,
+        roles={
+            # each side of a parallel corpus gets only its own column: no cluster holds pairs
+            "encoder": RoleSpec(
+                peer="decoder",
+                reads={"parallel": SOURCE, "eval": SOURCE, "source_model": None},
+                artifact="adapters",
+            ),
+            "decoder": RoleSpec(
+                peer="encoder",
+                reads={"parallel": TARGET, "eval": TARGET, "target_model": None},
+                artifact="adapters",
+            ),
+        },
+        inputs={"parallel": "parallel", "source_model": "model", "target_model": "model"},
+        optional_inputs={"eval": "parallel"},
+        primary_role="decoder",
+        apart=("encoder", "decoder"),
+    ),
+}
+
+
+# The discriminator's data-parallel replicas 1..n-1 are roles of their own, each a task on
+# the discriminator's cluster (its own worker process); they join the discriminator's
+# process group at the rendezvous it publishes, read no input and store nothing.
+REPLICA_PREFIX = "replica-"
+REPLICA_OF = "discriminator"
+MAX_REPLICAS = 16
+REPLICA = RoleSpec(peer=REPLICA_OF, reads={})
+
+
+def replica_rank(role: str) -> int | None:
+    """The rank of a replica role (`replica-2` -> 2), None for any other role."""
+    if role.startswith(REPLICA_PREFIX) and role[len(REPLICA_PREFIX) :].isdigit():
+        rank = int(role[len(REPLICA_PREFIX) :])
+        return rank if 1 <= rank < MAX_REPLICAS else None
+    return None
+
+
+def role_spec(kind: str, role: str) -> RoleSpec:
+    """One role of a job kind, replicas included; KeyError for a role the kind has not."""
+    if kind == "electra_pretrain" and replica_rank(role) is not None:
+        return REPLICA
+    return KINDS[kind].roles[role]
+
+
+def job_roles(kind: str, config: dict[str, Any], placement: dict[str, str]) -> dict[str, str]:
+    """Every role of a job and its cluster: the placed ones and the replicas they imply."""
+    roles = {role: placement[role] for role in KINDS[kind].roles}
+    if kind == "electra_pretrain":
+        for rank in range(1, int(config.get("n_discriminators") or 1)):
+            roles[f"{REPLICA_PREFIX}{rank}"] = placement[REPLICA_OF]
+    return roles
+
+
+def role_reads(kind: str, role: str, config: dict[str, Any]) -> dict[str, int | None]:
+    """The inputs one role of a job may read, with the column it gets of each."""
+    reads = dict(role_spec(kind, role).reads)
+    if role == "discriminator" and not config.get("discriminator_reads_text", True):
+        reads.pop("text")
+    return reads
