@@ -76,14 +76,8 @@ N_EVAL = 200
 # the PLM: ELECTRA's generator as in `tiny`, a 256-wide 1-layer discriminator
 PLM = dict(disc_d_model=256, disc_layers=1, disc_d_ff=1024, disc_heads=4, steps=400)
 PLM_SEED = 1
-ABNET = dict(
-    adapter_dim=64,
-    batch_size=16,
-    micro_batches=4,
-    activation_chunks=2,
-    warmup_steps=20,
-    eval_batch_size=100,
-)
+ABNET = dict(adapter_dim=64, batch_size=16, micro_batches=4, activation_chunks=2)
+ABNET.update(warmup_steps=20, eval_batch_size=100)
 
 
 @dataclass(frozen=True)
@@ -257,27 +251,23 @@ class Network:
     def __init__(self, root: Path, shaper: ShaperConfig) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.ca_key, ca_cert = ca.create_root_ca("Bench CA")
-        self.ca_path = root / "ca.pem"
-        self.ca_path.write_bytes(ca.certificate_pem(ca_cert))
-        crl_path = root / "crl.pem"
-        next_update = datetime.now(UTC) + timedelta(days=1)
-        crl_path.write_bytes(ca.build_crl(self.ca_key, ca_cert, [], next_update=next_update))
         self.token_key = ca.make_job_token_key()
+        self.ca_path, crl_path = root / "ca.pem", root / "crl.pem"
+        next_update = datetime.now(UTC) + timedelta(days=1)
+        for path, data in (
+            (self.ca_path, ca.certificate_pem(ca_cert)),
+            (crl_path, ca.build_crl(self.ca_key, ca_cert, [], next_update=next_update)),
+        ):
+            path.write_bytes(data)
         self.switches: list[Child] = []
         for cluster in ("cluster-a", "cluster-b"):
             key_pem, csr = ca.make_switch_key_and_csr(cluster)
-            key_path, cert_path = root / f"{cluster}.key", root / f"{cluster}.crt"
-            key_path.write_bytes(key_pem)
-            cert_path.write_bytes(ca.sign_csr(self.ca_key, ca_cert, csr, cluster_name=cluster))
-            files = SwitchFiles(
-                cluster,
-                key_path,
-                cert_path,
-                self.ca_path,
-                crl_path,
-                ca.job_token_public_key_pem(self.token_key),
-                shaper,
-            )
+            cert = ca.sign_csr(self.ca_key, ca_cert, csr, cluster_name=cluster)
+            paths = (root / f"{cluster}.key", root / f"{cluster}.crt")
+            for path, data in zip(paths, (key_pem, cert), strict=True):
+                path.write_bytes(data)
+            public = ca.job_token_public_key_pem(self.token_key)
+            files = SwitchFiles(cluster, *paths, self.ca_path, crl_path, public, shaper)
             self.switches.append(Child(SwitchProcess, files))
         a, b = self.switches
         for here, cluster, there in ((a, "cluster-b", b), (b, "cluster-a", a)):
@@ -443,11 +433,30 @@ def summarize(
     return out
 
 
+def cells(row: Row, table: dict[str, dict[str, Any]], sep: str = " ± ") -> list[str]:
+    """One row's figures: bytes, C, then per rate T, L, T / max(C, L) and T vs the baseline."""
+    e, base = table[row.key], table["none_none"]
+    out = [
+        row.label,
+        f"{e['forward_bytes_per_step'] / 1e3:,.0f} / {e['backward_bytes_per_step'] / 1e3:,.0f}",
+        f"{e['C_s']['median']:.3f}{sep}{e['C_s']['spread'] / 2:.3f}",
+    ]
+    for rate in RATES_MBIT:
+        r, b = e[f"{rate:g}mbit"], base[f"{rate:g}mbit"]
+        ratio = r["T_vs_limit"]
+        out += [
+            f"{r['T_s']['median']:.3f}{sep}{r['T_s']['spread'] / 2:.3f}",
+            f"{r['L_s']:.3f}",
+            f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})",
+            f"{r['T_s']['median'] / b['T_s']['median']:.0%}",
+        ]
+    return out
+
+
 def markdown(rows: list[Row], table: dict[str, dict[str, Any]], quality_of: dict[str, Any]) -> str:
     """The table in markdown."""
-    base = table["none_none"]
     lines = [
-        "| forward / backward codec | bytes / step (fwd, bwd) | C s/step "
+        "| forward / backward codec | kB / step (fwd / bwd) | C s/step "
         + "".join(f"| T {r:g} Mbit/s | L | T / max(C, L) | T vs base " for r in RATES_MBIT)
         + "| final loss | BLEU |",
         "| --- | ---: | ---: "
@@ -455,25 +464,9 @@ def markdown(rows: list[Row], table: dict[str, dict[str, Any]], quality_of: dict
         + "| ---: | ---: |",
     ]
     for row in rows:
-        e = table[row.key]
-        cells = [
-            row.label,
-            f"{e['forward_bytes_per_step'] / 1e3:,.0f} kB, "
-            f"{e['backward_bytes_per_step'] / 1e3:,.0f} kB",
-            f"{e['C_s']['median']:.3f} ± {e['C_s']['spread'] / 2:.3f}",
-        ]
-        for rate in RATES_MBIT:
-            r, b = e[f"{rate:g}mbit"], base[f"{rate:g}mbit"]
-            cells += [
-                f"{r['T_s']['median']:.3f} ± {r['T_s']['spread'] / 2:.3f}",
-                f"{r['L_s']:.3f}",
-                f"{r['T_vs_limit']['median']:.2f} "
-                f"({r['T_vs_limit']['min']:.2f}-{r['T_vs_limit']['max']:.2f})",
-                f"{r['T_s']['median'] / b['T_s']['median']:.0%}",
-            ]
         q = quality_of.get(row.key)
-        cells += [f"{q['final_loss']:.3f}", f"{q['bleu']:.2f}"] if q else ["", ""]
-        lines.append("| " + " | ".join(cells) + " |")
+        extra = [f"{q['final_loss']:.3f}", f"{q['bleu']:.2f}"] if q else ["", ""]
+        lines.append("| " + " | ".join(cells(row, table) + extra) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -618,31 +611,15 @@ def show(
         )
     )
     out.add_column("codecs (S -> T / T -> S)", justify="left")
-    for column in ("kB fwd/bwd", "C s"):
+    for column in ("kB fwd / bwd", "C s"):
         out.add_column(column, justify="right")
     for rate in RATES_MBIT:
         for column in (f"T@{rate:g}", "L", "T/max(C,L)", "vs base"):
             out.add_column(column, justify="right")
     out.add_column("BLEU", justify="right")
-    base = table["none_none"]
     for row in rows:
-        e = table[row.key]
-        cells = [
-            row.label,
-            f"{e['forward_bytes_per_step'] / 1e3:,.0f}/{e['backward_bytes_per_step'] / 1e3:,.0f}",
-            f"{e['C_s']['median']:.3f}±{e['C_s']['spread'] / 2:.3f}",
-        ]
-        for rate in RATES_MBIT:
-            r, b = e[f"{rate:g}mbit"], base[f"{rate:g}mbit"]
-            cells += [
-                f"{r['T_s']['median']:.3f}±{r['T_s']['spread'] / 2:.3f}",
-                f"{r['L_s']:.3f}",
-                f"{r['T_vs_limit']['median']:.2f}",
-                f"{r['T_s']['median'] / b['T_s']['median']:.0%}",
-            ]
         q = quality_of.get(row.key)
-        cells.append(f"{q['bleu']:.2f}" if q else "")
-        out.add_row(*cells)
+        out.add_row(*cells(row, table, sep="±"), f"{q['bleu']:.2f}" if q else "")
     console.print(out)
 
 

@@ -26,7 +26,7 @@ CodecSpec = Annotated[
         description="A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), "
         "each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on "
         "per-sample streams); `auto` where a kind lets the link's measurement choose",
-        examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "ef(int8)"],
+        examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "auto"],
     ),
 ]
 

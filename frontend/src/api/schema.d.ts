@@ -1470,7 +1470,7 @@ export interface components {
              * @example fp16
              * @example int8
              * @example fp16(lowrank(0.25,method=power))
-             * @example ef(int8)
+             * @example auto
              */
             backward_codec: string;
             /** Batch Size */
@@ -1490,7 +1490,7 @@ export interface components {
              * @example fp16
              * @example int8
              * @example fp16(lowrank(0.25,method=power))
-             * @example ef(int8)
+             * @example auto
              */
             forward_codec: string;
             /** Micro Batches */

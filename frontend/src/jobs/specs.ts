@@ -59,8 +59,10 @@ export const PRESETS = [
 
 export type Preset = (typeof PRESETS)[number]["value"];
 
-/** Codec specs the server understands (workers/compression/spec.py); any other valid spec may be typed in. */
+/** Codec specs the server understands (contract/codec_spec.py); any other valid spec may be typed in.
+ * ABNet's streams are per sample, where the server refuses error feedback (ef); `auto` lets the link choose. */
 export const CODEC_SUGGESTIONS = [
+  "auto",
   "none",
   "fp16",
   "bf16",
@@ -68,7 +70,6 @@ export const CODEC_SUGGESTIONS = [
   "fp16(lowrank(0.2))",
   "fp16(lowrank(0.2,method=power))",
   "int8(lowrank(0.5))",
-  "ef(int8)",
 ];
 
 /** The ABNet codecs when the user leaves them blank (AbnetJobConfig's defaults). */

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +137,9 @@ def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from
 ) -> None:
     # power iteration warm-starts from the previous tensor of its stream: equal figures
     # need the same codec instance, chunks and order on both ends of the pipeline
-    cfg = small(
-        steps=6,
-        micro_batches=4,
-        activation_chunks=2,
-        forward_codec="fp16(lowrank(0.3,method=power))",
-        backward_codec="int8",
-        compress_from_step=3,
-    )
+    power = "fp16(lowrank(0.3,method=power))"
+    cfg = small(steps=6, micro_batches=4, activation_chunks=2, compress_from_step=3)
+    cfg = small(**{**asdict(cfg), "forward_codec": power, "backward_codec": "int8"})
     s, t = split_run(run_roles, cfg, link_pairs("encoder", "decoder"), plm, pairs, tmp_path)
     ref = train_abnet_local(
         cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED

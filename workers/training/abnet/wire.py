@@ -49,6 +49,21 @@ class Kind(StrEnum):
 
 
 @dataclass(frozen=True)
+class Control:
+    """A META message without activations."""
+
+    kind: Kind
+    step: int
+
+
+def _int(header: dict[str, Any], key: str) -> int:
+    value = header.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
 class Batch:
     """A micro-batch (or eval batch) header: which pairs, their source lengths, the chunks."""
 
@@ -58,42 +73,6 @@ class Batch:
     index: torch.Tensor  # (B,) pair indices
     src_len: torch.Tensor  # (B,) source lengths
     chunks: int
-
-
-@dataclass(frozen=True)
-class Control:
-    """A META message without activations."""
-
-    kind: Kind
-    step: int
-
-
-@dataclass(frozen=True)
-class StepSync:
-    """T's word after a step: its figures, and whether it asks S to stop after the next."""
-
-    step: int
-    loss: float
-    token_accuracy: float
-    stop: bool
-
-
-@dataclass(frozen=True)
-class EvalScore:
-    """T's BLEU on the evaluation pairs S sent at `step`."""
-
-    step: int
-    bleu: float
-
-
-@dataclass(frozen=True)
-class Coded:
-    """One encoded tensor and the spec that encoded it."""
-
-    spec: str
-    step: int
-    blob: bytes
-    choice: Choice | None = None  # set when `auto` chose the spec (not sent)
 
 
 def pack_meta(item: Batch | Control, max_index: int, max_len: int) -> bytes:
@@ -121,6 +100,24 @@ def unpack_meta(blob: bytes, max_chunks: int) -> Batch | Control:
     return Batch(kind, step, _int(header, "micro"), index, src_len, chunks)
 
 
+@dataclass(frozen=True)
+class StepSync:
+    """T's word after a step: its figures, and whether it asks S to stop after the next."""
+
+    step: int
+    loss: float
+    token_accuracy: float
+    stop: bool
+
+
+@dataclass(frozen=True)
+class EvalScore:
+    """T's BLEU on the evaluation pairs S sent at `step`."""
+
+    step: int
+    bleu: float
+
+
 def pack_sync(item: StepSync | EvalScore) -> bytes:
     """SYNC bytes."""
     if isinstance(item, EvalScore):
@@ -139,6 +136,16 @@ def unpack_sync(blob: bytes) -> StepSync | EvalScore:
     return StepSync(_int(h, "step"), float(h["loss"]), float(h["token_accuracy"]), h["stop"])
 
 
+@dataclass(frozen=True)
+class Coded:
+    """One encoded tensor and the spec that encoded it."""
+
+    spec: str
+    step: int
+    blob: bytes
+    choice: Choice | None = None  # set when `auto` chose the spec (not sent)
+
+
 def pack_coded(coded: Coded) -> bytes:
     """ACT / GRAD bytes: the spec, the step and the blob."""
     blob = np.frombuffer(coded.blob, dtype=np.uint8)
@@ -152,13 +159,6 @@ def unpack_coded(payload: object) -> Coded:
     if not isinstance(header.get("spec"), str) or blob is None or blob.dtype != np.uint8:
         raise ValueError("malformed coded tensor")
     return Coded(header["spec"], _int(header, "step"), blob.tobytes())
-
-
-def _int(header: dict[str, Any], key: str) -> int:
-    value = header.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
-    return value
 
 
 def chunks(x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
