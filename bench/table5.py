@@ -85,9 +85,9 @@ class Settings:
     """How much to run."""
 
     rounds: int = 3
-    steps: int = 20  # per timed run
-    skip: int = 5  # warm-up steps left out of the step time
-    bleu_steps: int = 150  # the reference run that gives BLEU and the final loss
+    steps: int = 16  # per timed run
+    skip: int = 4  # warm-up steps left out of the step time
+    bleu_steps: int = 100  # the reference runs that give BLEU and the final loss
     quick: bool = False
 
 
@@ -113,6 +113,8 @@ ROWS = [
     Row("auto_auto", "auto", "auto"),
 ]
 QUICK_ROWS = ("none_none", "fp16_int8", "fp16_lowrank02_power_int8")
+# BLEU rows: their reference runs share one process beside the timed runs (2 cores)
+BLEU_ROWS = ("none_none", "fp16_int8", "fp16_lowrank02_svd_int8", "fp16_lowrank02_power_int8")
 
 
 def abnet_config(row: Row, steps: int) -> AbnetConfig:
@@ -328,6 +330,27 @@ class RoleProcess:
         return {"history": result.history}
 
 
+class QualityProcess:
+    """Process state: the rows' single-process reference runs, for BLEU and the final loss."""
+
+    def __init__(self, plm: bytes, data: dict[str, list[str]]) -> None:
+        self.plm, self.data = plm, data
+
+    def ready(self) -> int:
+        """The process id."""
+        return os.getpid()
+
+    def quality(
+        self, conn: Connection, rows: list[Row], settings: Settings
+    ) -> dict[str, dict[str, float]]:
+        """Each row's figures, one event per row."""
+        out = {}
+        for row in rows:
+            out[row.key] = quality(row, settings, self.plm, self.data)
+            conn.send(("event", row.key))
+        return out
+
+
 # ---------------------------------------------------------------- runs
 
 
@@ -507,8 +530,12 @@ def main() -> None:
             Child(RoleProcess, plm, data["src"], Path(tmp) / "s"),
             Child(RoleProcess, plm, data["tgt"], Path(tmp) / "t"),
         )
+        judge = Child(QualityProcess, plm, data) if settings.bleu_steps else None
+        bleu_rows = [r for r in rows if r.key in BLEU_ROWS]
         try:
             with Progress(console=console) as progress:
+                if judge is not None:
+                    judge.start("quality", bleu_rows, settings)
                 total = settings.rounds * len(rows) * len(links) * settings.steps
                 task = progress.add_task("timed runs (rounds x rows x links)", total=total)
                 for rnd in range(settings.rounds):
@@ -523,13 +550,11 @@ def main() -> None:
                                 f"round {rnd + 1} {row.label} link {name}: "
                                 f"{run['seconds_per_step']:.3f} s/step, load {load_average()}"
                             )
-                if settings.bleu_steps:
-                    q = progress.add_task("BLEU (reference runs)", total=len(rows))
-                    for row in rows:
-                        quality_of[row.key] = quality(row, settings, plm, data)
-                        progress.advance(q)
+                if judge is not None:
+                    q = progress.add_task("BLEU (reference runs)", total=len(bleu_rows))
+                    quality_of = judge.finish(lambda _key: progress.advance(q))
         finally:
-            for side in sides:
+            for side in (*sides, *([judge] if judge is not None else [])):
                 side.stop()
             for network in networks.values():
                 network.stop()
@@ -572,7 +597,8 @@ def main() -> None:
             "switches (same processes, same codecs); L: max(forward, backward bytes per step) / "
             f"bandwidth + {CROSSINGS} x {DELAY_MS:g} ms; figures: median over rounds, spread = "
             "max - min; BLEU and final loss from the single-process reference at "
-            f"{settings.bleu_steps} steps (the split run equals it); auto_*_choice: index into "
+            f"{settings.bleu_steps} steps (the split run equals it), run in a process of its "
+            "own beside the timed runs; auto_*_choice: index into "
             "auto_candidates of the last step's choice"
         ),
         "settings": asdict(settings),
