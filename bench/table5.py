@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -497,9 +497,18 @@ def main() -> None:
     """Run every row in interleaved rounds, print the table, write the JSON and the markdown."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="three rows, short runs, no BLEU")
+    parser.add_argument("--steps", type=int, help="steps per timed run (4 or more)")
+    parser.add_argument("--no-bleu", action="store_true", help="skip the reference runs")
+    parser.add_argument("--rows", help="comma-separated row keys (default: all)")
     args = parser.parse_args()
     settings = Settings(steps=12, skip=4, bleu_steps=0, quick=True) if args.quick else Settings()
+    if args.steps:
+        settings = replace(settings, steps=args.steps, skip=max(2, args.steps // 4))
+    if args.no_bleu:
+        settings = replace(settings, bleu_steps=0)
     rows = [r for r in ROWS if r.key in QUICK_ROWS] if settings.quick else ROWS
+    if args.rows:
+        rows = [r for r in ROWS if r.key in args.rows.split(",")]
     console = Console(width=180)
     load_before = load_average()
     torch.set_num_threads(1)
