@@ -10,8 +10,9 @@
 - `replicas.py`  the discriminator's data-parallel replicas (torch.distributed).
 - `role.py`      `RoleLoop`, the skeleton of a two-sided role (hello, peer check, resume,
                  step, checkpoint, metrics), and `StepSync`.
-- `abnet.py`     Scenario-II: `run_abnet_encoder`, `run_abnet_decoder`, `AbnetConfig`,
-                 `train_abnet_local`, mask-predict decoding, BLEU.
+- `abnet/`       Scenario-II: `run_abnet_encoder`, `run_abnet_decoder` (a 1F1B pipeline,
+                 codecs on helper threads), `AbnetConfig`, `train_abnet_local`, the model,
+                 the wire types, the `adapters` artifact, mask-predict decoding, BLEU.
 - `bert.py`      the transformer body both scenarios share.
 - `data.py`      `write_demo_corpus`, WordPiece tokenizers, batch order.
 - `configs.py`   `training_config`: a job's validated config as `ElectraConfig` or `AbnetConfig`.
