@@ -11,7 +11,17 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, DateTime, MetaData, String, create_engine, event, func, select
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    MetaData,
+    String,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    select,
+)
 from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -225,6 +235,24 @@ def begin_writing(db: Session) -> None:
     db.connection(execution_options=access_options(db.get_bind().dialect.name, writes=True))
 
 
+_OWNER_LOOKUPS: dict[type[Base], Any] = {}
+
+
+def owner_of(db: Session, model: type[Base], key: str) -> str | None:
+    """The `owner_id` of the `model` row with primary key `key` (None: no such row).
+
+    A column read on the session's connection, by a statement built once per model: an
+    ownership check that loads no ORM object, for reads that need the row no further.
+    """
+    stmt = _OWNER_LOOKUPS.get(model)
+    if stmt is None:
+        (primary_key,) = model.__mapper__.primary_key
+        stmt = select(model.__table__.c.owner_id).where(primary_key == bindparam("key"))
+        _OWNER_LOOKUPS[model] = stmt
+    owner: str | None = db.connection().execute(stmt, {"key": key}).scalar()
+    return owner
+
+
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One session per unit of work; whatever was not committed is rolled back."""
     db = factory()
@@ -246,11 +274,22 @@ def newest_first(
     limit: int,
     offset: int,
 ) -> tuple[list[ModelT], int]:
-    """One page of `model` rows matching `where`, newest first, and how many match in all."""
+    """One page of `model` rows matching `where`, newest first, and how many match in all.
+
+    One query: the total rides along on each row as a window count (evaluated before the
+    page is cut); only a page past the end asks for it on its own.
+    """
     table = model.__table__
-    stmt, count = select(model), select(func.count()).select_from(table)
+    stmt = select(model, func.count().over())
     if where is not None:
-        stmt, count = stmt.where(where), count.where(where)
+        stmt = stmt.where(where)
     order = [table.c.created_at.desc(), *model.__mapper__.primary_key]
-    items = db.scalars(stmt.order_by(*order).limit(limit).offset(offset)).all()
-    return list(items), db.scalar(count) or 0
+    rows = db.execute(stmt.order_by(*order).limit(limit).offset(offset)).all()
+    if rows:
+        return [row[0] for row in rows], int(rows[0][1])
+    if offset == 0:
+        return [], 0
+    count = select(func.count()).select_from(table)
+    if where is not None:
+        count = count.where(where)
+    return [], db.scalar(count) or 0

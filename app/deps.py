@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, TypeVar
 
 import anyio
@@ -12,7 +13,7 @@ from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from app.accounts import service as accounts
-from app.accounts.models import AuthToken, Role, TokenKind, User
+from app.accounts.models import AuthToken, Identity, Role, TokenKind, User, UserStatus
 from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
 from app.db import begin_reading
@@ -29,7 +30,11 @@ CLUSTER_API_PREFIX = f"{API_PREFIX}/cluster/"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def get_settings_dep(request: Request) -> Settings:
+# Dependencies that do no I/O are coroutines: FastAPI runs a plain function on the thread
+# pool, a hop (and a wait for a free thread) that costs more than the work itself.
+
+
+async def get_settings_dep(request: Request) -> Settings:
     """The settings the app was built with."""
     settings: Settings = request.app.state.settings
     return settings
@@ -93,17 +98,48 @@ async def stream_items(request: Request, items: Iterator[T]) -> AsyncIterator[T]
 
 @dataclass(frozen=True)
 class Caller:
-    """The authenticated user, the credential used, and how it came."""
+    """The authenticated caller, the credential used, and how it came.
 
-    user: User
-    token: AuthToken
+    Authentication reads who is calling (`identity`); the user's and the token's rows load
+    from the request's session the first time an endpoint asks for them, and a user no
+    longer active by then is refused.
+    """
+
+    identity: Identity
     via_cookie: bool
     ip: str | None
+    db: Session = field(repr=False, compare=False)
+
+    @property
+    def user_id(self) -> str:
+        """The caller's user id."""
+        return self.identity.id
+
+    @property
+    def role(self) -> Role:
+        """The caller's role."""
+        return self.identity.role
+
+    @cached_property
+    def user(self) -> User:
+        """The caller's user row, attached to the request's session."""
+        user = self.db.get(User, self.identity.id)
+        if user is None or user.status != UserStatus.active:
+            raise NotAuthenticated("invalid or expired token")
+        return user
+
+    @cached_property
+    def token(self) -> AuthToken:
+        """The credential's row, attached to the request's session."""
+        token = self.db.get(AuthToken, self.identity.token_id)
+        if token is None:
+            raise NotAuthenticated("invalid or expired token")
+        return token
 
     @property
     def actor(self) -> Actor:
         """The caller as an audit actor."""
-        return Actor(user_id=self.user.id, ip=self.ip)
+        return Actor(user_id=self.identity.id, ip=self.ip)
 
 
 def client_ip(request: Request) -> str | None:
@@ -127,45 +163,44 @@ def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Calle
     writes = request.method not in SAFE_METHODS
     if writes:
         begin_reading(db)  # the write lock is taken by the endpoint, not by this lookup
-    resolved = accounts.resolve_token(db, secret=secret)
+    identity = accounts.resolve_token(db, secret=secret)
     if writes:
-        db.commit()  # what was read stays loaded; the endpoint's transaction may write
-    if resolved is None:
+        db.commit()  # the endpoint's transaction may write
+    if identity is None:
         raise NotAuthenticated("invalid or expired token")
-    user, token = resolved
     if via_cookie:
-        if token.kind != TokenKind.session:
+        if identity.token_kind != TokenKind.session:
             raise NotAuthenticated("invalid or expired token")
         if request.method not in SAFE_METHODS:
             sent = request.headers.get(CSRF_HEADER, "")
             if not hmac.compare_digest(sent, csrf_token(subkey(settings, Purpose.csrf), secret)):
                 raise Forbidden("missing or wrong CSRF token")
-    return Caller(user=user, token=token, via_cookie=via_cookie, ip=client_ip(request))
+    return Caller(identity=identity, via_cookie=via_cookie, ip=client_ip(request), db=db)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
 @raises(Forbidden)
-def require_admin(caller: CallerDep) -> Caller:
+async def require_admin(caller: CallerDep) -> Caller:
     """Admins only."""
-    if caller.user.role != Role.admin:
+    if caller.role != Role.admin:
         raise Forbidden("admin role required")
     return caller
 
 
 @raises(Forbidden)
-def require_auditor(caller: CallerDep) -> Caller:
+async def require_auditor(caller: CallerDep) -> Caller:
     """Admins and auditors."""
-    if caller.user.role not in (Role.admin, Role.auditor):
+    if caller.role not in (Role.admin, Role.auditor):
         raise Forbidden("admin or auditor role required")
     return caller
 
 
 @raises(Forbidden)
-def require_writer(caller: CallerDep) -> Caller:
+async def require_writer(caller: CallerDep) -> Caller:
     """Anyone but auditors, whose role is read-only."""
-    if caller.user.role == Role.auditor:
+    if caller.role == Role.auditor:
         raise Forbidden("auditors have a read-only role")
     return caller
 
@@ -183,7 +218,7 @@ class Page:
     offset: int
 
 
-def get_page(
+async def get_page(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> Page:

@@ -51,7 +51,7 @@ from app.accounts import service as accounts
 from app.accounts.models import AuthToken, LoginFailure, Role, TokenKind
 from app.audit import service as audit
 from app.audit.models import AuditEvent
-from app.audit.service import SYSTEM
+from app.audit.service import SYSTEM, use_chain_key
 from app.db import make_engine, make_sessionmaker, utcnow
 from app.grants.models import AccessRequest, AccessStatus
 from app.jobs.models import Job, JobMetric, JobStatus
@@ -200,7 +200,7 @@ class Seeded:
 
 def seed(server: Server) -> Seeded:
     """Users made as the CLI makes them, logged in and uploading over HTTP; jobs as rows."""
-    engine = make_engine(server.settings.resolved_database_url)
+    engine = use_chain_key(make_engine(server.settings.resolved_database_url), server.settings)
     factory = make_sessionmaker(engine)
     seeded = Seeded()
     with httpx.Client(base_url=f"{server.url}/api/v1", timeout=60) as client:
@@ -412,7 +412,7 @@ def pending_pairs(url: str) -> set[tuple[str, str]]:
     return {(requester, dataset) for requester, dataset in rows}
 
 
-def audit_check(url: str) -> dict[str, Any]:
+def audit_check(url: str, settings: Settings) -> dict[str, Any]:
     """Each kind of write the workloads make, counted in the tables it changed and in the
     audit log: one event per accepted write means the two counts agree; and the chain."""
     engine = make_engine(url)
@@ -439,7 +439,7 @@ def audit_check(url: str) -> dict[str, Any]:
                 events("access.withdraw"),
             ),
         }
-        verification = audit.verify(db)
+        verification = audit.verify(db, settings=settings)
     engine.dispose()
     return {
         "writes_vs_events": {k: {"rows": r, "events": e} for k, (r, e) in pairs.items()},
@@ -497,7 +497,7 @@ def run_backend(
             with Server(folder, url, args.workers) as server:
                 runs, streams = drive(server, url, kind, args, progress, task)
             # the server has stopped: every request it accepted has finished
-            checked = audit_check(url)
+            checked = audit_check(url, server.settings)
     checked["accepted_writes_seen_by_clients"] = sum(r.get("accepted_writes_seen", 0) for r in runs)
     return {"runs": runs, "event_streams": streams, "audit": checked}
 

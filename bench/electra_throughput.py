@@ -1,25 +1,34 @@
-"""ELECTRA discriminator throughput, one process against two clusters (Nebula-I's Table 3).
+"""ELECTRA discriminator throughput: does the split run hide the generator and the link?
 
-The `tiny` preset on the demo text, three ways, all in this process:
+The `tiny` preset on the demo text, for n = 1 and n = 2 discriminators (replicas),
+two ways each, every role in a process of its own with one intra-op thread:
 
-(a) one process, no link: `train_electra_local`, the reference, one intra-op thread
-    (on this 2-core machine, shared with other work, 2 threads were several times
-    slower per step: the tiny models are too small to split);
-(b) the generator and the discriminator in two processes (two clusters), one
-    intra-op thread each, joined through two real switches on loopback (mutual
-    TLS, job tokens);
-(c) the same with the switches' inter-switch link shaped to 60 Mbit/s.
+(split)  the generator on cluster-a, the discriminator (and its replica) on cluster-b,
+         joined through two real switches, each in its own process (mutual TLS, job
+         tokens), the link between them shaped both ways to RATE_MBIT with DELAY_MS of
+         one-way delay;
+(d-only) the same discriminator role on the same batches, pre-generated: a replay link
+         in its process hands it G's hello and G's batch messages byte for byte and
+         swallows its syncs. No generator runs, nothing crosses a network.
 
-The discriminator gets no text, so whole corrupted sequences cross (`full` mode,
-the larger message). Steady state: the first SKIP steps are left out. The runs are
-repeated in ROUNDS interleaved rounds so that load from other processes falls on
-every variant alike; each ratio is the median of the per-round ratios.
+split / d-only is the share of the discriminator's own speed the split run keeps: 1.0
+means the generator's compute and the link are hidden entirely. The discriminator gets
+no text, so whole corrupted sequences cross (`full` mode, the larger message). Steady
+state: the first SKIP steps and the last one (it writes the model) are left out. The
+variants run in ROUNDS interleaved rounds (the order alternating), so that load from
+other processes falls on every variant alike; each ratio is the median of the per-round
+ratios, with their spread. Beside the figures: the link's bytes per step against its
+physical limit (bytes / bandwidth, and the delay G's lead of `max_lag` steps must cover),
+and the CPU seconds each role spent per step (on a shared 2-core machine the generator's
+compute is taken from the same cores).
 
-Prints a table, writes bench/results/electra_throughput.json.
+Prints a table, writes bench/results/electra_throughput.json. `--quick`: fewer steps,
+to try it out (the figures are not comparable with the committed ones).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -27,58 +36,136 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from rich.console import Console
-from rich.progress import Progress, TaskID
+from rich.progress import Progress
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.pki import ca
 from workers.switch.client import SwitchLink
+from workers.switch.link import Link, LinkEstimate, Payload
 from workers.switch.server import Switch, SwitchConfig, crl_from_file
 from workers.switch.shaper import ShaperConfig
-from workers.training.data import (
-    PAD,
-    SPECIAL_TOKENS,
-    batch_indices,
-    clean_lines,
-    encode_lines,
-    write_demo_corpus,
-)
+from workers.training.data import batch_indices, clean_lines, encode_lines, write_demo_corpus
 from workers.training.electra import (
-    ElectraConfig,
-    electra_preset,
-    job_tokenizer,
+    DISCRIMINATOR,
     run_electra_discriminator,
     run_electra_generator,
-    train_electra_local,
 )
-from workers.training.runtime import Hooks
+from workers.training.electra_config import ElectraConfig, electra_preset
+from workers.training.electra_model import PAD_ID, job_tokenizer
+from workers.training.electra_wire import BATCH, HELLO
+from workers.training.role import StepSync
+from workers.training.runtime import Hooks, pack_message, unpack_message
 
 RESULTS = Path(__file__).parent / "results" / "electra_throughput.json"
-STEPS = 250
-SKIP = 50  # warm-up steps left out of every figure
-ROUNDS = 3
+STEPS, SKIP, ROUNDS = 60, 15, 3  # --quick: 30, 10 (each run also starts 3-5 processes)
 SEED = 3
 RATE_MBIT = 60.0  # the paper's slow link
-PAD_ID = SPECIAL_TOKENS.index(PAD)
+DELAY_MS = 25.0  # one way, on both switches' outgoing link
+N_DISCRIMINATORS = (1, 2)
 
 
 # ---------------------------------------------------------------- two switches
 
 
-class SwitchPair:
-    """Two switches on loopback, each the other's peer, certificates from a throwaway CA."""
+class _SwitchEnd(Protocol):
+    cluster: str
 
-    def __init__(self, root: Path, shaper: ShaperConfig | None = None) -> None:
+    @property
+    def worker_address(self) -> tuple[str, int]: ...
+    @property
+    def peer_address(self) -> tuple[str, int]: ...
+
+    def add_peer(self, cluster: str, address: tuple[str, int]) -> None: ...
+    def stop(self) -> None: ...
+
+
+class SwitchProcess:
+    """A switch in a process of its own (spawned), steered through a pipe.
+
+    Its addresses are known once the process has started the switch: asking for
+    them waits for that, so that two switches start side by side.
+    """
+
+    def __init__(self, config: SwitchConfig) -> None:
+        self.cluster = config.cluster
+        self._conn, child = multiprocessing.get_context("spawn").Pipe()
+        self._proc = multiprocessing.get_context("spawn").Process(
+            target=_switch_main, args=(config, child), daemon=True
+        )
+        self._proc.start()
+        self._addresses: tuple[tuple[str, int], tuple[str, int]] | None = None
+
+    def _started(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        if self._addresses is None:
+            if not self._conn.poll(120):
+                raise RuntimeError(f"switch {self.cluster} did not start")
+            self._addresses = self._conn.recv()
+        return self._addresses
+
+    @property
+    def worker_address(self) -> tuple[str, int]:
+        """Where this cluster's workers connect."""
+        return self._started()[0]
+
+    @property
+    def peer_address(self) -> tuple[str, int]:
+        """Where the peer switch connects."""
+        return self._started()[1]
+
+    def add_peer(self, cluster: str, address: tuple[str, int]) -> None:
+        """Tell the switch where its peer switch listens."""
+        self._started()
+        self._conn.send(("peer", cluster, address))
+        self._conn.recv()
+
+    def cpu_s(self) -> float:
+        """CPU seconds the switch's process has used so far."""
+        self._started()
+        self._conn.send(("cpu",))
+        return float(self._conn.recv())
+
+    def stop(self) -> None:
+        """Stop the switch and its process."""
+        self._conn.send(("stop",))
+        self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def _switch_main(config: SwitchConfig, conn: Connection) -> None:
+    os.setsid()  # a CPU share of its own (see `_role_process`)
+    switch = Switch(config).start()
+    conn.send((switch.worker_address, switch.peer_address))
+    while (message := conn.recv())[0] != "stop":
+        if message[0] == "peer":
+            switch.add_peer(message[1], message[2])
+            conn.send("ok")
+        else:
+            conn.send(time.process_time())
+    switch.stop()
+
+
+class SwitchPair:
+    """Two switches on loopback, each the other's peer, certificates from a throwaway CA.
+
+    `own_processes`: each switch runs in a process of its own (its TLS, framing and
+    shaping then take no time from the roles' processes); otherwise in this one.
+    """
+
+    def __init__(
+        self, root: Path, shaper: ShaperConfig | None = None, *, own_processes: bool = False
+    ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.ca_key, self.ca_cert = ca.create_root_ca("Bench CA")
         self.ca_path = root / "ca.pem"
@@ -87,7 +174,7 @@ class SwitchPair:
         next_update = datetime.now(UTC) + timedelta(days=1)
         crl_path.write_bytes(ca.build_crl(self.ca_key, self.ca_cert, [], next_update=next_update))
         self.token_key = ca.make_job_token_key()
-        self.switches: list[Switch] = []
+        self.switches: list[_SwitchEnd] = []
         for cluster in ("cluster-a", "cluster-b"):
             key_pem, csr = ca.make_switch_key_and_csr(cluster)
             key_path, cert_path = root / f"{cluster}.key", root / f"{cluster}.crt"
@@ -102,7 +189,7 @@ class SwitchPair:
                 job_token_public_key=ca.job_token_public_key_pem(self.token_key),
                 shaper=shaper,
             )
-            self.switches.append(Switch(config).start())
+            self.switches.append(SwitchProcess(config) if own_processes else Switch(config).start())
         a, b = self.switches
         a.add_peer("cluster-b", b.peer_address)
         b.add_peer("cluster-a", a.peer_address)
@@ -121,6 +208,10 @@ class SwitchPair:
             )
             out.append(LinkTicket(switch.worker_address, self.ca_path, token, job, role, peer))
         return out[0], out[1]
+
+    def cpu_s(self) -> float:
+        """CPU seconds both switch processes have used so far (0.0: in this process)."""
+        return sum(s.cpu_s() for s in self.switches if isinstance(s, SwitchProcess))
 
     def stop(self) -> None:
         """Stop both switches."""
@@ -151,11 +242,22 @@ class LinkTicket:
         )
 
 
+# ---------------------------------------------------------------- role processes
+
 RoleTarget = Callable[..., Any]
 
 
-def _role_process(target: RoleTarget, args: tuple[Any, ...], conn: Connection) -> None:
-    """Child: one intra-op thread (two roles share 2 cores), run the role, send its result."""
+def _role_process(
+    target: RoleTarget, args: tuple[Any, ...], conn: Connection, own_session: bool
+) -> None:
+    """Child: one intra-op thread (roles share 2 cores), run the role, send its result.
+
+    `own_session`: the process leaves its parent's session, so that the kernel's autogroup
+    scheduling gives it (and the replicas it starts) a CPU share of its own, as a cluster
+    of its own would have; otherwise it shares one with its parent and its siblings.
+    """
+    if own_session:
+        os.setsid()
     torch.set_num_threads(1)
     try:
         conn.send(("result", target(conn, *args)))
@@ -164,31 +266,34 @@ def _role_process(target: RoleTarget, args: tuple[Any, ...], conn: Connection) -
         raise
 
 
-def run_in_processes(
-    role_a: tuple[RoleTarget, tuple[Any, ...]],
-    role_b: tuple[RoleTarget, tuple[Any, ...]],
+def run_processes(
+    roles: Sequence[tuple[RoleTarget, tuple[Any, ...]]],
     on_event: Callable[[Any], None],
-) -> tuple[Any, Any]:
-    """Two roles in two processes, as two clusters run them; events and results come back.
+    *,
+    own_sessions: bool = False,
+) -> list[Any]:
+    """Each role in a process of its own, as clusters run them; events and results come back.
 
     A target is called as target(conn, *args); it may conn.send(("event", x)) as it
-    goes (handed to on_event) and returns its result.
+    goes (handed to on_event) and returns its result. `own_sessions`: see `_role_process`.
     """
     spawn = multiprocessing.get_context("spawn")
     procs, conns = [], []
-    for target, args in (role_a, role_b):
+    for target, args in roles:
         parent, child = spawn.Pipe()
-        proc = spawn.Process(target=_role_process, args=(target, args, child), daemon=True)
+        proc = spawn.Process(  # not a daemon: it may start replicas
+            target=_role_process, args=(target, args, child, own_sessions)
+        )
         proc.start()
         procs.append(proc)
         conns.append(parent)
     results: dict[int, Any] = {}
     try:
-        while len(results) < 2:
+        while len(results) < len(roles):
             for conn in wait([c for i, c in enumerate(conns) if i not in results]):
                 slot = conns.index(conn)  # type: ignore[arg-type]
                 try:
-                    kind, value = conn.recv()  # type: ignore[union-attr]
+                    kind, value = conn.recv()  # type: ignore[union-attr,call-arg]
                 except EOFError:
                     raise RuntimeError(f"role process {slot} died") from None
                 if kind == "event":
@@ -202,7 +307,17 @@ def run_in_processes(
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    return results[0], results[1]
+    return [results[i] for i in range(len(roles))]
+
+
+def run_in_processes(
+    role_a: tuple[RoleTarget, tuple[Any, ...]],
+    role_b: tuple[RoleTarget, tuple[Any, ...]],
+    on_event: Callable[[Any], None],
+) -> tuple[Any, Any]:
+    """Two roles in two processes (see `run_processes`)."""
+    a, b = run_processes([role_a, role_b], on_event)
+    return a, b
 
 
 def load_average() -> list[float]:
@@ -210,16 +325,107 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+# ---------------------------------------------------------------- pre-generated batches
+
+
+class _NoNetwork:
+    """What a Link says of a network it does not have."""
+
+    def bytes_sent(self) -> dict[str, int]:
+        return {}
+
+    def link_estimate(self) -> LinkEstimate | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class _EchoLink(_NoNetwork):
+    """G's end of a link to no discriminator: D's hello, and a sync for every step sent."""
+
+    def __init__(self, d_hello: dict[str, Any]) -> None:
+        self.d_hello = pack_message(d_hello)
+        self.sent: list[tuple[str, bytes]] = []
+        self._last_step = 0
+
+    def send(self, channel: str, payload: Payload) -> None:
+        assert isinstance(payload, bytes)
+        self.sent.append((channel, payload))
+        if channel == BATCH:
+            self._last_step = int(unpack_message(payload)[0].get("step", self._last_step))
+
+    def recv(self, channel: str, timeout: float | None = None) -> Payload:
+        if channel == HELLO:
+            return self.d_hello
+        return StepSync(self._last_step, 0.0, 0.0).to_payload()
+
+
+class ReplayLink(_NoNetwork):
+    """D's end of a link that replays what G sent (hello, then batches) and drops D's syncs."""
+
+    def __init__(self, transcript: list[tuple[str, bytes]]) -> None:
+        self._queues = {HELLO: [b for c, b in transcript if c == HELLO]}
+        self._queues[BATCH] = [b for c, b in transcript if c == BATCH]
+        self._queues[BATCH].reverse()
+        self._queues[HELLO].reverse()
+
+    def send(self, channel: str, payload: Payload) -> None:
+        pass
+
+    def recv(self, channel: str, timeout: float | None = None) -> Payload:
+        return self._queues[channel].pop()
+
+
+class WaitTimer(_NoNetwork):
+    """A Link wrapper that adds up the time its role waited for a batch to arrive (the
+    role asks its link for nothing but sends and receives; the inner link is closed by
+    whoever opened it)."""
+
+    def __init__(self, inner: Link) -> None:
+        self.inner, self.waited_s = inner, 0.0
+
+    def send(self, channel: str, payload: Payload) -> None:
+        self.inner.send(channel, payload)
+
+    def recv(self, channel: str, timeout: float | None = None) -> Payload:
+        t0 = time.perf_counter()
+        payload = self.inner.recv(channel, timeout)
+        if channel == BATCH:
+            self.waited_s += time.perf_counter() - t0
+        return payload
+
+
+def pregenerate(cfg: ElectraConfig, lines: list[str], root: Path) -> list[tuple[str, bytes]]:
+    """What G sends a discriminator without the text over a whole run, in order."""
+    d_hello = {
+        "role": DISCRIMINATOR,
+        "config": asdict(cfg),
+        "seed": SEED,
+        "text_digest": None,
+        "checkpoints": [],
+    }
+    link = _EchoLink(d_hello)
+    run_electra_generator(cfg, link, lines, root, seed=SEED)
+    return [(c, b) for c, b in link.sent if c in (HELLO, BATCH)]
+
+
 # ---------------------------------------------------------------- the runs
 
 
 @dataclass
 class Run:
-    """Steady-state figures of one run."""
+    """Steady-state figures of one run (steps SKIP+1 .. steps-1)."""
 
     tokens_per_s: float
-    bytes_to_discriminator: float = 0.0  # per step
-    bytes_to_generator: float = 0.0  # per step
+    step_s: float  # wall seconds per discriminator step
+    d_cpu_s: float  # CPU seconds of the root discriminator's process per step
+    d_wait_s: float  # seconds per step the root discriminator waited for a batch
+    g_cpu_s: float = 0.0  # CPU seconds of the generator's process per step (split only)
+    switch_cpu_s: float = 0.0  # CPU seconds of both switch processes per step (split only)
+    g_compute_s: float = 0.0  # G's own compute per step, from its metrics (split only)
+    bytes_to_discriminator: float = 0.0  # payload bytes per step
+    bytes_to_generator: float = 0.0
 
 
 def tokens_per_step(cfg: ElectraConfig, ids: torch.Tensor) -> list[int]:
@@ -235,40 +441,62 @@ def tokens_per_step(cfg: ElectraConfig, ids: torch.Tensor) -> list[int]:
     return counts
 
 
-def single_process(cfg: ElectraConfig, lines: list[str], tokenizer: Any, tokens: list[int]) -> Run:
-    """(a) Tokens/s of steps SKIP+1..STEPS: a run of STEPS steps less a run of SKIP steps."""
-    seconds = []
-    for steps in (SKIP, STEPS):
-        start = time.perf_counter()
-        train_electra_local(cfg, lines, seed=SEED, steps=steps, tokenizer=tokenizer)
-        seconds.append(time.perf_counter() - start)
-    return Run(sum(tokens[SKIP:STEPS]) / (seconds[1] - seconds[0]))
+def _measured(d: dict[str, Any], tokens: list[int]) -> dict[str, float]:
+    """D's tokens/s, and its wall, CPU and waiting seconds per step, of steps SKIP+1 .. steps-1."""
+    last = len(tokens) - 1
+    wall, cpu, waited = (b - a for a, b in zip(d["done_at"][SKIP], d["done_at"][last], strict=True))
+    per_step = last - SKIP
+    return {
+        "tokens_per_s": sum(tokens[SKIP:last]) / wall,
+        "step_s": wall / per_step,
+        "d_cpu_s": cpu / per_step,
+        "d_wait_s": waited / per_step,
+    }
+
+
+def discriminator_role(
+    conn: Connection,
+    cfg: ElectraConfig,
+    ticket: LinkTicket | None,
+    transcript: list[tuple[str, bytes]] | None,
+    root: Path,
+) -> dict[str, Any]:
+    """Cluster D's process: the discriminator role without the text, through the switch
+    (`ticket`) or on the replayed batches (`transcript`); step times go out as events."""
+    done_at: dict[int, tuple[float, float, float]] = {}
+    timer: WaitTimer
+
+    def on_step(step: int, _metrics: dict[str, float]) -> None:
+        done_at[step] = (time.perf_counter(), time.process_time(), timer.waited_s)
+        conn.send(("event", step))
+
+    hooks = Hooks(on_metrics=on_step)
+    if ticket is not None:
+        with ticket.open() as link:
+            timer = WaitTimer(link)
+            result = run_electra_discriminator(cfg, timer, None, root / "d", hooks, seed=SEED)
+    else:
+        assert transcript is not None
+        timer = WaitTimer(ReplayLink(transcript))
+        result = run_electra_discriminator(cfg, timer, None, root / "d", hooks, seed=SEED)
+    return {"history": result.history, "done_at": done_at}
 
 
 def generator_role(
     conn: Connection, cfg: ElectraConfig, ticket: LinkTicket, lines: list[str], root: Path
 ) -> dict[str, Any]:
-    """Cluster G's process: the generator role; returns its per-step metrics."""
+    """Cluster G's process: the generator role; returns its metrics and its CPU seconds
+    per step from step SKIP to the one before the last (start-up left out)."""
+    cpu_at: dict[int, float] = {}
+    hooks = Hooks(on_metrics=lambda step, _m: cpu_at.__setitem__(step, time.process_time()))
     with ticket.open() as link:
-        result = run_electra_generator(cfg, link, lines, root / "g", seed=SEED)
-    return {"history": result.history, "mode_shared": result.extra["mode_shared"]}
-
-
-def discriminator_role(
-    conn: Connection, cfg: ElectraConfig, ticket: LinkTicket, root: Path
-) -> dict[str, Any]:
-    """Cluster D's process: the discriminator role without the text; step times go out."""
-
-    done_at: dict[int, float] = {}
-
-    def on_step(step: int, _metrics: dict[str, float]) -> None:
-        done_at[step] = time.perf_counter()
-        conn.send(("event", step))
-
-    hooks = Hooks(on_metrics=on_step)
-    with ticket.open() as link:
-        result = run_electra_discriminator(cfg, link, None, root / "d", hooks, seed=SEED)
-    return {"history": result.history, "done_at": done_at}
+        result = run_electra_generator(cfg, link, lines, root / "g", hooks, seed=SEED)
+    last = cfg.steps - 1
+    return {
+        "history": result.history,
+        "mode_shared": result.extra["mode_shared"],
+        "cpu_s_per_step": (cpu_at[last] - cpu_at[SKIP]) / (last - SKIP),
+    }
 
 
 def split(
@@ -277,136 +505,265 @@ def split(
     tokenizer: Any,
     tokens: list[int],
     root: Path,
-    shaper: ShaperConfig | None,
     advance: Callable[[], None],
+    *,
+    own_sessions: bool = True,
 ) -> Run:
-    """(b), (c): G and D in two processes through two switches; D's tokens/s from its steps."""
+    """G and D in processes of their own, through two switches in processes of their own.
+
+    `own_sessions`: G and D each get a CPU share of their own, as on two hosts; False: G's
+    process shares D's (see `_role_process`)."""
     (root / "g").mkdir(parents=True)
     tokenizer.save(str(root / "g" / "tokenizer.json"))  # G uses it instead of training its own
-    switches = SwitchPair(root / "pki", shaper)
+    shaper = ShaperConfig(rate_mbit=RATE_MBIT, delay_ms=DELAY_MS)
+    switches = SwitchPair(root / "pki", shaper, own_processes=True)
     g_ticket, d_ticket = switches.tickets("electra-bench", "generator", "discriminator")
+    switch_cpu: dict[int, float] = {}
+
+    def on_step(step: int) -> None:
+        advance()
+        if step in (SKIP, cfg.steps - 1):
+            switch_cpu[step] = switches.cpu_s()
+
     try:
-        g, d = run_in_processes(
-            (generator_role, (cfg, g_ticket, lines, root)),
-            (discriminator_role, (cfg, d_ticket, root)),
-            lambda _step: advance(),
+        g, d = run_processes(
+            [
+                (generator_role, (cfg, g_ticket, lines, root)),
+                (discriminator_role, (cfg, d_ticket, None, root)),
+            ],
+            on_step,
+            own_sessions=own_sessions,
         )
     finally:
         switches.stop()
     assert g["mode_shared"] == 0.0  # whole sequences crossed
-    # the last step also writes a checkpoint and the model file: measure up to the one before
-    last = STEPS - 1
-    seconds = d["done_at"][last] - d["done_at"][SKIP]
+    steady = g["history"][SKIP:]
     return Run(
-        tokens_per_s=sum(tokens[SKIP:last]) / seconds,
-        bytes_to_discriminator=statistics.mean(
-            h["bytes_to_discriminator"] for h in g["history"][SKIP:]
+        **_measured(d, tokens),
+        g_cpu_s=g["cpu_s_per_step"],
+        switch_cpu_s=(switch_cpu[cfg.steps - 1] - switch_cpu[SKIP]) / (cfg.steps - 1 - SKIP),
+        g_compute_s=statistics.mean(
+            h["bytes_to_discriminator"] / h["bytes_per_token"] / h["tokens_per_s"] for h in steady
         ),
+        bytes_to_discriminator=statistics.mean(h["bytes_to_discriminator"] for h in steady),
         bytes_to_generator=statistics.mean(h["bytes_to_generator"] for h in d["history"][SKIP:]),
     )
 
 
+def d_only(
+    cfg: ElectraConfig,
+    transcript: list[tuple[str, bytes]],
+    tokens: list[int],
+    root: Path,
+    advance: Callable[[], None],
+) -> Run:
+    """The discriminator role alone in its process, on the pre-generated batches."""
+    (d,) = run_processes(
+        [(discriminator_role, (cfg, None, transcript, root))],
+        lambda _step: advance(),
+        own_sessions=True,
+    )
+    return Run(**_measured(d, tokens))
+
+
+# ---------------------------------------------------------------- report
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Median, smallest and largest of per-round figures."""
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
+
+
 def main() -> None:
-    """Run every variant ROUNDS times, print the table, write the JSON."""
-    console = Console(width=140)
+    """Run every variant in interleaved rounds, print the table, write the JSON."""
+    global STEPS, SKIP, ROUNDS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="30 steps: to try, not to commit")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    args = parser.parse_args()
+    if args.quick:
+        STEPS, SKIP = 30, 10
+    ROUNDS = args.rounds
+    console = Console(width=150)
     load_before = load_average()
-    cfg = electra_preset("tiny", steps=STEPS, ckpt_every=STEPS)
     torch.set_num_threads(1)
     rounds: list[dict[str, Run]] = []
+    loads: list[list[float]] = []
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write_demo_corpus(Path(tmp) / "corpus")
         lines = clean_lines(corpus["text"].read_text(encoding="utf-8").splitlines())
-        # one tokenizer for every run, so that every run sees the same tokens
-        tokenizer = job_tokenizer(cfg, lines, None)
-        tokens = tokens_per_step(cfg, encode_lines(tokenizer, lines, cfg.seq_len))
-        plan: list[tuple[str, Callable[[Callable[[], None], Path], Run]]] = [
-            ("single", lambda _a, _r: single_process(cfg, lines, tokenizer, tokens)),
-            ("switch", lambda a, r: split(cfg, lines, tokenizer, tokens, r, None, a)),
-            (
-                "shaped",
-                lambda a, r: split(
-                    cfg, lines, tokenizer, tokens, r, ShaperConfig(rate_mbit=RATE_MBIT), a
-                ),
-            ),
-        ]
-        labels = {
-            "single": "(a) one process, no link",
-            "switch": "(b) two switches, loopback mTLS",
-            "shaped": f"(c) two switches, {RATE_MBIT:g} Mbit/s",
+        cfgs = {
+            n: electra_preset("tiny", steps=STEPS, ckpt_every=STEPS, n_discriminators=n)
+            for n in N_DISCRIMINATORS
         }
-        started = time.perf_counter()
+        # one tokenizer for every run, so that every run sees the same tokens
+        tokenizer = job_tokenizer(cfgs[1], lines, None)
+        (Path(tmp) / "pre").mkdir()
+        tokenizer.save(str(Path(tmp) / "pre" / "tokenizer.json"))
+        transcripts = {n: pregenerate(cfg, lines, Path(tmp) / "pre") for n, cfg in cfgs.items()}
+        ids = encode_lines(tokenizer, lines, cfgs[1].seq_len)
+        tokens = {n: tokens_per_step(cfg, ids) for n, cfg in cfgs.items()}
+        variants = [f"{kind}-{n}" for n in N_DISCRIMINATORS for kind in ("split", "d_only")]
+        variants.insert(1, "split_one_session-1")
         with Progress(console=console) as progress:
             for round_ in range(ROUNDS):
                 figures: dict[str, Run] = {}
-                for key, fn in plan:
-                    task: TaskID = progress.add_task(
-                        f"round {round_ + 1}: {labels[key]}", total=STEPS
-                    )
+                order = variants if round_ % 2 == 0 else variants[::-1]
+                for key in order:
+                    kind, n = key.split("-")[0], int(key.split("-")[1])
+                    task = progress.add_task(f"round {round_ + 1}: {key}", total=STEPS)
                     root = Path(tmp) / f"{key}-{round_}"
-                    figures[key] = fn(lambda task=task: progress.advance(task), root)
+
+                    def advance(task: Any = task) -> None:
+                        progress.advance(task)
+
+                    if kind.startswith("split"):
+                        figures[key] = split(
+                            cfgs[n],
+                            lines,
+                            tokenizer,
+                            tokens[n],
+                            root,
+                            advance,
+                            own_sessions=kind == "split",
+                        )
+                    else:
+                        figures[key] = d_only(cfgs[n], transcripts[n], tokens[n], root, advance)
                     progress.update(task, completed=STEPS)
                 rounds.append(figures)
-        wall_s = time.perf_counter() - started
-
-    def median_of(key: str) -> float:
-        return statistics.median(r[key].tokens_per_s for r in rounds)
-
-    def ratio(key: str) -> float:
-        return statistics.median(r[key].tokens_per_s / r["single"].tokens_per_s for r in rounds)
+                loads.append(load_average())
+    wall_s = time.perf_counter() - started
+    bandwidth = RATE_MBIT * 1e6 / 8  # bytes/s
 
     table = Table(
         title=(
             f"ELECTRA tiny, discriminator tokens/s, steps {SKIP + 1}-{STEPS - 1} of {STEPS}, "
-            f"{ROUNDS} rounds, {os.cpu_count()} CPUs"
+            f"{ROUNDS} rounds, link {RATE_MBIT:g} Mbit/s + {DELAY_MS:g} ms one way, "
+            f"{os.cpu_count()} CPUs, load {load_before[0]:.1f} -> {loads[-1][0]:.1f}"
         )
     )
-    for column in ("variant", "tokens/s", "vs one process", "bytes/step to D", "bytes/step to G"):
-        table.add_column(column, justify="left" if column == "variant" else "right")
-    for key, label in labels.items():
-        last = rounds[-1][key]
-        split_run = key in ("switch", "shaped")
+    columns = (
+        "n",
+        "split tokens/s",
+        "d-only tokens/s",
+        "split / d-only (min-max)",
+        "D step s",
+        "G compute s",
+        "CPU s/step D, G, switches",
+        "CPU-bound ratio",
+        "D waits s/step",
+        "bytes/step to D",
+        "wire s/step",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+
+    def compare(n: int, split_key: str, label: str) -> dict[str, Any]:
+        """The split runs `split_key` against the d-only runs, n discriminators; adds a row."""
+        s_runs = [r[f"{split_key}-{n}"] for r in rounds]
+        d_runs = [r[f"d_only-{n}"] for r in rounds]
+        ratio = spread(
+            [s.tokens_per_s / d.tokens_per_s for s, d in zip(s_runs, d_runs, strict=True)]
+        )
+        to_d = statistics.mean(s.bytes_to_discriminator for s in s_runs)
+        wire_s = to_d / bandwidth
+        figures_n: dict[str, Any] = {
+            "split_vs_d_only": ratio,
+            "tokens_per_s_split": spread([s.tokens_per_s for s in s_runs]),
+            "tokens_per_s_d_only": spread([d.tokens_per_s for d in d_runs]),
+            "step_s_split": spread([s.step_s for s in s_runs]),
+            "step_s_d_only": spread([d.step_s for d in d_runs]),
+            "cpu_s_per_step_d_split": spread([s.d_cpu_s for s in s_runs]),
+            "cpu_s_per_step_d_only": spread([d.d_cpu_s for d in d_runs]),
+            "cpu_s_per_step_g": spread([s.g_cpu_s for s in s_runs]),
+            "wait_s_per_step_d_split": spread([s.d_wait_s for s in s_runs]),
+            "wait_s_per_step_d_only": spread([d.d_wait_s for d in d_runs]),
+            "cpu_s_per_step_switches": spread([s.switch_cpu_s for s in s_runs]),
+            # with every core busy, the CPU of G and of the switches comes out of D's share:
+            # the ratio a CPU-bound split keeps
+            "cpu_bound_expectation": spread(
+                [
+                    n * d.d_cpu_s / (n * d.d_cpu_s + s.g_cpu_s + s.switch_cpu_s)
+                    for s, d in zip(s_runs, d_runs, strict=True)
+                ]
+            ),
+            "g_compute_s_per_step": spread([s.g_compute_s for s in s_runs]),
+            "bytes_per_step_to_discriminator": round(to_d, 1),
+            "bytes_per_step_to_generator": round(
+                statistics.mean(s.bytes_to_generator for s in s_runs), 1
+            ),
+            # the physical limit of the link: bytes at the shaped rate, and the delay G's
+            # lead of max_lag steps must cover (a sync back, the next batch out)
+            "wire_s_per_step_at_rate": round(wire_s, 6),
+            "wire_share_of_d_step": round(wire_s / statistics.median(d.step_s for d in d_runs), 5),
+            "latency_to_hide_s": round(2 * DELAY_MS / 1000, 3),
+            "lead_s": round((cfgs[n].max_lag - 1) * statistics.median(d.step_s for d in d_runs), 3),
+        }
         table.add_row(
             label,
-            f"{median_of(key):,.0f}",
-            f"{ratio(key):.3f}",
-            f"{last.bytes_to_discriminator:,.0f}" if split_run else "",
-            f"{last.bytes_to_generator:,.0f}" if split_run else "",
+            f"{figures_n['tokens_per_s_split']['median']:,.0f}",
+            f"{figures_n['tokens_per_s_d_only']['median']:,.0f}",
+            f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})",
+            f"{figures_n['step_s_split']['median']:.3f} / "
+            f"{figures_n['step_s_d_only']['median']:.3f}",
+            f"{figures_n['g_compute_s_per_step']['median']:.3f}",
+            f"{figures_n['cpu_s_per_step_d_split']['median']:.3f}, "
+            f"{figures_n['cpu_s_per_step_g']['median']:.3f}, "
+            f"{figures_n['cpu_s_per_step_switches']['median']:.3f}",
+            f"{figures_n['cpu_bound_expectation']['median']:.3f}",
+            f"{figures_n['wait_s_per_step_d_split']['median']:.3f} / "
+            f"{figures_n['wait_s_per_step_d_only']['median']:.3f}",
+            f"{to_d:,.0f}",
+            f"{wire_s * 1000:.2f} ms",
         )
+        return figures_n
+
+    per_n: dict[str, Any] = {str(n): compare(n, "split", str(n)) for n in N_DISCRIMINATORS}
+    one_session = compare(1, "split_one_session", "1, G in D's session")
     console.print(table)
     summary: dict[str, Any] = {
-        "cross_cluster_vs_single_process": round(ratio("switch"), 4),
-        "shaped_60mbit_vs_single_process": round(ratio("shaped"), 4),
-        "tokens_per_s": {
-            "single_process": round(median_of("single"), 1),
-            "cross_cluster": round(median_of("switch"), 1),
-            "shaped_60mbit": round(median_of("shaped"), 1),
-        },
-        "tokens_per_s_per_round": [
-            {key: round(run.tokens_per_s, 1) for key, run in r.items()} for r in rounds
-        ],
-        "bytes_per_step": {
-            key: {
-                "to_discriminator": rounds[-1][key].bytes_to_discriminator,
-                "to_generator": rounds[-1][key].bytes_to_generator,
-            }
-            for key in ("switch", "shaped")
-        },
+        "electra_split_vs_d_only": per_n["1"]["split_vs_d_only"]["median"],
+        "electra_split_vs_d_only_n2": per_n["2"]["split_vs_d_only"]["median"],
+        # the same split with G's process in D's session: G's CPU then comes out of D's share
+        "electra_split_one_session_vs_d_only": one_session["split_vs_d_only"]["median"],
+        "one_session_n1": one_session,
+        "target_split_vs_d_only": 0.9,
+        "by_n_discriminators": per_n,
+        "per_round": [{key: round(run.tokens_per_s, 1) for key, run in r.items()} for r in rounds],
         "notes": (
-            "single_process: G and D in turn in one process, one intra-op thread; "
-            "split runs: G and D in two processes, one intra-op thread each, D without the "
-            "text (full mode); "
-            "ratios are medians of per-round ratios; bytes are payload bytes per step"
+            "split: G, D (and D's replica) and both switches each in a process of their own, "
+            "each in a session of its own (the kernel's autogroup scheduling then gives each "
+            "a CPU share of its own, as separate hosts have; one_session_n1: G and D in the "
+            "bench's session, sharing one), "
+            "one intra-op thread per role, the inter-switch link shaped both ways; "
+            "d_only: the same D role and replicas on G's pre-generated messages replayed in "
+            "its process; D without the text (full mode); ratios are medians of per-round "
+            "ratios (min-max beside); bytes are payload bytes per step; wire_s_per_step_at_rate"
+            " = bytes / bandwidth; cpu_bound_expectation = n * D's CPU s per step / (that + "
+            "G's + the switches'): what the split keeps when every core is busy and their CPU "
+            "is taken from D's; "
+            "wait_s = D's time blocked waiting for a batch; "
+            "latency_to_hide_s = a sync back plus a batch out; lead_s = "
+            "(max_lag - 1) D steps, the time G's lead gives"
         ),
         "preset": "tiny",
-        "batch_size": cfg.batch_size,
-        "seq_len": cfg.seq_len,
+        "quick": args.quick,
+        "batch_size": cfgs[1].batch_size,
+        "seq_len": cfgs[1].seq_len,
+        "max_lag": cfgs[1].max_lag,
         "steps": STEPS,
         "skipped_warmup_steps": SKIP,
         "rounds": ROUNDS,
         "shaper_rate_mbit": RATE_MBIT,
+        "shaper_delay_ms_one_way": DELAY_MS,
         "wall_s": round(wall_s, 1),
         "load_average_before": load_before,
-        "load_average_after": load_average(),
+        "load_average_after_each_round": loads,
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -1,35 +1,44 @@
-"""ABNet with compressed activations and gradients over a 60 Mbit/s link (Nebula-I's Table 5).
+"""ABNet with compressed activations and gradients over a shaped WAN link (Nebula-I's Table 5).
 
-One machine plays two clusters: the encoder role (source PLM + adapters) and the
-decoder role (target PLM + adapters) in two processes, one intra-op thread each,
-joined through two real switches on loopback (mutual TLS, job tokens) whose
-inter-switch link is shaped to 60 Mbit/s. Activations go S -> T through the
-forward codec, their gradients T -> S through the backward codec.
+One machine plays two clusters. The encoder role (source PLM + adapters) and the
+decoder role (target PLM + adapters) live in two long-lived processes, one intra-op
+thread each; the switches live in processes of their own, three pairs of them: one
+unshaped, one shaped both ways to 60 Mbit/s and one to 10 Mbit/s, each with a one-way
+delay of 20 ms. Every run is a job through one pair, so a row's shaped and unshaped
+runs use the same processes and codecs.
 
-The PLM is a small ELECTRA discriminator trained once here (`train_electra_local`)
-and cached in bench/.cache/; it serves as both the source and the target PLM. It
-is wider and shallower than the `tiny` preset so that the activations are large
-next to the compute, as they are next to GPU compute in the paper: on 2 CPU cores
-a deeper model makes compute, not the link, the cost of a step.
+For each row and rate: T, the shaped step time; C, the same row with the shaper off;
+L, the link's own limit: max(forward, backward bytes per step) / bandwidth plus the
+delay times the dependent crossings per step (2: the last gradient of a step must
+reach S before S can send the first activations of the next). T / max(C, L) says how
+close a row runs to what the link and the compute allow. Rows run in ROUNDS
+interleaved rounds (round-robin over rows and links); figures are the median over
+rounds, with the spread (max - min) beside them.
 
-Rows: none/none (the baseline), fp16/int8, fp16(lowrank(r))/int8 for r in 0.2,
-0.6, 0.9 with the paper's exact SVD and with power iteration, and one row with
-compression from a quarter of the steps. Each row trains from the same seed on
-the same data for the same steps. Prints the table, writes bench/results/table5.json
-and bench/results/table5.md.
+BLEU and the final loss come from the single-process reference (`train_abnet_local`),
+which a split run equals codec for codec (tests/workers/training/test_abnet.py), at
+BLEU_STEPS steps. The PLM is a small ELECTRA discriminator trained once here and
+cached in bench/.cache/; it is wide and shallow so that the activations are large
+next to the compute, as they are next to GPU compute in the paper.
+
+    python bench/table5.py           # the committed figures
+    python bench/table5.py --quick   # a few rows, short runs: to try the pipeline
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import multiprocessing
 import os
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -41,14 +50,16 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.electra_throughput import LinkTicket, SwitchPair, load_average, run_in_processes
-from workers.compression import parse_spec
+from app.pki import ca
+from bench.electra_throughput import LinkTicket, load_average
 from workers.switch.shaper import ShaperConfig
 from workers.training.abnet import (
+    AUTO_CANDIDATES,
     AbnetConfig,
     abnet_preset,
     run_abnet_decoder,
     run_abnet_encoder,
+    train_abnet_local,
 )
 from workers.training.data import tsv_side, write_demo_corpus
 from workers.training.electra import electra_preset, export_pretrained, train_electra_local
@@ -56,17 +67,28 @@ from workers.training.runtime import Hooks
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path(__file__).parent / ".cache"
-RATE_MBIT = 60.0
+RATES_MBIT = (60.0, 10.0)
+DELAY_MS = 20.0
+CROSSINGS = 2  # dependent link crossings per step (see the docstring)
 SEED = 7
-STEPS = 200
-SKIP = 10  # warm-up steps left out of seconds per step
-LAST = 10  # final loss: mean of the last LAST steps
 N_TRAIN = 3000
 N_EVAL = 200
 # the PLM: ELECTRA's generator as in `tiny`, a 256-wide 1-layer discriminator
 PLM = dict(disc_d_model=256, disc_layers=1, disc_d_ff=1024, disc_heads=4, steps=400)
 PLM_SEED = 1
-ABNET = dict(adapter_dim=64, batch_size=32, micro_batches=2, warmup_steps=20, eval_batch_size=100)
+ABNET = dict(adapter_dim=64, batch_size=16, micro_batches=4, activation_chunks=2)
+ABNET.update(warmup_steps=20, eval_batch_size=100)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much to run."""
+
+    rounds: int = 3
+    steps: int = 16  # per timed run
+    skip: int = 4  # warm-up steps left out of the step time
+    bleu_steps: int = 100  # the reference runs that give BLEU and the final loss
+    quick: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,33 +98,35 @@ class Row:
     key: str
     forward: str
     backward: str
-    compress_from_step: int = 0
 
     @property
     def label(self) -> str:
         """The codecs as the paper writes them."""
-        text = f"{self.forward} / {self.backward}"
-        if self.compress_from_step:
-            text += f", from step {self.compress_from_step}"
-        return text
+        return f"{self.forward} / {self.backward}"
 
 
-def rows() -> list[Row]:
-    """The rows, the baseline first."""
-    out = [Row("none_none", "none", "none"), Row("fp16_int8", "fp16", "int8")]
-    for method in ("svd", "power"):
-        for r in (0.2, 0.6, 0.9):
-            key = f"fp16_lowrank{str(r).replace('.', '')}_{method}_int8"
-            out.append(Row(key, f"fp16(lowrank({r},method={method}))", "int8"))
-    out.append(
-        Row(
-            "fp16_lowrank02_power_int8_from_quarter",
-            "fp16(lowrank(0.2,method=power))",
-            "int8",
-            compress_from_step=STEPS // 4,
-        )
+ROWS = [
+    Row("none_none", "none", "none"),
+    Row("fp16_int8", "fp16", "int8"),
+    Row("fp16_lowrank02_svd_int8", "fp16(lowrank(0.2,method=svd))", "int8"),
+    Row("fp16_lowrank02_power_int8", "fp16(lowrank(0.2,method=power))", "int8"),
+    Row("auto_auto", "auto", "auto"),
+]
+QUICK_ROWS = ("none_none", "fp16_int8", "fp16_lowrank02_power_int8")
+# BLEU rows: their reference runs share one process beside the timed runs (2 cores)
+BLEU_ROWS = ("none_none", "fp16_int8", "fp16_lowrank02_svd_int8", "fp16_lowrank02_power_int8")
+
+
+def abnet_config(row: Row, steps: int) -> AbnetConfig:
+    """The row's ABNet config."""
+    return abnet_preset(
+        "tiny",
+        steps=steps,
+        ckpt_every=steps,
+        forward_codec=row.forward,
+        backward_codec=row.backward,
+        **ABNET,
     )
-    return out
 
 
 def pretrained_plm(text: list[str], console: Console) -> bytes:
@@ -125,121 +149,375 @@ def pretrained_plm(text: list[str], console: Console) -> bytes:
     return blob
 
 
-def encoder_role(
-    conn: Connection,
-    cfg: AbnetConfig,
-    ticket: LinkTicket,
-    plm: bytes,
-    source: list[str],
-    eval_source: list[str],
-    root: Path,
-) -> dict[str, Any]:
-    """Cluster S's process: the encoder role; steps go out as events."""
-    hooks = Hooks(on_metrics=lambda step, _m: conn.send(("event", step)))
-    with ticket.open() as link:
-        result = run_abnet_encoder(
-            cfg, link, source, plm, root / "s", hooks, eval_source_lines=eval_source, seed=SEED
+# ---------------------------------------------------------------- long-lived processes
+
+
+def _serve(conn: Connection, setup: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Child: build the process's state, then answer (name, args) commands until None."""
+    torch.set_num_threads(1)
+    state = setup(*args)
+    conn.send(("ready", state.ready()))
+    while (command := conn.recv()) is not None:
+        name, cargs = command
+        try:
+            conn.send(("result", getattr(state, name)(conn, *cargs)))
+        except BaseException as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class Child:
+    """A spawned process running `setup(*args)`'s object, called by method name."""
+
+    def __init__(self, setup: Callable[..., Any], *args: Any) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.conn, child = spawn.Pipe()
+        self.proc = spawn.Process(target=_serve, args=(child, setup, args), daemon=True)
+        self.proc.start()
+        self.info = self._answer(None)
+
+    def _answer(self, on_event: Callable[[Any], None] | None) -> Any:
+        while True:
+            if not self.conn.poll(1800):
+                raise RuntimeError("a bench process went silent")
+            kind, value = self.conn.recv()
+            if kind == "event":
+                if on_event is not None:
+                    on_event(value)
+                continue
+            if kind == "error":
+                raise RuntimeError(value)
+            return value
+
+    def start(self, name: str, *args: Any) -> None:
+        """Begin a call; `finish` collects its answer."""
+        self.conn.send((name, args))
+
+    def finish(self, on_event: Callable[[Any], None] | None = None) -> Any:
+        """The answer of the call begun last (events handed to `on_event` on the way)."""
+        return self._answer(on_event)
+
+    def stop(self) -> None:
+        """End the process."""
+        self.conn.send(None)
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+@dataclass(frozen=True)
+class SwitchFiles:
+    """What a switch process needs to start (picklable)."""
+
+    cluster: str
+    key_path: Path
+    cert_path: Path
+    ca_path: Path
+    crl_path: Path
+    token_public_key: bytes
+    shaper: ShaperConfig
+
+
+class SwitchProcess:
+    """Process state: one switch."""
+
+    def __init__(self, files: SwitchFiles) -> None:
+        from workers.switch.server import Switch, SwitchConfig, crl_from_file
+
+        config = SwitchConfig(
+            cluster=files.cluster,
+            key_path=files.key_path,
+            cert_path=files.cert_path,
+            ca_path=files.ca_path,
+            crl_source=crl_from_file(files.crl_path),
+            job_token_public_key=files.token_public_key,
+            shaper=files.shaper,
         )
-    return {"history": result.history, "bleu": result.extra.get("bleu")}
+        self.switch = Switch(config).start()
+
+    def ready(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """Its worker and peer addresses."""
+        return self.switch.worker_address, self.switch.peer_address
+
+    def add_peer(self, _conn: Connection, cluster: str, address: tuple[str, int]) -> None:
+        """Know the other switch."""
+        self.switch.add_peer(cluster, address)
+
+    def close(self, _conn: Connection) -> None:
+        """Stop the switch."""
+        self.switch.stop()
 
 
-def decoder_role(
-    conn: Connection,
-    cfg: AbnetConfig,
-    ticket: LinkTicket,
-    plm: bytes,
-    target: list[str],
-    eval_target: list[str],
-    root: Path,
-) -> dict[str, Any]:
-    """Cluster T's process: the decoder role."""
-    with ticket.open() as link:
-        result = run_abnet_decoder(
-            cfg, link, target, plm, root / "t", eval_target_lines=eval_target, seed=SEED
-        )
-    return {"history": result.history, "bleu": result.extra.get("bleu")}
+class Network:
+    """Two switch processes joined as each other's peer, shaped both ways by `shaper`."""
+
+    def __init__(self, root: Path, shaper: ShaperConfig) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.ca_key, ca_cert = ca.create_root_ca("Bench CA")
+        self.token_key = ca.make_job_token_key()
+        self.ca_path, crl_path = root / "ca.pem", root / "crl.pem"
+        next_update = datetime.now(UTC) + timedelta(days=1)
+        for path, data in (
+            (self.ca_path, ca.certificate_pem(ca_cert)),
+            (crl_path, ca.build_crl(self.ca_key, ca_cert, [], next_update=next_update)),
+        ):
+            path.write_bytes(data)
+        self.switches: list[Child] = []
+        for cluster in ("cluster-a", "cluster-b"):
+            key_pem, csr = ca.make_switch_key_and_csr(cluster)
+            cert = ca.sign_csr(self.ca_key, ca_cert, csr, cluster_name=cluster)
+            paths = (root / f"{cluster}.key", root / f"{cluster}.crt")
+            for path, data in zip(paths, (key_pem, cert), strict=True):
+                path.write_bytes(data)
+            public = ca.job_token_public_key_pem(self.token_key)
+            files = SwitchFiles(cluster, *paths, self.ca_path, crl_path, public, shaper)
+            self.switches.append(Child(SwitchProcess, files))
+        a, b = self.switches
+        for here, cluster, there in ((a, "cluster-b", b), (b, "cluster-a", a)):
+            here.start("add_peer", cluster, there.info[1])
+            here.finish()
+
+    def tickets(self, job: str) -> tuple[LinkTicket, LinkTicket]:
+        """How the encoder (on cluster-a) and the decoder (on cluster-b) open their links."""
+        out = []
+        for switch, cluster, role, peer in (
+            (self.switches[0], "cluster-a", "encoder", "decoder"),
+            (self.switches[1], "cluster-b", "decoder", "encoder"),
+        ):
+            token = ca.sign_job_token(
+                self.token_key,
+                job_id=job,
+                role=role,
+                cluster=cluster,
+                expires_at=time.time() + 7200,
+            )
+            out.append(LinkTicket(switch.info[0], self.ca_path, token, job, role, peer))
+        return out[0], out[1]
+
+    def stop(self) -> None:
+        """Stop both switch processes."""
+        for switch in self.switches:
+            switch.start("close")
+        for switch in self.switches:
+            switch.finish()
+            switch.stop()
 
 
-def run_row(
+class RoleProcess:
+    """Process state: one cluster's side, running one job after another."""
+
+    def __init__(self, plm: bytes, lines: list[str], root: Path) -> None:
+        self.plm, self.lines, self.root = plm, lines, root
+
+    def ready(self) -> int:
+        """The process id."""
+        return os.getpid()
+
+    def encoder(self, conn: Connection, cfg: AbnetConfig, ticket: LinkTicket) -> dict[str, Any]:
+        """Cluster S: the encoder role of one job; steps go out as events."""
+        hooks = Hooks(on_metrics=lambda step, m: "loss" in m and conn.send(("event", step)))
+        with ticket.open() as link:
+            result = run_abnet_encoder(
+                cfg, link, self.lines, self.plm, self.root / ticket.job, hooks, seed=SEED
+            )
+        return {"history": result.history}
+
+    def decoder(self, _conn: Connection, cfg: AbnetConfig, ticket: LinkTicket) -> dict[str, Any]:
+        """Cluster T: the decoder role of one job."""
+        with ticket.open() as link:
+            result = run_abnet_decoder(
+                cfg, link, self.lines, self.plm, self.root / ticket.job, seed=SEED
+            )
+        return {"history": result.history}
+
+
+class QualityProcess:
+    """Process state: the rows' single-process reference runs, for BLEU and the final loss."""
+
+    def __init__(self, plm: bytes, data: dict[str, list[str]]) -> None:
+        self.plm, self.data = plm, data
+
+    def ready(self) -> int:
+        """The process id."""
+        return os.getpid()
+
+    def quality(
+        self, conn: Connection, rows: list[Row], settings: Settings
+    ) -> dict[str, dict[str, float]]:
+        """Each row's figures, one event per row."""
+        out = {}
+        for row in rows:
+            out[row.key] = quality(row, settings, self.plm, self.data)
+            conn.send(("event", row.key))
+        return out
+
+
+# ---------------------------------------------------------------- runs
+
+
+def timed_run(
     row: Row,
-    plm: bytes,
-    data: dict[str, list[str]],
-    root: Path,
-    advance: Any,
+    settings: Settings,
+    network: Network,
+    sides: tuple[Child, Child],
+    job: str,
+    advance: Callable[[Any], None],
 ) -> dict[str, float]:
-    """Train one row through shaped switches; its figures."""
-    cfg = abnet_preset(
-        "tiny",
-        steps=STEPS,
-        ckpt_every=STEPS,
-        forward_codec=row.forward,
-        backward_codec=row.backward,
-        compress_from_step=row.compress_from_step,
-        **ABNET,
-    )
-    switches = SwitchPair(root / "pki", ShaperConfig(rate_mbit=RATE_MBIT))
-    s_ticket, t_ticket = switches.tickets(f"abnet-{row.key}", "encoder", "decoder")
-    started = time.perf_counter()
-    try:
-        s, t = run_in_processes(
-            (encoder_role, (cfg, s_ticket, plm, data["src"], data["eval_src"], root)),
-            (decoder_role, (cfg, t_ticket, plm, data["tgt"], data["eval_tgt"], root)),
-            lambda _step: advance(),
-        )
-    finally:
-        switches.stop()
-    wall = time.perf_counter() - started
+    """One job of `row` through `network`: mean step time after the warm-up, bytes per step."""
+    cfg = abnet_config(row, settings.steps)
+    s_ticket, t_ticket = network.tickets(job)
+    s_proc, t_proc = sides
+    t_proc.start("decoder", cfg, t_ticket)
+    s_proc.start("encoder", cfg, s_ticket)
+    s = s_proc.finish(advance)
+    t = t_proc.finish()
     s_hist, t_hist = s["history"], t["history"]
-    assert len(s_hist) == len(t_hist) == STEPS
-    per_step = [
-        a["bytes_to_decoder"] + b["bytes_to_encoder"] for a, b in zip(s_hist, t_hist, strict=True)
-    ]
-    seconds = [h["seconds"] for h in s_hist[SKIP:]]
-    # the shape of one micro-batch's activations, for the compression plan
-    shape = (cfg.batch_size, cfg.src_len, int(PLM["disc_d_model"]))
-    plan = parse_spec(row.forward).plan(shape)
+    assert len(s_hist) == len(t_hist) == settings.steps
+    out = {
+        "seconds_per_step": statistics.mean(h["seconds"] for h in s_hist[settings.skip :]),
+        "forward_bytes_per_step": statistics.mean(h["bytes_to_decoder"] for h in s_hist),
+        "backward_bytes_per_step": statistics.mean(h["bytes_to_encoder"] for h in t_hist),
+    }
+    for stream, hist in (("forward", s_hist), ("backward", t_hist)):
+        key = f"auto.{stream}.choice"
+        if key in hist[-1]:
+            out[f"auto_{stream}_choice"] = hist[-1][key]
+    return out
+
+
+def limit_s(forward_bytes: float, backward_bytes: float, rate_mbit: float) -> float:
+    """L: the busier direction's bytes over the bandwidth, plus the delay per dependent crossing."""
+    return max(forward_bytes, backward_bytes) / (rate_mbit * 1e6 / 8) + CROSSINGS * DELAY_MS / 1e3
+
+
+def quality(
+    row: Row, settings: Settings, plm: bytes, data: dict[str, list[str]]
+) -> dict[str, float]:
+    """Final loss and BLEU of the row's reference run (equal to its split run)."""
+    cfg = abnet_config(row, settings.bleu_steps)
+    run = train_abnet_local(
+        cfg,
+        plm,
+        plm,
+        data["src"],
+        data["tgt"],
+        eval_source_lines=data["eval_src"],
+        eval_target_lines=data["eval_tgt"],
+        seed=SEED,
+    )
+    assert run.bleu is not None
     return {
-        "bytes_per_step": statistics.mean(per_step),
-        "bytes_to_decoder_per_step": statistics.mean(h["bytes_to_decoder"] for h in s_hist),
-        "bytes_to_encoder_per_step": statistics.mean(h["bytes_to_encoder"] for h in t_hist),
-        "seconds_per_step": statistics.mean(seconds),
-        "seconds_per_step_median": statistics.median(seconds),
-        "final_loss": statistics.mean(h["loss"] for h in s_hist[-LAST:]),
-        "bleu": float(s["bleu"]),
-        "forward_rank": float(plan.rank or 0),
-        "forward_dense_fallback": float(plan.dense_fallback),
-        "wall_s": wall,
+        "final_loss": statistics.mean(h["loss"] for h in run.history[-10:]),
+        "bleu": run.bleu,
     }
 
 
-def markdown(ordered: list[Row], figures: dict[str, dict[str, float]]) -> str:
-    """The table in markdown."""
-    base = figures["none_none"]
-    lines = [
-        "| forward / backward codec | bytes / step | vs baseline | s / step | vs baseline "
-        "| final loss | BLEU |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min, max and (max - min) of a row's rounds."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "spread": max(values) - min(values),
+    }
+
+
+def summarize(
+    rows: list[Row], runs: dict[tuple[str, str], list[dict[str, float]]]
+) -> dict[str, dict[str, Any]]:
+    """Per row and rate: T, C, L and T / max(C, L), medians over rounds with spreads."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        c = [r["seconds_per_step"] for r in runs[(row.key, "off")]]
+        fwd = statistics.median(r["forward_bytes_per_step"] for r in runs[(row.key, "off")])
+        bwd = statistics.median(r["backward_bytes_per_step"] for r in runs[(row.key, "off")])
+        entry: dict[str, Any] = {
+            "label": row.label,
+            "C_s": spread(c),
+            "forward_bytes_per_step": fwd,
+            "backward_bytes_per_step": bwd,
+        }
+        for rate in RATES_MBIT:
+            shaped = runs[(row.key, f"{rate:g}")]
+            t = [r["seconds_per_step"] for r in shaped]
+            f_b = statistics.median(r["forward_bytes_per_step"] for r in shaped)
+            b_b = statistics.median(r["backward_bytes_per_step"] for r in shaped)
+            lim = limit_s(f_b, b_b, rate)
+            # each round's T against that round's C: the ratio's spread shows the noise
+            ratios = [ti / max(ci, lim) for ti, ci in zip(t, c, strict=True)]
+            entry[f"{rate:g}mbit"] = {
+                "T_s": spread(t),
+                "L_s": lim,
+                "T_vs_limit": spread(ratios),
+                "forward_bytes_per_step": f_b,
+                "backward_bytes_per_step": b_b,
+                **{k: v for r in shaped[-1:] for k, v in r.items() if k.startswith("auto_")},
+            }
+        out[row.key] = entry
+    return out
+
+
+def cells(row: Row, table: dict[str, dict[str, Any]], sep: str = " ± ") -> list[str]:
+    """One row's figures: bytes, C, then per rate T, L, T / max(C, L) and T vs the baseline."""
+    e, base = table[row.key], table["none_none"]
+    out = [
+        row.label,
+        f"{e['forward_bytes_per_step'] / 1e3:,.0f} / {e['backward_bytes_per_step'] / 1e3:,.0f}",
+        f"{e['C_s']['median']:.3f}{sep}{e['C_s']['spread'] / 2:.3f}",
     ]
-    for row in ordered:
-        f = figures[row.key]
-        lines.append(
-            f"| {row.label} | {f['bytes_per_step'] / 1e3:,.0f} kB "
-            f"| {f['bytes_per_step'] / base['bytes_per_step']:.1%} "
-            f"| {f['seconds_per_step']:.3f} "
-            f"| {f['seconds_per_step'] / base['seconds_per_step']:.1%} "
-            f"| {f['final_loss']:.3f} | {f['bleu']:.2f} |"
-        )
+    for rate in RATES_MBIT:
+        r, b = e[f"{rate:g}mbit"], base[f"{rate:g}mbit"]
+        ratio = r["T_vs_limit"]
+        out += [
+            f"{r['T_s']['median']:.3f}{sep}{r['T_s']['spread'] / 2:.3f}",
+            f"{r['L_s']:.3f}",
+            f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})",
+            f"{r['T_s']['median'] / b['T_s']['median']:.0%}",
+        ]
+    return out
+
+
+def markdown(rows: list[Row], table: dict[str, dict[str, Any]], quality_of: dict[str, Any]) -> str:
+    """The table in markdown."""
+    lines = [
+        "| forward / backward codec | kB / step (fwd / bwd) | C s/step "
+        + "".join(f"| T {r:g} Mbit/s | L | T / max(C, L) | T vs base " for r in RATES_MBIT)
+        + "| final loss | BLEU |",
+        "| --- | ---: | ---: "
+        + "| ---: | ---: | ---: | ---: " * len(RATES_MBIT)
+        + "| ---: | ---: |",
+    ]
+    for row in rows:
+        q = quality_of.get(row.key)
+        extra = [f"{q['final_loss']:.3f}", f"{q['bleu']:.2f}"] if q else ["", ""]
+        lines.append("| " + " | ".join(cells(row, table) + extra) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    """Train every row, print the table, write the JSON and the markdown."""
-    console = Console(width=150)
+    """Run every row in interleaved rounds, print the table, write the JSON and the markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="three rows, short runs, no BLEU")
+    parser.add_argument("--steps", type=int, help="steps per timed run (4 or more)")
+    parser.add_argument("--no-bleu", action="store_true", help="skip the reference runs")
+    parser.add_argument("--rows", help="comma-separated row keys (default: all)")
+    args = parser.parse_args()
+    settings = Settings(steps=12, skip=4, bleu_steps=0, quick=True) if args.quick else Settings()
+    if args.steps:
+        settings = replace(settings, steps=args.steps, skip=max(2, args.steps // 4))
+    if args.no_bleu:
+        settings = replace(settings, bleu_steps=0)
+    rows = [r for r in ROWS if r.key in QUICK_ROWS] if settings.quick else ROWS
+    if args.rows:
+        rows = [r for r in ROWS if r.key in args.rows.split(",")]
+    console = Console(width=180)
     load_before = load_average()
     torch.set_num_threads(1)
     started = time.perf_counter()
-    ordered = rows()
-    figures: dict[str, dict[str, float]] = {}
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+    quality_of: dict[str, dict[str, float]] = {}
+    links = {"off": ShaperConfig(rate_mbit=None)} | {
+        f"{r:g}": ShaperConfig(rate_mbit=r, delay_ms=DELAY_MS) for r in RATES_MBIT
+    }
     with tempfile.TemporaryDirectory() as tmp:
         corpus = write_demo_corpus(Path(tmp) / "corpus")
 
@@ -254,86 +532,89 @@ def main() -> None:
             "eval_src": tsv_side(test, 0),
             "eval_tgt": tsv_side(test, 1),
         }
-        with Progress(console=console) as progress:
-            for row in ordered:
-                task = progress.add_task(row.label, total=STEPS)
-                figures[row.key] = run_row(
-                    row, plm, data, Path(tmp) / row.key, lambda task=task: progress.advance(task)
-                )
+        networks = {
+            name: Network(Path(tmp) / f"pki-{name}", shaper) for name, shaper in links.items()
+        }
+        sides = (
+            Child(RoleProcess, plm, data["src"], Path(tmp) / "s"),
+            Child(RoleProcess, plm, data["tgt"], Path(tmp) / "t"),
+        )
+        judge = Child(QualityProcess, plm, data) if settings.bleu_steps else None
+        bleu_rows = [r for r in rows if r.key in BLEU_ROWS]
+        try:
+            with Progress(console=console) as progress:
+                if judge is not None:
+                    judge.start("quality", bleu_rows, settings)
+                total = settings.rounds * len(rows) * len(links) * settings.steps
+                task = progress.add_task("timed runs (rounds x rows x links)", total=total)
+                for rnd in range(settings.rounds):
+                    for row in rows:
+                        for name, network in networks.items():
+                            job = f"t5-{rnd}-{row.key}-{name}"
+                            run = timed_run(
+                                row, settings, network, sides, job, lambda _: progress.advance(task)
+                            )
+                            runs.setdefault((row.key, name), []).append(run)
+                            progress.console.log(
+                                f"round {rnd + 1} {row.label} link {name}: "
+                                f"{run['seconds_per_step']:.3f} s/step, load {load_average()}"
+                            )
+                if judge is not None:
+                    q = progress.add_task("BLEU (reference runs)", total=len(bleu_rows))
+                    quality_of = judge.finish(lambda _key: progress.advance(q))
+        finally:
+            for side in (*sides, *([judge] if judge is not None else [])):
+                side.stop()
+            for network in networks.values():
+                network.stop()
     wall_s = time.perf_counter() - started
-
-    base = figures["none_none"]
-    for f in figures.values():
-        f["bytes_vs_baseline"] = f["bytes_per_step"] / base["bytes_per_step"]
-        f["time_vs_baseline"] = f["seconds_per_step"] / base["seconds_per_step"]
-        f["bleu_vs_baseline"] = f["bleu"] - base["bleu"]
-
-    table = Table(
-        title=(
-            f"ABNet, {STEPS} steps of {ABNET['micro_batches']} x {ABNET['batch_size']} pairs, "
-            f"activations {ABNET['batch_size']} x 24 x {PLM['disc_d_model']} per micro-batch, "
-            f"link {RATE_MBIT:g} Mbit/s, BLEU on {N_EVAL} test pairs"
-        )
+    table = summarize(rows, runs)
+    show(console, rows, table, quality_of)
+    base = table["none_none"]
+    worst = max(
+        table[row.key][f"{rate:g}mbit"]["T_vs_limit"]["median"]
+        for row in rows
+        for rate in RATES_MBIT
     )
-    columns = ("codecs (S -> T / T -> S)", "bytes/step", "vs base", "s/step", "vs base")
-    for column in (*columns, "final loss", "BLEU", "rank"):
-        table.add_column(column, justify="left" if column.startswith("codecs") else "right")
-    for row in ordered:
-        f = figures[row.key]
-        table.add_row(
-            row.label,
-            f"{f['bytes_per_step']:,.0f}",
-            f"{f['bytes_vs_baseline']:.1%}",
-            f"{f['seconds_per_step']:.3f}",
-            f"{f['time_vs_baseline']:.1%}",
-            f"{f['final_loss']:.3f}",
-            f"{f['bleu']:.2f}",
-            "dense"
-            if f["forward_dense_fallback"]
-            else f"{f['forward_rank']:.0f}"
-            if f["forward_rank"]
-            else "",
-        )
-    console.print(table)
-
-    power = [figures[f"fp16_lowrank{r}_power_int8"] for r in ("02", "06", "09")]
+    lowrank = table["fp16_lowrank02_power_int8"]["10mbit"]["T_s"]["median"]
     summary: dict[str, Any] = {
-        "fp16_int8_time_vs_baseline": figures["fp16_int8"]["time_vs_baseline"],
-        "fp16_int8_bytes_vs_baseline": figures["fp16_int8"]["bytes_vs_baseline"],
-        "fp16_lowrank02_int8_time_vs_baseline": figures["fp16_lowrank02_power_int8"][
-            "time_vs_baseline"
-        ],
-        "fp16_lowrank02_int8_bytes_vs_baseline": figures["fp16_lowrank02_power_int8"][
-            "bytes_vs_baseline"
-        ],
-        "fp16_lowrank02_svd_int8_time_vs_baseline": figures["fp16_lowrank02_svd_int8"][
-            "time_vs_baseline"
-        ],
-        "fp16_lowrank09_int8_time_vs_fp16_int8": figures["fp16_lowrank09_power_int8"][
-            "seconds_per_step"
-        ]
-        / figures["fp16_int8"]["seconds_per_step"],
-        "fp16_lowrank09_svd_int8_time_vs_fp16_int8": figures["fp16_lowrank09_svd_int8"][
-            "seconds_per_step"
-        ]
-        / figures["fp16_int8"]["seconds_per_step"],
-        "bleu_baseline": base["bleu"],
-        "bleu_best_compressed": figures["fp16_lowrank02_power_int8"]["bleu"],
-        "bleu_max_power_rows": max(f["bleu"] for f in power),
-        "rows": {row.key: {"label": row.label, **figures[row.key]} for row in ordered},
+        "table5_worst_time_vs_limit": worst,
+        "table5_lowrank02_time_vs_baseline_10mbit": lowrank / base["10mbit"]["T_s"]["median"],
+        "table5_lowrank02_time_vs_baseline_60mbit": table["fp16_lowrank02_power_int8"]["60mbit"][
+            "T_s"
+        ]["median"]
+        / base["60mbit"]["T_s"]["median"],
+        "table5_lowrank02_bytes_vs_baseline": max(
+            table["fp16_lowrank02_power_int8"]["forward_bytes_per_step"],
+            table["fp16_lowrank02_power_int8"]["backward_bytes_per_step"],
+        )
+        / max(base["forward_bytes_per_step"], base["backward_bytes_per_step"]),
+        "slowest_row_vs_baseline": {
+            f"{rate:g}mbit": max(
+                table[r.key][f"{rate:g}mbit"]["T_s"]["median"]
+                / base[f"{rate:g}mbit"]["T_s"]["median"]
+                for r in rows
+            )
+            for rate in RATES_MBIT
+        },
+        "rows": table,
+        "quality": quality_of,
+        "auto_candidates": list(AUTO_CANDIDATES),
         "notes": (
-            "lowrank rows without a method suffix in the top-level keys are method=power "
-            "(Nebula's fastest); bleu_best_compressed is the power r=0.2 row; bytes are "
-            "payload bytes both ways per step (mean over all steps); seconds per step: mean "
-            f"over steps {SKIP + 1}-{STEPS} as the encoder measures it; final loss: mean of "
-            f"the last {LAST} steps; the paper reports FP16(SVD(0.2))+INT8 at 17% of the "
-            "baseline's bytes and 19% of its time"
+            "T: shaped step time (the encoder's time between optimizer steps, mean over steps "
+            f"{settings.skip + 1}-{settings.steps} of a run); C: the same row through unshaped "
+            "switches (same processes, same codecs); L: max(forward, backward bytes per step) / "
+            f"bandwidth + {CROSSINGS} x {DELAY_MS:g} ms; figures: median over rounds, spread = "
+            "max - min; BLEU and final loss from the single-process reference at "
+            f"{settings.bleu_steps} steps (the split run equals it), run in a process of its "
+            "own beside the timed runs; auto_*_choice: index into "
+            "auto_candidates of the last step's choice"
         ),
-        "steps": STEPS,
+        "settings": asdict(settings),
         "abnet": ABNET,
         "plm": PLM,
-        "activation_shape": [ABNET["batch_size"], 24, PLM["disc_d_model"]],
-        "link_mbit": RATE_MBIT,
+        "delay_ms": DELAY_MS,
+        "rates_mbit": list(RATES_MBIT),
         "n_train": N_TRAIN,
         "n_eval": N_EVAL,
         "wall_s": round(wall_s, 1),
@@ -343,10 +624,38 @@ def main() -> None:
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if quality_of:
+        summary["bleu_baseline"] = quality_of["none_none"]["bleu"]
+        summary["bleu_lowrank02_power"] = quality_of["fp16_lowrank02_power_int8"]["bleu"]
+    name = "table5.quick" if settings.quick else "table5"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "table5.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (RESULTS / "table5.md").write_text(markdown(ordered, figures))
-    console.print(f"wrote {RESULTS / 'table5.json'} and {RESULTS / 'table5.md'}")
+    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(rows, table, quality_of))
+    console.print(f"wrote {RESULTS / f'{name}.json'} and {RESULTS / f'{name}.md'}")
+
+
+def show(
+    console: Console, rows: list[Row], table: dict[str, dict[str, Any]], quality_of: dict[str, Any]
+) -> None:
+    """Print the table."""
+    out = Table(
+        title=(
+            f"ABNet, {ABNET['micro_batches']} x {ABNET['batch_size']} pairs per step, "
+            f"activations {ABNET['batch_size']} x 24 x {PLM['disc_d_model']} per micro-batch, "
+            f"one-way delay {DELAY_MS:g} ms; medians over rounds (± half the spread)"
+        )
+    )
+    out.add_column("codecs (S -> T / T -> S)", justify="left")
+    for column in ("kB fwd / bwd", "C s"):
+        out.add_column(column, justify="right")
+    for rate in RATES_MBIT:
+        for column in (f"T@{rate:g}", "L", "T/max(C,L)", "vs base"):
+            out.add_column(column, justify="right")
+    out.add_column("BLEU", justify="right")
+    for row in rows:
+        q = quality_of.get(row.key)
+        out.add_row(*cells(row, table, sep="±"), f"{q['bleu']:.2f}" if q else "")
+    console.print(out)
 
 
 if __name__ == "__main__":

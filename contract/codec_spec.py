@@ -6,7 +6,8 @@
 
 Names: none, fp16, bf16, int8 (stochastic=, seed=), each optionally wrapping one
 lowrank(r, method=svd|rsvd|power, iters=, oversample=, layout=flat|sample,
-fallback=, seed=) whose factors it encodes; ef(<spec>) adds error feedback.
+fallback=, seed=) whose factors it encodes; ef(<spec>) adds error feedback, which
+`check_stream_spec` refuses on per-sample streams.
 
 Parsing and validation only: `parse_codec_spec` gives a tree of plain values, from which
 the cluster side (workers.compression) builds the codec. The control plane checks a job's
@@ -279,3 +280,27 @@ def parse_codec_spec(spec: str) -> CodecSpec:
     if kind != "end":
         raise parser.error(pos, f"unexpected {value!r} after the codec")
     return _build(parser, node, top=True)
+
+
+StreamKind = Literal["per-sample", "parameter"]
+PER_SAMPLE: StreamKind = "per-sample"
+PARAMETER: StreamKind = "parameter"
+
+
+def check_stream_spec(spec: str, stream: str, kind: StreamKind) -> CodecSpec:
+    """`parse_codec_spec`, and a SpecError for error feedback on a per-sample stream.
+
+    Error feedback adds the residual of one tensor to the next one of its stream. On a
+    parameter-like stream (weight gradients, weight deltas) the next tensor updates the
+    same numbers, so the residual is delivered late but delivered. On a per-sample stream
+    (activations, activation gradients) the next tensor belongs to other samples: one
+    micro-batch's error lands on another's, which is bias, not compensation.
+    """
+    parsed = parse_codec_spec(spec)
+    if kind == PER_SAMPLE and isinstance(parsed, ErrorFeedbackSpec):
+        raise SpecError(
+            f"{stream}: ef(...) is refused on a per-sample stream (activations, activation "
+            "gradients): its residual would land on other samples; use it only on "
+            f"parameter-like streams, or drop ef from {spec!r}"
+        )
+    return parsed

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
-from contract.codec_spec import SpecError, parse_codec_spec
+from contract.codec_spec import PER_SAMPLE, SpecError, check_stream_spec
 from contract.fields import StrictIn
 from contract.presets import ABNET_PRESETS, ELECTRA_PRESETS, Preset
 
@@ -24,10 +24,14 @@ CodecSpec = Annotated[
         max_length=200,
         json_schema_extra={"format": "codec-spec"},
         description="A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), "
-        "each optionally wrapping lowrank, and ef(<spec>) for error feedback",
-        examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "ef(int8)"],
+        "each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on "
+        "per-sample streams); `auto` where a kind lets the link's measurement choose",
+        examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "auto"],
     ),
 ]
+
+
+AUTO_CODEC = "auto"  # a codec field's value that lets the link's measurement choose
 
 
 class JobConfig(StrictIn):
@@ -74,25 +78,33 @@ class AbnetJobConfig(JobConfig):
     OVERRIDES = (
         "steps",
         "batch_size",
+        "micro_batches",
         "ckpt_every",
         "forward_codec",
         "backward_codec",
+        "auto_max_error",
         "compress_from_step",
     )
     PRESETS = ABNET_PRESETS
 
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=2, le=4096)
+    micro_batches: int | None = Field(default=None, ge=1, le=16)
     ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
+    # both streams are per sample (activations S -> T, their gradients T -> S), so ef(...)
+    # is refused; `auto` lets the link's measurement choose, within auto_max_error
     forward_codec: CodecSpec = "fp16"
     backward_codec: CodecSpec = "int8"
+    auto_max_error: float | None = Field(default=None, gt=0.0, lt=1.0)
     compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
 
     @field_validator("forward_codec", "backward_codec")
     @classmethod
-    def _valid_codec(cls, spec: str) -> str:
+    def _valid_codec(cls, spec: str, info: ValidationInfo) -> str:
+        if spec == AUTO_CODEC:
+            return spec
         try:
-            parse_codec_spec(spec)
+            check_stream_spec(spec, str(info.field_name), PER_SAMPLE)
         except SpecError as exc:
             raise ValueError(str(exc)) from None
         return spec

@@ -52,7 +52,8 @@ ABNET_PRESETS: dict[str, dict[str, Any]] = {
     # reaches a clear BLEU on the demo corpus in a few CPU minutes
     "tiny": {
         "steps": 250,
-        "batch_size": 32,
+        "batch_size": 16,  # sentence pairs per micro-batch
+        "micro_batches": 4,  # per step, in a 1F1B pipeline
         "ckpt_every": 100,
         "forward_codec": "fp16",  # activations S -> T (Nebula-I)
         "backward_codec": "int8",  # gradients T -> S (Nebula-I)
@@ -64,8 +65,9 @@ ABNET_PRESETS: dict[str, dict[str, Any]] = {
         "cross_heads": 16,
         "src_len": 128,
         "tgt_len": 128,
-        "batch_size": 64,
-        "micro_batches": 4,
+        "batch_size": 32,
+        "micro_batches": 8,
+        "activation_chunks": 4,
         "steps": 100_000,
         "lr": 5e-4,
         "warmup_steps": 4000,

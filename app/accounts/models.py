@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import BigInteger, Enum, ForeignKey, String
@@ -32,6 +33,16 @@ class TokenKind(enum.StrEnum):
 
     session = "session"
     api = "api"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a live credential speaks for: what authorization decides on, without the rows."""
+
+    id: str  # the user's
+    role: Role
+    token_id: str
+    token_kind: TokenKind
 
 
 class User(Base):

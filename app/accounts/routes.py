@@ -40,9 +40,10 @@ from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, rai
 from app.fields import TokenIdPath, UserIdPath
 from app.jobs import service as jobs
 from app.keyring import Purpose, subkey
+from app.routing import OneHopRoute
 from app.settings import Settings
 
-router = APIRouter(prefix=API_PREFIX, tags=["accounts"])
+router = APIRouter(prefix=API_PREFIX, tags=["accounts"], route_class=OneHopRoute)
 
 
 @router.post("/auth/login", response_model=LoginOut)
@@ -152,7 +153,7 @@ def revoke_token(token_id: TokenIdPath, caller: CallerDep, db: SessionDep) -> No
 def my_audit(caller: CallerDep, db: SessionDep, page: PageDep) -> AuditList:
     """Audit events where the caller is the actor or the subject."""
     items, total = audit.query(
-        db, involving_user=caller.user.id, limit=page.limit, offset=page.offset
+        db, involving_user=caller.user_id, limit=page.limit, offset=page.offset
     )
     return AuditList(items=[AuditEventOut.model_validate(e) for e in items], total=total)
 

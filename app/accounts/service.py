@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -10,7 +12,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.accounts import passwords, tokens
-from app.accounts.models import AuthToken, LoginFailure, Role, TokenKind, User, UserStatus
+from app.accounts.models import (
+    AuthToken,
+    Identity,
+    LoginFailure,
+    Role,
+    TokenKind,
+    User,
+    UserStatus,
+)
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import begin_reading, begin_writing, newest_first, utcnow
@@ -167,6 +177,19 @@ def _attempt_succeeded(db: Session, attempt_id: str) -> None:
     db.execute(delete(LoginFailure).where(LoginFailure.id == attempt_id))
 
 
+@contextmanager
+def _checking_password(db: Session, attempt_id: str) -> Iterator[None]:
+    """Argon2 for a counted attempt. Refused by a full password gate (429), no password was
+    checked: the attempt no longer counts, and the refusal leaves nothing written."""
+    try:
+        yield
+    except TooManyAttempts:
+        begin_writing(db)
+        _attempt_succeeded(db, attempt_id)
+        commit_before_raising(db)
+        raise
+
+
 def login(
     db: Session, *, email: str, password: str, ip: str | None, settings: Settings
 ) -> tuple[User, IssuedToken]:
@@ -189,12 +212,13 @@ def login(
     begin_reading(db)
     user = db.scalar(select(User).where(User.email == email))
     commit_before_waiting(db)
-    if user is None:
-        passwords.burn_verify(password, settings)
-        ok, checked_hash = False, None
-    else:
-        checked_hash = user.password_hash
-        ok = passwords.verify_password(password, checked_hash, settings)
+    with _checking_password(db, attempt):
+        if user is None:
+            passwords.burn_verify(password, settings)
+            ok, checked_hash = False, None
+        else:
+            checked_hash = user.password_hash
+            ok = passwords.verify_password(password, checked_hash, settings)
     begin_writing(db)
     if user is not None:
         # a password change or a suspension while argon2 ran wins over this login
@@ -230,8 +254,10 @@ def login(
 
 
 # Built once: it runs on every authenticated request, and building costs more than running.
+# Columns, not entities: loading ORM objects costs several times the query itself, and
+# most requests need no more than who is calling; the rows load when a service asks.
 _TOKEN_LOOKUP = (
-    select(User, AuthToken)
+    select(User.id, User.role, AuthToken.id, AuthToken.kind)
     .join(User, User.id == AuthToken.user_id)
     .where(
         AuthToken.token_hash == bindparam("token_hash"),
@@ -242,11 +268,18 @@ _TOKEN_LOOKUP = (
 )
 
 
-def resolve_token(db: Session, *, secret: str) -> tuple[User, AuthToken] | None:
-    """The active user and live token behind a bearer secret, or None (one query, no write)."""
+def resolve_token(db: Session, *, secret: str) -> Identity | None:
+    """Who is behind a bearer secret: a live token of an active user, or None.
+
+    One query, no write, checked against the database on every call: a revoked token, an
+    ended session or a suspended user is refused by the next request.
+    """
     params = {"token_hash": tokens.token_hash(secret), "now": utcnow()}
-    row = db.execute(_TOKEN_LOOKUP, params).first()
-    return None if row is None else (row[0], row[1])
+    row = db.connection().execute(_TOKEN_LOOKUP, params).first()
+    if row is None:
+        return None
+    user_id, role, token_id, kind = row
+    return Identity(id=user_id, role=role, token_id=token_id, token_kind=kind)
 
 
 def token_is_live(db: Session, *, token_id: str) -> bool:
@@ -300,7 +333,9 @@ def change_password(
     """
     door = _Door(actor, "user.password", "user", user.id, "too many failed attempts; try later")
     attempt = _begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
-    if not passwords.verify_password(current_password, user.password_hash, settings):
+    with _checking_password(db, attempt):
+        right = passwords.verify_password(current_password, user.password_hash, settings)
+    if not right:
         audit.record(
             db,
             actor=actor,
@@ -312,7 +347,8 @@ def change_password(
         commit_before_raising(db)
         raise NotAuthenticated("current password is wrong")
     passwords.check_policy(new_password, email=user.email)
-    new_hash = passwords.hash_password(new_password, settings)  # before any statement: no lock
+    with _checking_password(db, attempt):
+        new_hash = passwords.hash_password(new_password, settings)  # before any statement
     _attempt_succeeded(db, attempt)
     user.password_hash = new_hash
     revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)

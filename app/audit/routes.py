@@ -27,8 +27,9 @@ from app.db import begin_writing, session_scope
 from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
 from app.errors import NotFound, raises
 from app.fields import UUID_PATTERN, Timestamp
+from app.routing import OneHopRoute
 
-router = APIRouter(prefix=API_PREFIX, tags=["audit"])
+router = APIRouter(prefix=API_PREFIX, tags=["audit"], route_class=OneHopRoute)
 
 _FIELDS = list(AuditEventOut.model_fields)
 

@@ -30,6 +30,7 @@ from app.errors import (
 )
 from app.fields import JobIdPath
 from app.openapi import security
+from app.routing import OneHopRoute
 from contract.cluster_api import (
     ClaimIn,
     ClaimOut,
@@ -46,7 +47,7 @@ from contract.cluster_api import (
     Rendezvous,
 )
 
-router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"])
+router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"], route_class=OneHopRoute)
 
 WORKER_HEADER = "X-Nebula-Worker"
 RoleName = Annotated[

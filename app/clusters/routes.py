@@ -34,9 +34,10 @@ from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
 from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
 from app.openapi import PemResponse
 from app.pki import service as pki
+from app.routing import OneHopRoute
 from app.settings import Settings
 
-router = APIRouter(prefix=API_PREFIX, tags=["clusters"])
+router = APIRouter(prefix=API_PREFIX, tags=["clusters"], route_class=OneHopRoute)
 
 
 def _out(db: Session, cluster: Cluster, settings: Settings) -> ClusterOut:

@@ -12,8 +12,9 @@ from app.fields import RequestIdPath
 from app.grants import service
 from app.grants.schemas import AccessRequestCreateIn, AccessRequestList, AccessRequestOut, ApproveIn
 from app.jobs import service as jobs
+from app.routing import OneHopRoute
 
-router = APIRouter(prefix=API_PREFIX, tags=["access requests"])
+router = APIRouter(prefix=API_PREFIX, tags=["access requests"], route_class=OneHopRoute)
 
 StatusFilter = Literal["pending", "approved", "denied", "revoked", "withdrawn", "expired"]
 

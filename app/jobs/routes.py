@@ -39,9 +39,10 @@ from app.jobs.schemas import (
     MetricsOut,
 )
 from app.jobs.states import FINAL_STATUSES
+from app.routing import OneHopRoute
 from app.workspaces import service as workspaces
 
-router = APIRouter(prefix=API_PREFIX, tags=["jobs"])
+router = APIRouter(prefix=API_PREFIX, tags=["jobs"], route_class=OneHopRoute)
 
 EVENT_POLL_S = 0.5
 KEEPALIVE_S = 15.0
@@ -62,7 +63,7 @@ def submit_job(
 ) -> JobAccepted:
     """Validate, write and enqueue a job; its roles run on their clusters."""
     workspace = workspaces.get_owned(
-        db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
+        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
     )
     settings = request.app.state.settings
     job = service.submit(
@@ -96,7 +97,7 @@ def list_jobs(
     workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep, page: PageDep
 ) -> JobList:
     """Jobs of one of the caller's workspaces."""
-    workspaces.get_owned(db, actor=caller.actor, user=caller.user, workspace_id=workspace_id)
+    workspaces.check_owned(db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id)
     items, total = service.list_for_workspace(
         db, workspace_id=workspace_id, limit=page.limit, offset=page.offset
     )
@@ -107,7 +108,7 @@ def list_jobs(
 def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
     """One of the caller's jobs."""
     return JobOut.model_validate(
-        service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+        service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
     )
 
 
@@ -115,7 +116,7 @@ def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
 @raises(Conflict)
 def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
     """Cancel: both roles stop within seconds."""
-    job = service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    job = service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
     service.cancel(db, actor=caller.actor, job=job)
     db.commit()
     return JobOut.model_validate(job)
@@ -124,14 +125,14 @@ def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
 def job_metrics(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> MetricsOut:
     """Every metric as a time series: `{"series": {"role.name": [[step, value], ...]}}`."""
-    service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    service.check_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
     return MetricsOut(series=service.metric_series(db, job_id=job_id))
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=ArtifactList)
 def job_artifacts(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> ArtifactList:
     """Models and reports the job wrote (models are datasets in the owner's workspace)."""
-    service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
+    service.check_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
     items = service.artifacts(db, job_id=job_id)
     return ArtifactList(items=[ArtifactOut.model_validate(a) for a in items], total=len(items))
 
@@ -177,8 +178,8 @@ def job_events(
     job_id: JobIdPath, request: Request, caller: CallerDep, db: SessionDep
 ) -> StreamingResponse:
     """Server-sent events: a `status` event whenever status, progress or metrics change."""
-    service.get_owned(db, actor=caller.actor, user=caller.user, job_id=job_id)
-    token_id = caller.token.id  # read before the rollback, which expires it
+    service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    token_id = caller.identity.token_id
     db.rollback()  # release the request's session: the stream reads with short ones of its own
     factory: sessionmaker[Session] = request.app.state.read_sessionmaker
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 from sqlalchemy import func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import User
+from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
-from app.db import newest_first, utcnow
+from app.db import newest_first, owner_of, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
@@ -147,12 +147,22 @@ def submit(
     return job
 
 
-def get_owned(db: Session, *, actor: Actor, user: User, job_id: str) -> Job:
+def get_owned(db: Session, *, actor: Actor, user: User | Identity, job_id: str) -> Job:
     """The job if `user` owns it; NotFound (audited) otherwise."""
     job = db.get(Job, job_id)
     if job is None or job.owner_id != user.id:
-        audit.deny(db, actor=actor, action="job.access", subject_type="job", subject_id=job_id)
+        _deny(db, actor, job_id)
     return job
+
+
+def check_owned(db: Session, *, actor: Actor, user: User | Identity, job_id: str) -> None:
+    """NotFound (audited) unless `user` owns the job; reads its owner alone."""
+    if owner_of(db, Job, job_id) != user.id:
+        _deny(db, actor, job_id)
+
+
+def _deny(db: Session, actor: Actor, job_id: str) -> NoReturn:
+    audit.deny(db, actor=actor, action="job.access", subject_type="job", subject_id=job_id)
 
 
 def list_active(db: Session, *, limit: int, offset: int) -> tuple[list[tuple[Job, str]], int]:

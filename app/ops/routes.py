@@ -10,8 +10,9 @@ from sqlalchemy import text
 
 from app.db import access_options
 from app.ops.metrics import REGISTRY
+from app.routing import OneHopRoute
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=OneHopRoute)
 
 
 class HealthOut(BaseModel):

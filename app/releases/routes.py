@@ -10,8 +10,9 @@ from app.fields import DatasetIdPath, ReleaseIdPath
 from app.releases import service
 from app.releases.models import ReleaseStatus
 from app.releases.schemas import ReleaseRequestCreateIn, ReleaseRequestList, ReleaseRequestOut
+from app.routing import OneHopRoute
 
-router = APIRouter(prefix=API_PREFIX, tags=["release requests"])
+router = APIRouter(prefix=API_PREFIX, tags=["release requests"], route_class=OneHopRoute)
 
 
 @router.post(

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from app.accounts.models import User
+from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import utcnow
@@ -50,7 +50,9 @@ class Derivation:
     source_names: dict[str, str]  # the names of those sources
 
 
-def derivations(db: Session, *, viewer: User, items: Sequence[Dataset]) -> dict[str, Derivation]:
+def derivations(
+    db: Session, *, viewer: User | Identity, items: Sequence[Dataset]
+) -> dict[str, Derivation]:
     """The derivation of each dataset; sources the viewer has no way to know stay out."""
     derived = provenance.derived_ids(db, (d.id for d in items))
     answer = {

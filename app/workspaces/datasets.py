@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import User, UserStatus
+from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import begin_writing, new_id, newest_first, utcnow
@@ -348,11 +348,11 @@ def get_owned(
 
 
 def list_in_workspace(
-    db: Session, *, actor: Actor, user: User, workspace_id: str, limit: int, offset: int
+    db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Dataset], int]:
     """The live datasets of one of the user's workspaces, newest first."""
-    workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
-    where = (Dataset.workspace_id == workspace.id) & Dataset.deleted_at.is_(None)
+    workspaces.check_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    where = (Dataset.workspace_id == workspace_id) & Dataset.deleted_at.is_(None)
     return newest_first(db, Dataset, where, limit=limit, offset=offset)
 
 

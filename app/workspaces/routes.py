@@ -11,12 +11,13 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from app.accounts.models import Role, User
+from app.accounts.models import Identity, Role, User
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
 from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
 from app.jobs import service as jobs
 from app.releases import service as releases
+from app.routing import OneHopRoute
 from app.workspaces import datasets, service
 from app.workspaces.models import Dataset, DatasetKind
 from app.workspaces.schemas import (
@@ -30,7 +31,7 @@ from app.workspaces.schemas import (
 )
 from app.workspaces.upload import UploadForm
 
-router = APIRouter(prefix=API_PREFIX, tags=["workspaces"])
+router = APIRouter(prefix=API_PREFIX, tags=["workspaces"], route_class=OneHopRoute)
 
 
 @router.get("/workspaces", response_model=WorkspaceList)
@@ -42,10 +43,10 @@ def list_workspaces(
     owner_id: Annotated[str | None, Query(pattern=UUID_PATTERN)] = None,
 ) -> WorkspaceList:
     """The caller's workspaces; admins may ask for another owner's."""
-    if owner_id is not None and owner_id != caller.user.id and caller.user.role != Role.admin:
+    if owner_id is not None and owner_id != caller.user_id and caller.role != Role.admin:
         raise Forbidden("admin role required to list another user's workspaces")
     items, total = service.list_owned(
-        db, owner_id=owner_id or caller.user.id, limit=page.limit, offset=page.offset
+        db, owner_id=owner_id or caller.user_id, limit=page.limit, offset=page.offset
     )
     return WorkspaceList(items=[WorkspaceOut.model_validate(w) for w in items], total=total)
 
@@ -67,7 +68,7 @@ def create_workspace(
 def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> WorkspaceOut:
     """One of the caller's workspaces."""
     workspace = service.get_owned(
-        db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
+        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
     )
     return WorkspaceOut.model_validate(workspace)
 
@@ -77,7 +78,7 @@ def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionD
 def delete_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> None:
     """Delete one of the caller's workspaces (not the personal one)."""
     workspace = service.get_owned(
-        db, actor=caller.actor, user=caller.user, workspace_id=workspace_id
+        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
     )
     service.delete(db, actor=caller.actor, workspace=workspace)
     db.commit()
@@ -104,7 +105,7 @@ def set_quota(
 BINARY = {"type": "string", "format": "binary"}
 
 
-def _datasets_out(db: Session, viewer: User, items: list[Dataset]) -> list[DatasetOut]:
+def _datasets_out(db: Session, viewer: User | Identity, items: list[Dataset]) -> list[DatasetOut]:
     """Datasets with what `viewer` may see of their provenance and release."""
     found = releases.derivations(db, viewer=viewer, items=items)
     return [
@@ -212,19 +213,19 @@ def list_datasets(
     items, total = datasets.list_in_workspace(
         db,
         actor=caller.actor,
-        user=caller.user,
+        user=caller.identity,
         workspace_id=workspace_id,
         limit=page.limit,
         offset=page.offset,
     )
-    return DatasetList(items=_datasets_out(db, caller.user, items), total=total)
+    return DatasetList(items=_datasets_out(db, caller.identity, items), total=total)
 
 
 @router.get("/datasets/{dataset_id}", response_model=DatasetOut)
 def get_dataset(dataset_id: DatasetIdPath, caller: CallerDep, db: SessionDep) -> DatasetOut:
     """Metadata with provenance and release state, for the owner or an active grantee."""
     dataset = datasets.get_visible(db, actor=caller.actor, user=caller.user, dataset_id=dataset_id)
-    return _datasets_out(db, caller.user, [dataset])[0]
+    return _datasets_out(db, caller.identity, [dataset])[0]
 
 
 @router.get(
@@ -286,7 +287,7 @@ def update_dataset(
         db, actor=caller.actor, dataset=dataset, name=body.name, discoverable=body.discoverable
     )
     db.commit()
-    return _datasets_out(db, caller.user, [dataset])[0]
+    return _datasets_out(db, caller.identity, [dataset])[0]
 
 
 @router.delete("/datasets/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -320,14 +321,14 @@ def get_catalog(
 ) -> DatasetList:
     """Metadata of the datasets their owners made discoverable, to request access to."""
     entries, total = datasets.catalog(
-        db, viewer_id=caller.user.id, q=q, kind=kind, limit=page.limit, offset=page.offset
+        db, viewer_id=caller.user_id, q=q, kind=kind, limit=page.limit, offset=page.offset
     )
     items = [
         out.model_copy(
             update={"owner_display_name": entry.owner_display_name, "sha256": entry.sha256}
         )
         for out, entry in zip(
-            _datasets_out(db, caller.user, [e.dataset for e in entries]), entries, strict=True
+            _datasets_out(db, caller.identity, [e.dataset for e in entries]), entries, strict=True
         )
     ]
     return DatasetList(items=items, total=total)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import Role, User
+from app.accounts.models import Identity, Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import new_id, newest_first
+from app.db import new_id, newest_first, owner_of
 from app.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from app.settings import Settings
 from app.workspaces import storage
@@ -67,18 +68,28 @@ def create(
     return workspace
 
 
-def get_owned(db: Session, *, actor: Actor, user: User, workspace_id: str) -> Workspace:
+def get_owned(db: Session, *, actor: Actor, user: User | Identity, workspace_id: str) -> Workspace:
     """The workspace if `user` owns it; NotFound (audited) otherwise."""
     workspace = db.get(Workspace, workspace_id)
     if workspace is None or workspace.owner_id != user.id:
-        audit.deny(
-            db,
-            actor=actor,
-            action="workspace.access",
-            subject_type="workspace",
-            subject_id=workspace_id,
-        )
+        _deny(db, actor, workspace_id)
     return workspace
+
+
+def check_owned(db: Session, *, actor: Actor, user: User | Identity, workspace_id: str) -> None:
+    """NotFound (audited) unless `user` owns the workspace; reads its owner alone."""
+    if owner_of(db, Workspace, workspace_id) != user.id:
+        _deny(db, actor, workspace_id)
+
+
+def _deny(db: Session, actor: Actor, workspace_id: str) -> NoReturn:
+    audit.deny(
+        db,
+        actor=actor,
+        action="workspace.access",
+        subject_type="workspace",
+        subject_id=workspace_id,
+    )
 
 
 def list_owned(

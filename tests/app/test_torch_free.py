@@ -91,7 +91,7 @@ def test_the_api_process_takes_jobs_without_loading_torch(tmp_path: Path) -> Non
         }
         abnet = {
             "kind": "abnet_finetune",
-            "config": {"preset": "paper", "forward_codec": "ef(fp16(lowrank(0.25,method=power)))"},
+            "config": {"preset": "paper", "forward_codec": "fp16(lowrank(0.25,method=power))"},
             "inputs": {"parallel": parallel, "source_model": model, "target_model": model},
             "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
         }

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from contract.codec_spec import (
+    PARAMETER,
     CastSpec,
     ErrorFeedbackSpec,
     Int8Spec,
     LowRankSpec,
     SpecError,
+    check_stream_spec,
     parse_codec_spec,
 )
 from contract.kinds import KINDS, AbnetJobConfig, ElectraJobConfig
@@ -74,8 +76,15 @@ def test_a_job_config_knows_its_length_from_the_presets() -> None:
     assert ElectraJobConfig().total_steps() == ELECTRA_PRESETS["tiny"]["steps"]
     assert ElectraJobConfig(preset="paper", steps=7).total_steps() == 7
     assert AbnetJobConfig(preset="paper").total_steps() == ABNET_PRESETS["paper"]["steps"]
-    values = AbnetJobConfig(backward_codec="ef(int8)").training_values()
-    assert values["backward_codec"] == "ef(int8)" and values["steps"] == 250
+    values = AbnetJobConfig(backward_codec="bf16", forward_codec="auto").training_values()
+    assert values["backward_codec"] == "bf16" and values["forward_codec"] == "auto"
+    assert values["steps"] == 250
+    # ABNet's streams are per sample: error feedback is refused there, allowed elsewhere
+    with pytest.raises(ValueError, match="per-sample stream"):
+        AbnetJobConfig(backward_codec="ef(int8)")
+    assert check_stream_spec("ef(int8)", "weight deltas", PARAMETER) == ErrorFeedbackSpec(
+        Int8Spec()
+    )
 
 
 def test_every_kind_names_roles_that_exist() -> None:

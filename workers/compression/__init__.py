@@ -4,6 +4,7 @@ codec = parse_spec("fp16(lowrank(0.2,method=power))")
 blob = codec.encode(x)            # self-describing bytes
 y = codec.decode(blob, shape=x.shape)  # this spec's blobs only, of the expected shape
 y = decode(blob)                  # any codec's blob (capped at MAX_DECODED_NUMEL elements)
+check_stream_spec("ef(int8)", "forward_codec", PER_SAMPLE)  # SpecError: ef on per-sample data
 codec.wire_nbytes(x.shape) == len(blob)
 """
 
@@ -28,11 +29,12 @@ from workers.compression.policy import (
     relative_error,
     transfer_seconds,
 )
-from workers.compression.schedule import Schedule
-from workers.compression.spec import parse_spec
+from workers.compression.spec import PARAMETER, PER_SAMPLE, check_stream_spec, parse_spec
 
 __all__ = [
     "MAX_DECODED_NUMEL",
+    "PARAMETER",
+    "PER_SAMPLE",
     "AdaptivePolicy",
     "CastCodec",
     "Choice",
@@ -44,10 +46,10 @@ __all__ = [
     "Int8Codec",
     "LowRankCodec",
     "NonFiniteError",
-    "Schedule",
     "SpecError",
     "WireError",
     "WirePlan",
+    "check_stream_spec",
     "choose_codec",
     "decode",
     "parse_spec",

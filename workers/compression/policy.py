@@ -43,7 +43,9 @@ class Choice:
 
     spec: str
     total_s: float
-    ranking: tuple[tuple[str, float, bool], ...]
+    ranking: tuple[tuple[str, float, bool], ...]  # (spec, cost, within the bound)
+    rel_error: float = 0.0  # the chosen codec's, as profiled
+    wire_nbytes: int = 0
 
 
 def transfer_seconds(nbytes: int, bandwidth_bps: float) -> float:
@@ -90,11 +92,21 @@ def profile_codec(codec: Codec | str, x: torch.Tensor, steps: int = 3) -> CodecP
 
 
 def choose_codec(
-    profiles: Iterable[CodecProfile], bandwidth_bps: float, max_rel_error: float
+    profiles: Iterable[CodecProfile], bandwidth_bps: float | None, max_rel_error: float
 ) -> Choice:
-    """The profile with the least total time among those within the error bound."""
+    """The profile with the least total time among those within the error bound.
+
+    With `bandwidth_bps` None (the link not measured yet) the link is taken to be the
+    bottleneck: the fewest wire bytes win, and `total_s` is the codec time alone.
+    """
+
+    def cost(p: CodecProfile) -> float:
+        if bandwidth_bps is None:
+            return float(p.wire_nbytes)
+        return p.total_s(bandwidth_bps)
+
     scored = sorted(
-        ((p.total_s(bandwidth_bps), p.rel_error <= max_rel_error, p.spec) for p in profiles),
+        ((cost(p), p.rel_error <= max_rel_error, p.spec, p) for p in profiles),
         key=lambda item: (not item[1], item[0]),
     )
     if not scored or not scored[0][1]:
@@ -102,11 +114,15 @@ def choose_codec(
             f"no candidate codec keeps the relative error under {max_rel_error:g}; "
             "add 'none' to the candidates"
         )
-    best = scored[0]
+    best = scored[0][3]
     return Choice(
-        spec=best[2],
-        total_s=best[0],
-        ranking=tuple((spec, total, ok) for total, ok, spec in scored),
+        spec=best.spec,
+        total_s=best.encode_s + best.decode_s
+        if bandwidth_bps is None
+        else best.total_s(bandwidth_bps),
+        ranking=tuple((spec, total, ok) for total, ok, spec, _ in scored),
+        rel_error=best.rel_error,
+        wire_nbytes=best.wire_nbytes,
     )
 
 
@@ -141,14 +157,16 @@ class AdaptivePolicy:
         for key in [k for k in self._profiles if k[0] == stream]:
             del self._profiles[key]
 
-    def choose(self, stream: str, x: torch.Tensor, bandwidth_bps: float) -> Choice:
+    def choose(self, stream: str, x: torch.Tensor, bandwidth_bps: float | None) -> Choice:
         """The best candidate for `x` on a link of `bandwidth_bps` bits per second."""
         return choose_codec(self.profiles(stream, x), bandwidth_bps, self.max_rel_error)
 
-    def codec(self, stream: str, x: torch.Tensor, bandwidth_bps: float) -> Codec:
+    def codec(
+        self, stream: str, x: torch.Tensor, bandwidth_bps: float | None
+    ) -> tuple[Codec, Choice]:
         """The codec instance to encode `x` with (one per stream and spec, state kept)."""
-        spec = self.choose(stream, x, bandwidth_bps).spec
-        key = (stream, spec)
+        choice = self.choose(stream, x, bandwidth_bps)
+        key = (stream, choice.spec)
         if key not in self._codecs:
-            self._codecs[key] = parse_spec(spec)
-        return self._codecs[key]
+            self._codecs[key] = parse_spec(choice.spec)
+        return self._codecs[key], choice

@@ -46,6 +46,19 @@ def build_codec(spec: grammar.CodecSpec) -> Codec:
     return _dense(spec)
 
 
+PER_SAMPLE, PARAMETER = grammar.PER_SAMPLE, grammar.PARAMETER
+
+
+def check_stream_spec(spec: str, stream: str, kind: grammar.StreamKind) -> Codec:
+    """A fresh codec for `spec`, refused (SpecError) where its stream's kind forbids it:
+    error feedback on a per-sample stream (contract.codec_spec.check_stream_spec says why)."""
+    try:
+        parsed = grammar.check_stream_spec(spec, stream, kind)
+    except grammar.SpecError as exc:
+        raise SpecError(str(exc)) from None
+    return build_codec(parsed)
+
+
 def parse_spec(spec: str) -> Codec:
     """A fresh codec for `spec`; SpecError saying where and why when it does not parse."""
     try:

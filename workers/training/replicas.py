@@ -6,8 +6,9 @@ process of the cluster, which joins at the rendezvous the root publishes through
 its hooks: `run_discriminator_replica`) or, without a publisher, as local processes
 it starts itself. They join a torch.distributed process group (gloo on CPU, nccl
 on GPU) and the root drives them
-with a broadcast control word per action: train on the micro-batch scattered
-to you, hand over your dropout stream for a checkpoint, compare weights, stop.
+with a broadcast `ReplicaControl` per action (a `ReplicaCommand` and a step):
+train on the micro-batch scattered to you, hand over your dropout stream for a
+checkpoint, compare weights, stop.
 Gradients are averaged with one all-reduce, after which every replica holds
 the same bits and takes the same optimizer step.
 """
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,37 @@ from torch import nn
 
 from contract.cluster_api import Rendezvous
 from workers.ports import free_port
-from workers.training.electra import CorruptedBatch, DiscriminatorSide, ElectraConfig
+from workers.training.electra_config import ElectraConfig
+from workers.training.electra_model import CorruptedBatch, DiscriminatorSide
 from workers.training.runtime import CheckpointStore, Hooks, RoleResult, restore_training_state
+
+
+class ReplicaCommand(IntEnum):
+    """What the root tells every replica to do next."""
+
+    STOP = 0  # leave the process group
+    TRAIN = 1  # train on the micro-batch scattered to you, then take the optimizer step
+    GATHER_RNG = 2  # hand over your dropout stream (the root checkpoints it)
+    COMPARE_WEIGHTS = 3  # hand over your weights (the root compares them with its own)
+
+
+@dataclass(frozen=True)
+class ReplicaControl:
+    """One broadcast from the root: a command and the step it belongs to."""
+
+    command: ReplicaCommand
+    step: int = 0
+
+    def broadcast(self, device: str) -> None:
+        """Root (rank 0): send it to every replica (two int64 numbers)."""
+        dist.broadcast(torch.tensor([int(self.command), self.step], device=device), 0)
+
+    @classmethod
+    def receive(cls, device: str) -> ReplicaControl:
+        """Replica: wait for the root's next control."""
+        words = torch.zeros(2, dtype=torch.long, device=device)
+        dist.broadcast(words, 0)
+        return cls(ReplicaCommand(int(words[0])), int(words[1]))
 
 
 class ReplicaGroup:
@@ -45,8 +76,7 @@ class ReplicaGroup:
         """Train every replica on its micro-batch and average the gradients."""
         if self.n == 1:
             return side.train_micro(batches[0])
-        control = torch.tensor([1, step], dtype=torch.long, device=self.device)
-        dist.broadcast(control, 0)
+        ReplicaControl(ReplicaCommand.TRAIN, step).broadcast(self.device)
         ids = torch.empty_like(batches[0].ids, device=self.device)
         replaced = torch.empty(ids.shape, dtype=torch.uint8, device=self.device)
         dist.scatter(ids, [b.ids.to(self.device) for b in batches], src=0)
@@ -57,8 +87,7 @@ class ReplicaGroup:
         """Every replica's dropout stream, for the root's checkpoint."""
         if self.n == 1:
             return {}
-        control = torch.tensor([2, 0], dtype=torch.long, device=self.device)
-        dist.broadcast(control, 0)
+        ReplicaControl(ReplicaCommand.GATHER_RNG).broadcast(self.device)
         states = _all_gather_rng(side, self.n)
         return {f"rng.dropout.rank{r}": s for r, s in enumerate(states)}
 
@@ -71,8 +100,7 @@ class ReplicaGroup:
         """Largest difference between any replica's weights and the root's (0.0 when n = 1)."""
         if self.n == 1:
             return 0.0
-        control = torch.tensor([3, 0], dtype=torch.long, device=self.device)
-        dist.broadcast(control, 0)
+        ReplicaControl(ReplicaCommand.COMPARE_WEIGHTS).broadcast(self.device)
         flat = _flat_params(side.model)
         gathered = [torch.empty_like(flat) for _ in range(self.n)]
         dist.all_gather(gathered, flat)
@@ -158,7 +186,7 @@ def discriminator_replicas(
     dist.init_process_group(backend, init_method=init, rank=0, world_size=n, timeout=timeout)
     try:
         yield group
-        dist.broadcast(torch.tensor([0, 0], dtype=torch.long, device=group.device), 0)
+        ReplicaControl(ReplicaCommand.STOP).broadcast(group.device)
     finally:
         dist.destroy_process_group()
         for p in procs:
@@ -234,23 +262,18 @@ def _replica_main(
             tensors, meta = CheckpointStore(Path(ckpt_dir), key=key).load(start)
             restore_training_state(tensors, meta, side.model, side.opt, {})
             side.rng_dropout.set_state(tensors[f"rng.dropout.rank{rank}"])
-        while True:
-            control = torch.zeros(2, dtype=torch.long, device=dev)
-            dist.broadcast(control, 0)
-            what, step = int(control[0]), int(control[1])
-            if what == 0:
-                break
-            if what == 1:
+        while (control := ReplicaControl.receive(dev)).command != ReplicaCommand.STOP:
+            if control.command == ReplicaCommand.TRAIN:
                 B, T = cfg.batch_size, cfg.seq_len
                 ids = torch.empty(B, T, dtype=torch.long, device=dev)
                 replaced = torch.empty(B, T, dtype=torch.uint8, device=dev)
                 dist.scatter(ids, None, src=0)
                 dist.scatter(replaced, None, src=0)
                 _replica_train(side, CorruptedBatch(ids, replaced.bool()), n)
-                side.step(step)
-            elif what == 2:
+                side.step(control.step)
+            elif control.command == ReplicaCommand.GATHER_RNG:
                 _all_gather_rng(side, n)
-            elif what == 3:
+            elif control.command == ReplicaCommand.COMPARE_WEIGHTS:
                 flat = _flat_params(side.model)
                 dist.all_gather([torch.empty_like(flat) for _ in range(n)], flat)
     finally:

@@ -1480,15 +1480,17 @@ export interface components {
          * @description Scenario-II: encoder + adapters on one cluster, decoder + adapters on another.
          */
         AbnetJobConfig: {
+            /** Auto Max Error */
+            auto_max_error?: number | null;
             /**
              * Backward Codec
              * Format: codec-spec
-             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback
+             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
              * @default int8
              * @example fp16
              * @example int8
              * @example fp16(lowrank(0.25,method=power))
-             * @example ef(int8)
+             * @example auto
              */
             backward_codec: string;
             /** Batch Size */
@@ -1503,14 +1505,16 @@ export interface components {
             /**
              * Forward Codec
              * Format: codec-spec
-             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback
+             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
              * @default fp16
              * @example fp16
              * @example int8
              * @example fp16(lowrank(0.25,method=power))
-             * @example ef(int8)
+             * @example auto
              */
             forward_codec: string;
+            /** Micro Batches */
+            micro_batches?: number | null;
             /**
              * Preset
              * @default tiny

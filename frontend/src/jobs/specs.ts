@@ -7,8 +7,10 @@ import type { JobKindSpec, Preset } from "../api/types";
 
 export type { Preset };
 
-/** Codec specs the server understands (contract/codec_spec.py); any other valid spec may be typed in. */
+/** Codec specs the server understands (contract/codec_spec.py); any other valid spec may be typed in.
+ * ABNet's streams are per sample, where the server refuses error feedback (ef); `auto` lets the link choose. */
 export const CODEC_SUGGESTIONS = [
+  "auto",
   "none",
   "fp16",
   "bf16",
@@ -16,7 +18,6 @@ export const CODEC_SUGGESTIONS = [
   "fp16(lowrank(0.2))",
   "fp16(lowrank(0.2,method=power))",
   "int8(lowrank(0.5))",
-  "ef(int8)",
 ];
 
 /** A preset's value of a config field, as the server's table states it ("" when it sets none). */

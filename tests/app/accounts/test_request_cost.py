@@ -11,12 +11,15 @@ import httpx
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event, func, select
+from sqlalchemy import event, func, select, update
 from sqlalchemy.engine import Engine
 
 from app.accounts import passwords
+from app.accounts import service as accounts
+from app.accounts.models import LoginFailure, Role, User, UserStatus
 from app.audit.models import AuditEvent
-from app.errors import TooManyAttempts
+from app.deps import Caller
+from app.errors import NotAuthenticated, TooManyAttempts
 from app.main import create_app
 from app.settings import Settings
 from support import PASSWORD, LiveServer, Platform, make_user
@@ -77,38 +80,74 @@ def test_authenticated_reads_take_no_write_lock(settings: Settings, database_url
                 assert answer.status_code == 200, (path, answer.text)
 
 
-def test_token_and_user_come_in_one_query(client: TestClient, platform: Platform) -> None:
-    alice = platform.user()
+def _statements(client: TestClient, path: str, headers: dict[str, str]) -> list[str]:
+    """The SQL statements one GET of `path` ran (transaction control left out)."""
     engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
     statements: list[str] = []
 
     def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if not statement.lstrip().upper().startswith(("PRAGMA", "BEGIN")):
-            statements.append(statement)
+            statements.append(" ".join(statement.split()))
 
     event.listen(engine, "before_cursor_execute", seen)
     try:
-        assert client.get("/api/v1/me", headers=alice.headers).status_code == 200
+        assert client.get(f"/api/v1{path}", headers=headers).status_code == 200
     finally:
         event.remove(engine, "before_cursor_execute", seen)
-    assert len(statements) == 1, statements
+    return statements
+
+
+def test_token_and_user_come_in_one_query(client: TestClient, platform: Platform) -> None:
+    alice = platform.user()
+    # authentication: the token by its hash, joined with its user (status and role)
+    workspaces = _statements(client, "/workspaces", alice.headers)
+    assert "FROM auth_tokens JOIN users" in workspaces[0], workspaces
+    # a page and its total come in one query; nothing else is read
+    assert len(workspaces) == 2, workspaces
+    assert "count(*) OVER ()" in workspaces[1], workspaces
+    # the user's row is read only by an endpoint that needs it, once
+    me = _statements(client, "/me", alice.headers)
+    assert "FROM auth_tokens JOIN users" in me[0], me
+    assert len(me) == 2 and me[1].startswith("SELECT users.id"), me
+
+
+BACKGROUND_THREADS = ("nebula-anchorer", "nebula-reaper")
 
 
 @pytest.fixture
 def connections_during_argon2(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[list[int]]:
-    """How many database connections the app held each time argon2 ran."""
+    """How many database connections requests held each time argon2 ran.
+
+    The app's background threads (the anchorer reads the audit table every second) are
+    left out: what matters is that no request holds a connection while it hashes.
+    """
     engine: Engine = client.app.state.engine  # type: ignore[attr-defined]
+    by_requests: set[int] = set()
+
+    def checkout(_dbapi: Any, record: Any, _proxy: Any) -> None:
+        if threading.current_thread().name not in BACKGROUND_THREADS:
+            by_requests.add(id(record))
+
+    def checkin(_dbapi: Any, record: Any) -> None:
+        by_requests.discard(id(record))
+
     held: list[int] = []
     real_run = passwords.PasswordGate.run
 
     def run(self: passwords.PasswordGate, work: Callable[[], T]) -> T:
-        held.append(engine.pool.checkedout())  # type: ignore[attr-defined]
+        held.append(len(by_requests))
         return real_run(self, work)
 
     monkeypatch.setattr(passwords.PasswordGate, "run", run)
-    yield held
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "checkin", checkin)
+    try:
+        yield held
+    finally:
+        event.remove(engine, "checkout", checkout)
+        event.remove(engine, "checkin", checkin)
 
 
 def test_argon2_runs_while_no_connection_is_held(
@@ -126,7 +165,7 @@ def test_argon2_runs_while_no_connection_is_held(
     assert answer.status_code == 204
     # create (hash), login (verify) twice, unknown (burn), change (verify + hash)
     assert len(connections_during_argon2) == 7
-    assert set(connections_during_argon2) == {0}
+    assert set(connections_during_argon2) == {0}, connections_during_argon2
 
 
 def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings) -> None:
@@ -142,6 +181,7 @@ def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings)
     with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
         with app.state.sessionmaker() as db:
             before = db.scalar(select(func.count()).select_from(AuditEvent))
+            attempts = db.scalar(select(func.count()).select_from(LoginFailure))
         busy = pool.submit(gate.run, occupy)
         started.wait()
         try:
@@ -154,6 +194,8 @@ def test_a_full_password_gate_answers_429_and_writes_nothing(settings: Settings)
         assert answer.status_code == 429
         with app.state.sessionmaker() as db:
             assert db.scalar(select(func.count()).select_from(AuditEvent)) == before
+            # no password was checked: the attempt does not count against the lockout
+            assert db.scalar(select(func.count()).select_from(LoginFailure)) == attempts
     app.state.engine.dispose()
 
 
@@ -176,3 +218,56 @@ def test_password_gate_refuses_beyond_its_slots_and_admits_again_after() -> None
             release.set()
         assert running.result() == "first"
     assert gate.run(lambda: "third") == "third"
+
+
+def _identity_only_paths(client: TestClient, headers: dict[str, str]) -> list[str]:
+    """Reads whose endpoints decide on the caller's identity alone (no user row loaded)."""
+    ws = client.get("/api/v1/workspaces", headers=headers).json()["items"][0]["id"]
+    return [
+        "/workspaces",
+        f"/workspaces/{ws}",
+        f"/workspaces/{ws}/datasets",
+        f"/workspaces/{ws}/jobs",
+    ]
+
+
+def test_reads_that_load_no_user_row_still_refuse_ended_credentials_at_once(
+    client: TestClient, platform: Platform
+) -> None:
+    admin, alice, bob = platform.user(Role.admin), platform.user(), platform.user()
+    paths = _identity_only_paths(client, alice.headers)
+    api = client.post("/api/v1/me/tokens", json={"name": "x"}, headers=bob.headers).json()
+    api_headers = {"Authorization": f"Bearer {api['token']}"}
+    bob_paths = _identity_only_paths(client, api_headers)
+    for path in paths:
+        assert client.get(f"/api/v1{path}", headers=alice.headers).status_code == 200, path
+    # suspension: every credential of the user is refused by the next request
+    assert (
+        client.post(f"/api/v1/users/{alice.id}/suspend", headers=admin.headers).status_code == 200
+    )
+    for path in paths:
+        assert client.get(f"/api/v1{path}", headers=alice.headers).status_code == 401, path
+    # a revoked API token, then a logged-out session
+    assert client.delete(f"/api/v1/me/tokens/{api['id']}", headers=bob.headers).status_code == 204
+    assert client.post("/api/v1/auth/logout", headers=bob.headers).status_code == 204
+    for path in bob_paths:
+        assert client.get(f"/api/v1{path}", headers=api_headers).status_code == 401, path
+        assert client.get(f"/api/v1{path}", headers=bob.headers).status_code == 401, path
+
+
+def test_a_user_suspended_after_authentication_is_refused_when_the_row_loads(
+    client: TestClient, platform: Platform
+) -> None:
+    alice = platform.user()
+    with platform.factory() as db:
+        identity = accounts.resolve_token(db, secret=alice.token)
+        assert identity is not None and identity.id == alice.id
+        caller = Caller(identity=identity, via_cookie=False, ip=None, db=db)
+        db.commit()
+        with platform.factory() as other:
+            other.execute(
+                update(User).where(User.id == alice.id).values(status=UserStatus.suspended)
+            )
+            other.commit()
+        with pytest.raises(NotAuthenticated):
+            _ = caller.user

@@ -118,6 +118,17 @@ def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Pl
         status, answer = _submit(client, alice, body)
         assert status == expected, (body, answer)
         assert isinstance(answer["detail"], str | list)
+    # error feedback on ABNet's per-sample streams: refused, saying why
+    for stream in ("forward_codec", "backward_codec"):
+        body = {
+            "kind": "abnet_finetune",
+            "config": {stream: "ef(int8)"},
+            "inputs": {"parallel": text, "source_model": text, "target_model": text},
+            "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+        }
+        status, answer = _submit(client, alice, body)
+        assert status == 422, answer
+        assert "per-sample stream" in str(answer["detail"]) and stream in str(answer["detail"])
     with platform.factory() as db:
         assert db.scalars(select(Job)).all() == []
 

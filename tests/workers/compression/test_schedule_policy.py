@@ -1,4 +1,4 @@
-"""The compression schedule and the adaptive codec policy."""
+"""The adaptive codec policy and the per-stream error-feedback rule."""
 
 from __future__ import annotations
 
@@ -9,28 +9,14 @@ from workers.compression import (
     AdaptivePolicy,
     CodecError,
     CodecProfile,
-    Schedule,
     SpecError,
+    check_stream_spec,
     choose_codec,
     parse_spec,
     profile_codec,
     relative_error,
     transfer_seconds,
 )
-
-
-def test_schedule_switches_on_at_the_chosen_step() -> None:
-    schedule = Schedule(compress_from_step=3, spec="fp16(lowrank(0.2,method=power))")
-    assert [schedule.spec_at(s) for s in range(5)] == ["none"] * 3 + [schedule.spec] * 2
-    assert schedule.codec_at(3) is schedule.codec_at(4)
-    assert schedule.codec_at(0).spec == "none"
-
-
-def test_schedule_rejects_bad_specs_up_front() -> None:
-    with pytest.raises(SpecError):
-        Schedule(compress_from_step=1, spec="fp17")
-    with pytest.raises(ValueError):
-        Schedule(compress_from_step=-1)
 
 
 def profile(spec: str, seconds: float, nbytes: int, error: float) -> CodecProfile:
@@ -81,10 +67,28 @@ def test_profile_measures_bytes_and_error() -> None:
 def test_adaptive_policy_keeps_one_codec_per_stream() -> None:
     policy = AdaptivePolicy(candidates=["none", "fp16", "int8"], max_rel_error=1e-3)
     x = torch.randn(64, 48)
-    codec = policy.codec("act", x, bandwidth_bps=1e6)
-    assert codec.spec == "fp16"
-    assert policy.codec("act", x, bandwidth_bps=1e6) is codec
+    codec, choice = policy.codec("act", x, bandwidth_bps=1e6)
+    assert codec.spec == choice.spec == "fp16"
+    assert 0 < choice.rel_error <= 1e-3
+    assert choice.wire_nbytes == codec.wire_nbytes(x.shape)
+    assert policy.codec("act", x, bandwidth_bps=1e6)[0] is codec
     assert policy.choose("act", x, bandwidth_bps=1e15).spec in {"none", "fp16", "int8"}
     policy.forget("act")
     with pytest.raises(SpecError):
         AdaptivePolicy(candidates=["int9"])
+
+
+def test_an_unmeasured_link_is_taken_as_the_bottleneck() -> None:
+    # no bandwidth yet: the fewest bytes within the bound, whatever the codec costs
+    assert choose_codec(PROFILES, None, max_rel_error=0.01).spec == "int8"
+    assert choose_codec(PROFILES, None, max_rel_error=0.1).spec.startswith("fp16(lowrank")
+    assert choose_codec(PROFILES, None, max_rel_error=0.01).total_s == pytest.approx(0.015)
+
+
+def test_error_feedback_is_refused_on_per_sample_streams_only() -> None:
+    with pytest.raises(SpecError, match="per-sample"):
+        check_stream_spec("ef(int8)", "forward_codec", "per-sample")
+    assert check_stream_spec("ef(int8)", "weight deltas", "parameter").spec == "ef(int8)"
+    assert check_stream_spec("int8", "forward_codec", "per-sample").spec == "int8"
+    with pytest.raises(SpecError, match="unknown codec"):
+        check_stream_spec("int9", "forward_codec", "parameter")

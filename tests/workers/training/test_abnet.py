@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +12,25 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from workers.switch.link import Link
+from workers.compression import parse_spec
+from workers.switch.link import Link, LinkEstimate
 from workers.training.abnet import (
     ACT,
+    AUTO_CANDIDATES,
     GRAD,
     HELLO,
     META,
     SYNC,
     AbnetConfig,
+    EvalScore,
+    StepSync,
     abnet_preset,
     bleu,
     run_abnet_decoder,
     run_abnet_encoder,
     train_abnet_local,
 )
+from workers.training.abnet.wire import unpack_coded, unpack_sync
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
 from workers.training.runtime import CodecBook, Hooks, RoleResult, unpack_message
 
@@ -126,6 +132,74 @@ def test_split_run_equals_single_process_reference(
             torch.testing.assert_close(saved[name], p.detach(), rtol=0, atol=1e-6, msg=name)
 
 
+def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from_step(
+    link_pairs: LinkPairs, run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    # power iteration warm-starts from the previous tensor of its stream: equal figures
+    # need the same codec instance, chunks and order on both ends of the pipeline
+    power = "fp16(lowrank(0.3,method=power))"
+    cfg = small(steps=6, micro_batches=4, activation_chunks=2, compress_from_step=3)
+    cfg = small(**{**asdict(cfg), "forward_codec": power, "backward_codec": "int8"})
+    s, t = split_run(run_roles, cfg, link_pairs("encoder", "decoder"), plm, pairs, tmp_path)
+    ref = train_abnet_local(
+        cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED
+    )
+    for step, (r, h) in enumerate(zip(ref.history, t.history, strict=True), 1):
+        for key in ("loss", "token_loss", "length_loss", "token_accuracy"):
+            assert abs(r[key] - h[key]) <= 1e-5, (step, key)
+    # float32 before step 3, low rank from then on: the forward bytes drop at step 3
+    sent = [h["bytes_to_decoder"] for h in s.history]
+    assert sent[0] == sent[1] and sent[2] < 0.5 * sent[1]
+    assert [h["loss"] for h in s.history] == [h["loss"] for h in t.history]
+
+
+class _Measured:
+    """A link whose switches report `estimate` (LocalLink measures nothing)."""
+
+    def __init__(self, inner: Link, estimate: LinkEstimate) -> None:
+        self.inner, self.estimate = inner, estimate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def link_estimate(self) -> LinkEstimate:
+        return self.estimate
+
+
+def test_auto_codecs_choose_within_the_error_bound_and_report_the_choice(
+    run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    from workers.switch.link import LocalLink
+
+    cfg = small(steps=3, forward_codec="auto", backward_codec="auto", auto_max_error=0.05)
+    # no measurement yet: the fewest bytes within the bound, as the reference picks
+    s, t = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, tmp_path / "unmeasured")
+    ref = train_abnet_local(
+        cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED
+    )
+    assert [h["loss"] for h in t.history] == pytest.approx(
+        [h["loss"] for h in ref.history], abs=1e-5
+    )
+    for side, stream in ((s, "forward"), (t, "backward")):
+        last = side.history[-1]
+        chosen = AUTO_CANDIDATES[int(last[f"auto.{stream}.choice"])]
+        assert chosen != "none"  # float32 is the most bytes of all
+        assert 0 < last[f"auto.{stream}.rel_error"] <= 0.05
+        assert last[f"auto.{stream}.measured"] == 0.0
+    # a slow measured link: transfer dominates, so the same fewest-bytes choice, now measured
+    slow = LinkEstimate(bandwidth_bytes_per_s=1000.0, rtt_s=0.04, samples=5)
+    a, b = LocalLink.pair()
+    s2, _ = split_run(
+        run_roles, cfg, (_Measured(a, slow), _Measured(b, slow)), plm, pairs, tmp_path / "slow"
+    )
+    last = s2.history[-1]
+    assert last["auto.forward.measured"] == 1.0
+    assert last["auto.forward.bandwidth_mbit"] == pytest.approx(0.008)
+    assert last["auto.forward.choice"] == s.history[-1]["auto.forward.choice"]
+    with pytest.raises(ValueError, match="per-sample"):
+        small(backward_codec="ef(int8)")
+
+
 def test_only_adapters_change(plm: bytes, pairs: Pairs) -> None:
     from workers.training.electra import load_pretrained
 
@@ -172,13 +246,13 @@ def test_neither_cluster_receives_the_other_sides_tokens(
     assert {ch for ch, _ in s_link.received} == {HELLO, GRAD, SYNC}
     for ch, payload in s_link.received:
         if ch == GRAD:
-            assert isinstance(payload, bytes)
-            from workers.compression import parse_spec
-
-            g = parse_spec("int8").decode(payload)
+            coded = unpack_coded(payload)
+            assert coded.spec == "int8"
+            g = parse_spec("int8").decode(coded.blob)
             assert g.dtype == torch.float32 and g.shape[0] == cfg.batch_size
         elif ch == SYNC:
-            assert isinstance(payload, torch.Tensor) and payload.numel() == 4
+            assert isinstance(payload, bytes)
+            assert isinstance(unpack_sync(payload), StepSync | EvalScore)
         else:
             assert isinstance(payload, bytes)
             header, arrays = unpack_message(payload)

@@ -1,0 +1,111 @@
+"""ABNet's job config: sizes, schedule, codecs per stream; the `tiny` and `paper` presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from contract.kinds import AUTO_CODEC
+from contract.presets import ABNET_PRESETS, preset_values
+from workers.compression import PER_SAMPLE, SpecError, check_stream_spec, parse_spec
+
+AUTO = AUTO_CODEC
+# what `auto` chooses among (normalized specs; the index is the `auto.<stream>.choice` metric)
+AUTO_CANDIDATES: tuple[str, ...] = tuple(
+    parse_spec(spec).spec
+    for spec in (
+        "none",
+        "fp16",
+        "bf16",
+        "int8",
+        "fp16(lowrank(0.6,method=power))",
+        "fp16(lowrank(0.2,method=power))",
+    )
+)
+
+
+@dataclass
+class AbnetConfig:
+    """One ABNet job. Defaults: `tiny`."""
+
+    adapter_dim: int = 256  # bottleneck; wider than the tiny PLM: adapters carry the new task
+    cross_heads: int = 4
+    src_len: int = 24  # at most the PLM's positions; demo sentences have at most 17 tokens
+    tgt_len: int = 24
+    batch_size: int = 16  # sentence pairs per micro-batch
+    micro_batches: int = 4  # per optimizer step, in a 1F1B pipeline (4-8 keep the link busy)
+    activation_chunks: int = 2  # pieces of a micro-batch's activations, decoded as they land
+    steps: int = 250
+    lr: float = 2e-3  # adapters start as identities; a high rate is safe on the demo
+    warmup_steps: int = 40
+    weight_decay: float = 0.01
+    dropout: float = 0.1  # in the adapters; the frozen PLMs run in eval mode
+    length_loss_weight: float = 0.1  # Mask-Predict's
+    decode_iterations: int = 4  # mask-predict refinement rounds
+    length_candidates: int = 3  # Mask-Predict's length beam
+    forward_codec: str = "fp16"  # activations S -> T (Nebula-I); `auto`: chosen per link
+    backward_codec: str = "int8"  # activation gradients T -> S (Nebula-I); `auto` too
+    auto_max_error: float = 0.03  # `auto`: the largest relative error a candidate may make
+    compress_from_step: int = 0  # steps before this one send float32 (`none`)
+    ckpt_every: int = 100
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # BLEU on the eval lines every N steps (0: only after the last step)
+    eval_batch_size: int = 100
+    recv_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if min(self.batch_size, self.micro_batches, self.steps, self.ckpt_every) < 1:
+            raise ValueError("batch_size, micro_batches, steps and ckpt_every must be at least 1")
+        if not 1 <= self.activation_chunks <= self.batch_size:
+            raise ValueError("activation_chunks must be between 1 and batch_size")
+        if min(self.src_len, self.tgt_len) < 3 or self.adapter_dim < 1:
+            raise ValueError("src_len and tgt_len must be at least 3, adapter_dim at least 1")
+        if self.decode_iterations < 1 or self.length_candidates < 1:
+            raise ValueError("decode_iterations and length_candidates must be at least 1")
+        if not 0.0 < self.auto_max_error < 1.0:
+            raise ValueError("auto_max_error must be in (0, 1)")
+        for name in ("forward_codec", "backward_codec"):
+            check_codec_field(name, getattr(self, name))
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> AbnetConfig:
+        """Reaches a clear BLEU on the demo corpus in a few CPU minutes (the defaults)."""
+        return abnet_preset("tiny", **overrides)
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> AbnetConfig:
+        """Sizes for the `paper` ELECTRA models on GPUs."""
+        return abnet_preset("paper", **overrides)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> AbnetConfig:
+        """The config a dict (e.g. a job's JSON) describes; unknown keys are an error."""
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ABNet config keys: {sorted(unknown)}")
+        return cls(**values)
+
+    def codecs(self, step: int) -> tuple[str, str]:
+        """Forward and backward codec specs in force at `step` (`auto` left to the stream)."""
+        if step < self.compress_from_step:
+            return "none", "none"
+        return self.forward_codec, self.backward_codec
+
+
+def check_codec_field(name: str, spec: str) -> None:
+    """ValueError unless `spec` is `auto` or a codec fit for a per-sample stream.
+
+    Both ABNet streams are per sample (activations S -> T, their gradients T -> S), so
+    error feedback is refused on either (workers.compression.check_stream_spec says why).
+    """
+    if spec == AUTO:
+        return
+    try:
+        check_stream_spec(spec, name, PER_SAMPLE)
+    except SpecError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def abnet_preset(name: str, **overrides: Any) -> AbnetConfig:
+    """The `tiny` or `paper` config (contract.presets), with overrides."""
+    return AbnetConfig(**preset_values(ABNET_PRESETS, name, **overrides))

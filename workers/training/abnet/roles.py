@@ -1,0 +1,492 @@
+"""ABNet's two roles over a `Link`: the encoder on cluster S, the decoder on cluster T.
+
+S reads only source lines, T only target lines; the i-th lines of both are a pair,
+and S tells T which indices a micro-batch holds. Each step is a 1F1B pipeline of
+`micro_batches` micro-batches: S runs forwards while gradients are out and runs each
+backward as soon as its gradient lands; T trains on each micro-batch as it arrives.
+Encoding happens on the sending thread and decoding on the receiving thread of each
+side (workers/training/abnet/pipeline.py), so compute never waits on a codec, and
+activations cross in chunks so T decodes one while the next is on the wire.
+
+There is no barrier between steps: S starts step k+1 as soon as its own optimizer
+step k is done and reads T's `StepSync` of step k one step later. A stop T asks for
+therefore takes effect after S's current step; T serves whatever S sends until S's
+`stop`. Gradients are accumulated in micro-batch order, as `train_abnet_local` does
+in one process, so a split run equals it codec for codec.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.switch.link import Link
+from workers.training.abnet.artifact import save_adapters
+from workers.training.abnet.config import AbnetConfig
+from workers.training.abnet.pipeline import Source, Stage
+from workers.training.abnet.sides import (
+    DecoderSide,
+    DecoderStats,
+    EncoderSide,
+    bleu,
+    check_lines,
+    step_metrics,
+)
+from workers.training.abnet.wire import (
+    ACT,
+    BACKWARD,
+    FORWARD,
+    GRAD,
+    HELLO,
+    META,
+    SYNC,
+    Batch,
+    ByteCount,
+    Control,
+    EvalScore,
+    Kind,
+    StepSync,
+    StreamDecoder,
+    StreamEncoder,
+    auto_metrics,
+    chunks,
+    pack_coded,
+    pack_meta,
+    pack_sync,
+    unpack_coded,
+    unpack_meta,
+    unpack_sync,
+)
+from workers.training.data import encode_lines
+from workers.training.electra import load_pretrained
+from workers.training.runtime import (
+    CheckpointStore,
+    Hooks,
+    RoleResult,
+    expect_bytes,
+    hello,
+    restore_training_state,
+    resume_step,
+    training_state,
+)
+
+
+def _check_peer(peer: dict[str, Any], mine: dict[str, Any], role: str) -> None:
+    if peer.get("role") != role:
+        raise ValueError(f"expected the {role} role at the other end, got {peer.get('role')!r}")
+    if peer["config"] != mine["config"] or peer["seed"] != mine["seed"]:
+        raise ValueError("the two ABNet roles were given different configs or seeds")
+    if (peer["n_train"], peer["n_eval"]) != (mine["n_train"], mine["n_eval"]):
+        raise ValueError(
+            "source and target sides differ in length: "
+            f"{mine['n_train']}/{mine['n_eval']} vs {peer['n_train']}/{peer['n_eval']} lines"
+        )
+
+
+def _checkpoint(
+    hooks: Hooks, store: CheckpointStore, side: EncoderSide | DecoderSide, k: int, cfg: AbnetConfig
+) -> None:
+    if k % cfg.ckpt_every == 0 or k == cfg.steps:
+        tensors, meta = training_state(side.model, side.opt, side.generators(), True)
+        hooks.checkpointed(k, store.save(k, tensors, {**meta, "step": k}))
+
+
+# ---------------------------------------------------------------- the encoder role (cluster S)
+
+
+class _Encoder:
+    """S's loop: 1F1B over the micro-batches, a sending and a gradient-receiving thread."""
+
+    def __init__(
+        self,
+        cfg: AbnetConfig,
+        link: Link,
+        side: EncoderSide,
+        hooks: Hooks,
+        store: CheckpointStore,
+        eval_ids: torch.Tensor | None,
+        start: int,
+    ) -> None:
+        self.cfg, self.link, self.side, self.hooks, self.store = cfg, link, side, hooks, store
+        self.eval_ids = eval_ids
+        self.max_index = max(len(side.data), len(eval_ids) if eval_ids is not None else 0)
+        self.encoders = {
+            Kind.TRAIN: StreamEncoder(cfg, "forward", FORWARD, link.link_estimate),
+            Kind.EVAL: StreamEncoder(cfg, "eval", FORWARD, link.link_estimate),
+        }
+        self.grad_decoder = StreamDecoder(cfg, "backward", BACKWARD)
+        self.sent = ByteCount()
+        self.choices: dict[int, dict[str, float]] = {}
+        self.sender: Stage[tuple[Batch, torch.Tensor] | Control, None] = Stage(
+            "abnet-encoder-send", self._send
+        )
+        self.grads: Stage[tuple[int, tuple[int, ...]], torch.Tensor] = Stage(
+            "abnet-encoder-recv", self._receive_grad
+        )
+        self.result = RoleResult(start_step=start, last_step=start, stopped=False)
+        self.synced = start  # T's StepSyncs read through this step
+        self.stop_asked = False  # a StepSync asked S to stop
+        self.step_seconds: dict[int, float] = {}
+
+    # -- the helper threads
+
+    def _send(self, item: tuple[Batch, torch.Tensor] | Control) -> None:
+        if isinstance(item, Control):
+            self.link.send(META, pack_meta(item, self.max_index, self.cfg.src_len))
+            return
+        batch, h = item
+        meta = pack_meta(batch, self.max_index, self.cfg.src_len)
+        self.link.send(META, meta)
+        n = len(meta)
+        encoder = self.encoders[batch.kind]
+        for piece in chunks(h, batch.chunks):
+            payload = pack_coded(encoder.encode(batch.step, piece))
+            self.link.send(ACT, payload)
+            n += len(payload)
+        self.sent.add(batch.kind, batch.step, n)
+        if batch.kind == Kind.TRAIN:
+            self.choices[batch.step] = auto_metrics("forward", encoder)
+
+    def _receive_grad(self, expected: tuple[int, tuple[int, ...]]) -> torch.Tensor:
+        step, shape = expected
+        coded = unpack_coded(self.link.recv(GRAD, timeout=self.cfg.recv_timeout_s))
+        if coded.step != step:
+            raise RuntimeError(f"expected a gradient of step {step}, got one of {coded.step}")
+        # the gradient of exactly what was sent: another shape is refused before it is built
+        return self.grad_decoder.decode(coded, shape, math.prod(shape))
+
+    # -- the compute thread
+
+    def _forward(self, k: int, micro: int, pending: deque[torch.Tensor]) -> None:
+        index = self.side.indices(k, micro)
+        h, src_len = self.side.forward(self.side.data[index])  # (B, S, C)
+        n_chunks = min(self.cfg.activation_chunks, len(index))
+        self.sender.put((Batch(Kind.TRAIN, k, micro, index, src_len, n_chunks), h.detach()))
+        self.grads.put((k, tuple(h.shape)))
+        pending.append(h)
+
+    def train_step(self, k: int) -> None:
+        """Forwards while gradients are out, each backward as soon as its gradient lands."""
+        pending: deque[torch.Tensor] = deque()
+        micro = 0
+        while micro < self.cfg.micro_batches or pending:
+            grad = self.grads.poll() if pending else None
+            if grad is None and micro < self.cfg.micro_batches:
+                self._forward(k, micro, pending)
+                micro += 1
+                continue
+            if grad is None:
+                grad = self.grads.get(timeout=self.cfg.recv_timeout_s)
+            h = pending.popleft()
+            h.backward(grad.to(h.device))
+        self.side.step(k)
+
+    def read_syncs(self, through: int) -> None:
+        """Read T's StepSyncs up to step `through`; each one's metrics go out as it is read."""
+        while self.synced < through:
+            sync = unpack_sync(expect_bytes(self.link.recv(SYNC, timeout=self.cfg.recv_timeout_s)))
+            if not isinstance(sync, StepSync) or sync.step != self.synced + 1:
+                raise RuntimeError(f"expected the sync of step {self.synced + 1}, got {sync}")
+            self.synced = sync.step
+            self.stop_asked |= sync.stop
+            metrics = {
+                "loss": sync.loss,
+                "token_accuracy": sync.token_accuracy,
+                "seconds": self.step_seconds.pop(sync.step),
+                "bytes_to_decoder": float(self.sent.take(Kind.TRAIN, sync.step)),
+                "bytes_to_decoder_total": float(self.sent.total),
+                **self.choices.pop(sync.step, {}),
+            }
+            self.result.history.append(metrics)
+            self.hooks.metrics(sync.step, metrics)
+
+    def evaluate(self, k: int) -> None:
+        """Send the eval sources' encodings; T decodes them and answers with its BLEU."""
+        assert self.eval_ids is not None
+        n_eval = len(self.eval_ids)
+        self.side.model.eval()
+        with torch.no_grad():
+            for lo in range(0, n_eval, self.cfg.eval_batch_size):
+                index = torch.arange(lo, min(lo + self.cfg.eval_batch_size, n_eval))
+                h, src_len = self.side.forward(self.eval_ids[index])
+                n_chunks = min(self.cfg.activation_chunks, len(index))
+                self.sender.put((Batch(Kind.EVAL, k, 0, index, src_len, n_chunks), h))
+        self.side.model.train()
+        self.sender.put(Control(Kind.EVAL_END, k))
+        score = unpack_sync(expect_bytes(self.link.recv(SYNC, timeout=self.cfg.recv_timeout_s)))
+        if not isinstance(score, EvalScore) or score.step != k:
+            raise RuntimeError(f"expected the BLEU of step {k}, got {score}")
+        self.result.extra["bleu"] = score.bleu
+        self.result.history[-1]["bleu"] = score.bleu
+        self.hooks.metrics(k, {"bleu": score.bleu})
+
+    def run(self) -> RoleResult:
+        """Steps until the last, a stop asked for here, or one T asked for."""
+        cfg, result = self.cfg, self.result
+        mark = time.perf_counter()
+        for k in range(result.start_step + 1, cfg.steps + 1):
+            if self.hooks.stop_requested():
+                break
+            self.train_step(k)
+            result.last_step = k
+            _checkpoint(self.hooks, self.store, self.side, k, cfg)
+            now = time.perf_counter()
+            self.step_seconds[k], mark = now - mark, now
+            self.read_syncs(through=k - 1)  # the lag of one step: T's figures of step k - 1
+            if self.stop_asked and k < cfg.steps:
+                break
+            due = k == cfg.steps or (cfg.eval_every and k % cfg.eval_every == 0)
+            if self.eval_ids is not None and due:
+                self.read_syncs(through=k)
+                self.evaluate(k)
+        self.sender.put(Control(Kind.STOP, result.last_step))
+        self.read_syncs(through=result.last_step)
+        self.sender.close()
+        self.grads.close()
+        result.stopped = result.last_step < cfg.steps
+        return result
+
+
+def run_abnet_encoder(
+    cfg: AbnetConfig,
+    link: Link,
+    source_lines: Sequence[str],
+    source_plm: bytes,
+    ckpt_dir: Path,
+    hooks: Hooks | None = None,
+    *,
+    eval_source_lines: Sequence[str] | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+) -> RoleResult:
+    """Scenario-II, cluster S: train the encoder adapters; only activations leave this cluster.
+
+    `source_lines` are the source sides of the training pairs, in pair order;
+    `eval_source_lines` those of the evaluation pairs (T computes the BLEU and
+    reports it back). The result's `artifact` is `ckpt_dir / "adapters.safetensors"`.
+    """
+    hooks = hooks or Hooks()
+    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
+    plm = load_pretrained(source_plm, device)
+    side = EncoderSide(cfg, plm, check_lines(source_lines, "source"), seed, device)
+    eval_ids = None
+    if eval_source_lines is not None:
+        eval_lines = check_lines(eval_source_lines, "source")
+        eval_ids = encode_lines(plm.tokenizer, eval_lines, cfg.src_len)
+    mine = {
+        "role": "abnet-encoder",
+        "config": asdict(cfg),
+        "seed": seed,
+        "n_train": len(side.data),
+        "n_eval": len(eval_ids) if eval_ids is not None else 0,
+        "d_model": side.d_model,
+        "checkpoints": store.steps(),
+    }
+    peer = hello(link, HELLO, mine, cfg.recv_timeout_s)
+    _check_peer(peer, mine, "abnet-decoder")
+    start = resume_step(store.steps(), peer["checkpoints"])
+    if start:
+        tensors, meta = store.load(start)
+        restore_training_state(tensors, meta, side.model, side.opt, side.generators())
+    result = _Encoder(cfg, link, side, hooks, store, eval_ids, start).run()
+    if not result.stopped:
+        result.artifact = save_adapters(side.model, store, "abnet-encoder", cfg)
+    return result
+
+
+# ---------------------------------------------------------------- the decoder role (cluster T)
+
+
+class _Decoder:
+    """T's loop: micro-batches as they are decoded, gradients out through the sending thread."""
+
+    def __init__(
+        self,
+        cfg: AbnetConfig,
+        link: Link,
+        side: DecoderSide,
+        hooks: Hooks,
+        store: CheckpointStore,
+        refs: list[str],
+        d_model: int,
+        start: int,
+    ) -> None:
+        self.cfg, self.link, self.side, self.hooks, self.store = cfg, link, side, hooks, store
+        self.refs, self.d_model = refs, d_model
+        self.limits = {Kind.TRAIN: len(side.data), Kind.EVAL: len(refs)}
+        self.decoders = {
+            Kind.TRAIN: StreamDecoder(cfg, "forward", FORWARD),
+            Kind.EVAL: StreamDecoder(cfg, "eval", FORWARD),
+        }
+        self.grad_encoder = StreamEncoder(cfg, "backward", BACKWARD, link.link_estimate)
+        self.sent = ByteCount()
+        self.choices: dict[int, dict[str, float]] = {}
+        self.done = False
+        self.inbox: Source[tuple[Batch, torch.Tensor] | Control] = Source(
+            "abnet-decoder-recv", self._receive
+        )
+        self.sender: Stage[tuple[int, torch.Tensor] | StepSync | EvalScore, None] = Stage(
+            "abnet-decoder-send", self._send
+        )
+        self.result = RoleResult(start_step=start, last_step=start, stopped=False)
+        self.stats: list[DecoderStats] = []
+        self.t0 = 0.0
+        self.stop_sent = False
+        self.unreported: tuple[int, dict[str, float]] | None = None
+
+    # -- the helper threads
+
+    def _receive(self) -> tuple[Batch, torch.Tensor] | Control | None:
+        """The next META, and the batch's activations decoded chunk by chunk as they land."""
+        if self.done:
+            return None
+        timeout = self.cfg.recv_timeout_s
+        meta = expect_bytes(self.link.recv(META, timeout=timeout))
+        item = unpack_meta(meta, self.cfg.activation_chunks)
+        if isinstance(item, Control):
+            self.done = item.kind == Kind.STOP
+            return item
+        if len(item.index) > max(self.cfg.batch_size, self.cfg.eval_batch_size) or (
+            len(item.index) and int(item.index.max()) >= self.limits[item.kind]
+        ):
+            raise ValueError(f"batch of step {item.step} names pairs this side does not hold")
+        if len(item.src_len) and int(item.src_len.max()) > self.cfg.src_len:
+            raise ValueError(f"source lengths of step {item.step} exceed {self.cfg.src_len}")
+        decoder = self.decoders[item.kind]
+        pieces = []
+        for rows in chunks(item.index, item.chunks):
+            coded = unpack_coded(self.link.recv(ACT, timeout=timeout))
+            if coded.step != item.step:
+                raise RuntimeError(f"activations of step {coded.step} inside step {item.step}")
+            shape = (len(rows), None, self.d_model)
+            pieces.append(decoder.decode(coded, shape, len(rows) * self.cfg.src_len * self.d_model))
+        return item, torch.cat(pieces)
+
+    def _send(self, item: tuple[int, torch.Tensor] | StepSync | EvalScore) -> None:
+        if isinstance(item, StepSync | EvalScore):
+            self.link.send(SYNC, pack_sync(item))
+            return
+        step, grad = item
+        payload = pack_coded(self.grad_encoder.encode(step, grad))
+        self.link.send(GRAD, payload)
+        self.sent.add(Kind.TRAIN, step, len(payload))
+        self.choices[step] = auto_metrics("backward", self.grad_encoder)
+
+    # -- the compute thread
+
+    def train_micro(self, batch: Batch, memory: torch.Tensor) -> None:
+        """One micro-batch: its gradient goes out at once; the last one ends the step."""
+        cfg, result = self.cfg, self.result
+        if batch.micro == 0:
+            if batch.step != result.last_step + 1:
+                raise RuntimeError(f"expected step {result.last_step + 1}, got {batch.step}")
+            self.stats, self.t0 = [], time.perf_counter()
+        elif (batch.step, batch.micro) != (result.last_step + 1, len(self.stats)):
+            raise RuntimeError(f"out-of-order micro-batch {batch.micro} of step {batch.step}")
+        grad, st = self.side.train_micro(batch.index, memory, batch.src_len)
+        self.sender.put((batch.step, grad))  # S backpropagates it while this side goes on
+        self.stats.append(st)
+        if len(self.stats) < cfg.micro_batches:
+            return
+        k = batch.step
+        self.side.step(k)
+        self.stop_sent = self.stop_sent or self.hooks.stop_requested()
+        m = step_metrics(self.stats)
+        self.sender.put(StepSync(k, m["loss"], m["token_accuracy"], self.stop_sent))
+        result.last_step = k
+        _checkpoint(self.hooks, self.store, self.side, k, cfg)
+        tokens = sum(s.tokens for s in self.stats)
+        m["tokens_per_s"] = tokens / max(time.perf_counter() - self.t0, 1e-9)
+        self.unreported = (k, m)
+
+    def report(self) -> None:
+        """Metrics of the last step, once S has all its gradients (so its bytes are counted)."""
+        if self.unreported is None:
+            return
+        k, m = self.unreported
+        self.unreported = None
+        m["bytes_to_encoder"] = float(self.sent.take(Kind.TRAIN, k))
+        m["bytes_to_encoder_total"] = float(self.sent.total)
+        m.update(self.choices.pop(k, {}))
+        self.result.history.append(m)
+        self.hooks.metrics(k, m)
+
+    def run(self) -> RoleResult:
+        """Serve S until its `stop`."""
+        hyps: list[str] = []
+        while True:
+            item = self.inbox.get(timeout=None)  # the receiving thread times out on the link
+            self.report()  # anything S sends after a step comes after all its gradients
+            if isinstance(item, Control):
+                if item.kind == Kind.STOP:
+                    break
+                score = bleu(hyps, self.refs[: len(hyps)])
+                hyps = []
+                self.sender.put(EvalScore(item.step, score))
+                self.result.extra["bleu"] = score
+                if self.result.history:
+                    self.result.history[-1]["bleu"] = score
+                self.hooks.metrics(item.step, {"bleu": score})
+                continue
+            batch, memory = item
+            if batch.kind == Kind.EVAL:
+                hyps += self.side.translate(memory, batch.src_len)
+            else:
+                self.train_micro(batch, memory)
+        self.sender.close()
+        self.inbox.join()
+        self.result.stopped = self.result.last_step < self.cfg.steps
+        return self.result
+
+
+def run_abnet_decoder(
+    cfg: AbnetConfig,
+    link: Link,
+    target_lines: Sequence[str],
+    target_plm: bytes,
+    ckpt_dir: Path,
+    hooks: Hooks | None = None,
+    *,
+    eval_target_lines: Sequence[str] | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+) -> RoleResult:
+    """Scenario-II, cluster T: train the decoder adapters; only gradients leave this cluster.
+
+    `target_lines` are the target sides of the training pairs, in pair order;
+    `eval_target_lines` the references BLEU is measured against (metric `bleu`,
+    and `result.extra["bleu"]` after the last step). The result's `artifact`
+    is `ckpt_dir / "adapters.safetensors"`.
+    """
+    hooks = hooks or Hooks()
+    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
+    plm = load_pretrained(target_plm, device)
+    lines = check_lines(target_lines, "target")
+    refs = check_lines(eval_target_lines, "target") if eval_target_lines is not None else []
+    mine: dict[str, Any] = {
+        "role": "abnet-decoder",
+        "config": asdict(cfg),
+        "seed": seed,
+        "n_train": len(lines),
+        "n_eval": len(refs),
+        "checkpoints": store.steps(),
+    }
+    peer = hello(link, HELLO, mine, cfg.recv_timeout_s)
+    _check_peer(peer, mine, "abnet-encoder")
+    d_model = int(peer["d_model"])
+    side = DecoderSide(cfg, plm, lines, d_model, seed, device)
+    start = resume_step(store.steps(), peer["checkpoints"])
+    if start:
+        tensors, meta = store.load(start)
+        restore_training_state(tensors, meta, side.model, side.opt, side.generators())
+    result = _Decoder(cfg, link, side, hooks, store, refs, d_model, start).run()
+    if not result.stopped:
+        result.artifact = save_adapters(side.model, store, "abnet-decoder", cfg)
+    return result
