@@ -167,13 +167,12 @@ async def upload_dataset(
     settings: SettingsDep,
 ) -> DatasetOut:
     """Upload a file (multipart: file, name, kind, discoverable), streamed and encrypted to disk."""
+    # off the event loop, the user row's load included: it waits on the write lock, which
+    # another upload's thread may hold while it needs the loop to finish
     plan = await run_in_threadpool(
-        datasets.begin_upload,
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        workspace_id=workspace_id,
-        settings=settings,
+        lambda: datasets.begin_upload(
+            db, actor=caller.actor, user=caller.user, workspace_id=workspace_id, settings=settings
+        )
     )
     incoming = await run_in_threadpool(datasets.IncomingFile, plan)
     try:
