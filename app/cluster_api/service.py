@@ -28,7 +28,7 @@ from app.keyring import job_checkpoint_key
 from app.pki import service as pki
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
-from contract.jobtoken import JobTokenError, load_job_token_public_key, verify_job_token
+from contract.jobtoken import JobTokenError, verify_job_token
 from contract.kinds import REPLICA_OF, replica_rank, role_reads, role_spec
 
 OUTPUT_CHUNK_BYTES = 1024 * 1024
@@ -73,7 +73,8 @@ def authenticate(
 ) -> RoleCall:
     """Check both credentials and that the token was issued for this job, role and cluster."""
     cluster = worker_cluster(db, credential=credential)
-    key = load_job_token_public_key(pki.platform_keys(db, settings).job_public_pem)
+    # the key object decrypted once per process, not its PEM parsed again on every call
+    key = pki.platform_keys(db, settings).job_key.public_key()
     try:
         claims = verify_job_token(token, key)
     except JobTokenError as exc:
