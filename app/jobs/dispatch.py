@@ -46,12 +46,19 @@ def dispatch_job(db: Session, *, settings: Settings, job_id: str) -> int:
     job = db.get(Job, job_id)
     if job is None or job.status in FINAL_STATUSES or job.paused:
         return 0
+    # The request that wrote the job and the reaper may dispatch it at once: each takes
+    # the pending rows it marks, and skips those another dispatcher holds until it
+    # commits (then they are no longer pending), so that no role is sent twice. A role
+    # sent twice is claimed twice, and its second run, refused by the switch while the
+    # first holds its link, fails the attempt. (SQLite serializes writers already.)
     roles = db.scalars(
-        select(JobRole).where(
+        select(JobRole)
+        .where(
             JobRole.job_id == job_id,
             JobRole.attempt == job.attempt,
             JobRole.status == RoleStatus.pending,
         )
+        .with_for_update(skip_locked=True)
     ).all()
     sent = 0
     for row in roles:
