@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -194,6 +195,9 @@ class CuttingProxy:
 
     A cut shuts the sockets down without closing them, as a wedged peer or a middlebox
     would: the far end gets an end of stream, and bytes that were not read stay unread.
+    `down()` cuts and then refuses every new connection (reset as soon as it is
+    accepted) until `up()`: the link is gone for a while. A connection whose target does
+    not answer (a switch restarting behind the proxy) is refused the same way.
     """
 
     def __init__(self, target: tuple[str, int]) -> None:
@@ -204,7 +208,10 @@ class CuttingProxy:
         self._socks: list[socket.socket] = []
         self._gates: list[threading.Event] = []  # set: the connection's pumps forward
         self._all_gates: list[threading.Event] = []
+        self._down = False
         self.cuts = 0
+        self.accepted = 0  # connections forwarded
+        self.refused = 0  # connections reset while down or without a target
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -213,10 +220,19 @@ class CuttingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(self.target)
-            gate = threading.Event()
-            gate.set()
+            upstream = None
+            if not self._down:
+                with contextlib.suppress(OSError):
+                    upstream = socket.create_connection(self.target, timeout=5)
+                    upstream.settimeout(None)
             with self._lock:
+                if upstream is None or self._down:
+                    self.refused += 1
+                    _reset(client, upstream)
+                    continue
+                self.accepted += 1
+                gate = threading.Event()
+                gate.set()
                 self._socks += [client, upstream]
                 self._gates.append(gate)
                 self._all_gates.append(gate)
@@ -251,12 +267,33 @@ class CuttingProxy:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
+    def down(self) -> None:
+        """Drop every open connection and refuse new ones until `up()`."""
+        with self._lock:
+            self._down = True
+        self.cut()
+
+    def up(self) -> None:
+        """Forward new connections again."""
+        with self._lock:
+            self._down = False
+
     def close(self) -> None:
         self.listener.close()
         self.cut()
         with self._lock:
             for gate in self._all_gates:
                 gate.set()
+
+
+def _reset(*socks: socket.socket | None) -> None:
+    """Close with a reset (linger 0), as a refusing middlebox does."""
+    for s in socks:
+        if s is None:
+            continue
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
 
 
 class LogWaiter(logging.Handler):

@@ -1,5 +1,9 @@
 """A whole platform for orchestration tests: PostgreSQL, Redis, the API with its reaper,
-two switches enrolled through the CA, and one real Celery worker process per cluster."""
+two switches enrolled through the CA, and one real Celery worker process per cluster.
+
+The switches run as threads of the test process, or (for the fault tests) each as a
+`nebula switch` process of its own that a test can SIGKILL and start again, with the
+link between them through proxies that a test can cut."""
 
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
 from conftest import REDIS_URL, PostgresTemplates, service_unavailable
+from switch_support import CuttingProxy
 
 from app.accounts import service as accounts
 from app.accounts.models import Role
@@ -36,6 +41,7 @@ from workers.worker_state import credential_path
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTERS = ("cluster-a", "cluster-b")
+Address = tuple[str, int]
 
 
 @dataclass
@@ -57,6 +63,55 @@ class User:
 
 
 @dataclass
+class SwitchProcess:
+    """A cluster's switch as `nebula switch` in a process of its own, as `nebula up` runs
+    it: enrolled on its first start, from its own files (same ports, same certificate)
+    on every later one."""
+
+    cluster: str
+    argv: list[str]  # how it starts, every time
+    enroll: list[str]  # added to the first start only: its single-use enrollment token
+    env: dict[str, str]
+    folder: Path
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        """Start it and wait until it serves (it writes its state file once it listens)."""
+        state = self.folder / "switch.json"
+        state.unlink(missing_ok=True)
+        argv = self.argv + (self.enroll if self.starts == 0 else [])
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO
+            )
+        self.starts += 1
+        process = self.process
+        wait_until(
+            lambda: state.exists() or process.poll() is not None,
+            f"the switch of {self.cluster} to serve",
+            60,
+        )
+        assert process.poll() is None, f"the switch of {self.cluster} exited; see {self.log}"
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to anyone, everything it held in memory gone."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=20)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@dataclass
 class RunningPlatform:
     settings: Settings
     server: LiveServer
@@ -65,6 +120,11 @@ class RunningPlatform:
     worker_argv: dict[str, list[str]] = field(default_factory=dict)
     worker_env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = Path()
+    # with switches="processes": each cluster's switch process
+    switches: dict[str, SwitchProcess] = field(default_factory=dict)
+    # with peer_proxies: by cluster, the proxy in front of its switch's peer door, through
+    # which the other switch reaches it
+    peer_links: dict[str, CuttingProxy] = field(default_factory=dict)
 
     def user(self, name: str) -> User:
         email = f"{name}-{uuid.uuid4().hex[:6]}@example.org"
@@ -136,10 +196,17 @@ def running(
 
 @contextlib.contextmanager
 def platform_on(
-    url: str, broker_url: str, var: Path, **overrides: Any
+    url: str,
+    broker_url: str,
+    var: Path,
+    *,
+    switches: Literal["threads", "processes"] = "threads",
+    peer_proxies: bool = False,
+    **overrides: Any,
 ) -> Iterator[RunningPlatform]:
     """The control plane on database `url` (migrated) and the broker, two switches, two workers;
-    `overrides` are further settings of the control plane (a data folder of the test's own)."""
+    `switches` says how the switches run, `peer_proxies` puts a proxy on the link between
+    them; `overrides` are further settings of the control plane (a data folder of its own)."""
     settings = Settings(
         var_dir=var,
         database_url=url,
@@ -170,7 +237,20 @@ def platform_on(
             write_private_file(credential_path(var, name), secret.encode())
             credentials[name] = secret
         db.commit()
-    with LiveServer(settings) as server:
+    # where each switch's peers reach it: its peer door, or a proxy in front of it
+    links = {
+        name: CuttingProxy(("127.0.0.1", peer_port))
+        for name, (peer_port, _) in ports.items()
+        if peer_proxies
+    }
+    peer_door: dict[str, Address] = {
+        name: links[name].address if name in links else ("127.0.0.1", peer_port)
+        for name, (peer_port, _) in ports.items()
+    }
+    with contextlib.ExitStack() as stack:
+        for link in links.values():
+            stack.callback(link.close)
+        server = stack.enter_context(LiveServer(settings))
         # what a cluster host has: the control plane's URL, its broker, its own credentials;
         # neither the database URL nor the platform secret
         env = {
@@ -180,34 +260,32 @@ def platform_on(
             "NEBULA_CONTROL_PLANE_URL": server.url,
             "OMP_NUM_THREADS": "1",
         }
-        stop = threading.Event()
-        switches = []
-        for name, (peer_port, worker_port) in ports.items():
-            other = next(n for n in CLUSTERS if n != name)
-            thread = threading.Thread(
-                target=agent.run,
-                kwargs=dict(
-                    cluster=name,
-                    folder=var / "clusters" / name,
-                    control_plane=server.url,
-                    enroll_token=tokens[name],
-                    worker_address=("127.0.0.1", worker_port),
-                    peer_address=("127.0.0.1", peer_port),
-                    peers={other: ("127.0.0.1", ports[other][0])},
-                    shaper=None,
-                    metrics_address=None,
-                    credential=credentials[name],
-                    stop=stop,
-                ),
-                daemon=True,
+        platform = RunningPlatform(
+            settings, server, factory, worker_env=env, log_dir=var, peer_links=links
+        )
+        if switches == "processes":
+            for name, (peer_port, worker_port) in ports.items():
+                other = next(n for n in CLUSTERS if n != name)
+                host, port = peer_door[other]
+                argv = [sys.executable, "-m", "cli", "switch", "--cluster", name]
+                argv += ["--control-plane", server.url, "--worker-port", str(worker_port)]
+                argv += ["--peer-port", str(peer_port), "--peer", f"{other}={host}:{port}"]
+                argv += ["--credential-file", str(credential_path(var, name))]
+                platform.switches[name] = SwitchProcess(
+                    name,
+                    argv,
+                    ["--enroll-token", tokens[name]],
+                    env,
+                    var / "clusters" / name,
+                    var / f"switch-{name}.log",
+                )
+            for process in platform.switches.values():
+                stack.callback(process.stop)
+                process.start()
+        else:
+            stack.enter_context(
+                _switch_threads(server.url, var, ports, peer_door, tokens, credentials)
             )
-            thread.start()
-            switches.append(thread)
-        for name in CLUSTERS:
-            wait_until(
-                (var / "clusters" / name / "switch.json").exists, f"the switch of {name}", 60
-            )
-        platform = RunningPlatform(settings, server, factory, worker_env=env, log_dir=var)
         for name in CLUSTERS:
             platform.worker_argv[name] = [
                 sys.executable,
@@ -230,7 +308,49 @@ def platform_on(
                     process.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     process.kill()
-            stop.set()
-            for thread in switches:
-                thread.join(timeout=20)
     engine.dispose()
+
+
+@contextlib.contextmanager
+def _switch_threads(
+    control_plane: str,
+    var: Path,
+    ports: dict[str, tuple[int, int]],
+    peer_door: dict[str, Address],
+    tokens: dict[str, str],
+    credentials: dict[str, str],
+) -> Iterator[None]:
+    """Both switches as threads of this process, until the block ends."""
+    stop = threading.Event()
+    switches = []
+    for name, (peer_port, worker_port) in ports.items():
+        other = next(n for n in CLUSTERS if n != name)
+        thread = threading.Thread(
+            target=agent.run,
+            kwargs=dict(
+                cluster=name,
+                folder=var / "clusters" / name,
+                control_plane=control_plane,
+                enroll_token=tokens[name],
+                worker_address=("127.0.0.1", worker_port),
+                peer_address=("127.0.0.1", peer_port),
+                peers={other: peer_door[other]},
+                shaper=None,
+                metrics_address=None,
+                credential=credentials[name],
+                stop=stop,
+            ),
+            daemon=True,
+        )
+        thread.start()
+        switches.append(thread)
+    try:
+        for name in CLUSTERS:
+            wait_until(
+                (var / "clusters" / name / "switch.json").exists, f"the switch of {name}", 60
+            )
+        yield
+    finally:
+        stop.set()
+        for thread in switches:
+            thread.join(timeout=20)

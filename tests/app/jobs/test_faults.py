@@ -1,10 +1,14 @@
 """Faults during a running job, on a PostgreSQL and a Redis of the test's own.
 
-The control plane's database restarts, then the broker restarts, each while an ELECTRA
-job runs across two switches and two worker processes; and the data disk fills up. The roles keep training through
-the outage (their cluster API calls are retried within the heartbeat grace), the job
-succeeds, no metric point is applied twice, and the audit chain verifies. Servers of
-the test's own mean a failing test never leaves the machine's services down.
+While an ELECTRA job runs across two switches and two worker processes: the control
+plane's database restarts, then the broker restarts (the roles' cluster API calls are
+retried within the heartbeat grace); one switch is SIGKILLed and started again (the
+roles dial it again and resend what their peer did not acknowledge); the link between
+the switches is cut for 30 s (each switch keeps what it sent until the other took it,
+and dials again). The job succeeds in its first attempt, no metric point is applied
+twice, and the audit chain verifies. And the data disk fills up. The switches run as
+processes of their own, with the link between them through proxies the tests cut.
+Servers of the test's own mean a failing test never leaves the machine's services down.
 """
 
 from __future__ import annotations
@@ -130,7 +134,9 @@ def own(
         raise AssertionError("unreachable") from None
     try:
         upgrade(postgres.url)
-        with platform_on(postgres.url, redis.url, root / "var") as platform:
+        with platform_on(
+            postgres.url, redis.url, root / "var", switches="processes", peer_proxies=True
+        ) as platform:
             yield platform, postgres, redis
     finally:
         redis.stop()
@@ -146,11 +152,16 @@ def _electra_running(
     return user, job
 
 
-def _succeeds(platform: RunningPlatform, user: User, job: str) -> None:
-    """The job ends well, all 40 steps, with every metric point stored exactly once."""
+def _succeeds(
+    platform: RunningPlatform, user: User, job: str, *, attempt: int | None = None
+) -> None:
+    """The job ends well, all 40 steps, with every metric point stored exactly once (and,
+    given `attempt`, in that attempt: its roles rode the fault out, none was restarted)."""
     done = wait_until(lambda: _finished(user, job), f"job {job} to finish", timeout=240)
     assert done["status"] == "succeeded", done["error"]
     assert done["step"] == 40
+    if attempt is not None:
+        assert done["attempt"] == attempt, done
     with platform.factory() as db:
         rows = db.execute(
             select(JobMetric.role, JobMetric.name, JobMetric.step).where(JobMetric.job_id == job)
@@ -178,7 +189,7 @@ def test_the_database_restarts_mid_job_and_the_job_succeeds(
     platform, postgres, _redis = own
     user, job = _electra_running(platform, corpus, "pat")
     _outage(postgres.stop, postgres.start, 2.0)
-    _succeeds(platform, user, job)
+    _succeeds(platform, user, job, attempt=1)
     with platform.factory() as db:
         assert audit.verify(db, settings=platform.settings).ok
 
@@ -189,9 +200,51 @@ def test_the_broker_restarts_mid_job_and_the_job_succeeds(
     platform, _postgres, redis = own
     user, job = _electra_running(platform, corpus, "quinn")
     _outage(redis.stop, redis.start, 2.0)
-    _succeeds(platform, user, job)
+    _succeeds(platform, user, job, attempt=1)
     # and the platform still takes new work through the restarted broker
     _succeeds(platform, *_electra_running(platform, corpus, "ruth"))
+
+
+def test_a_switch_killed_mid_job_restarts_and_the_job_succeeds(
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
+) -> None:
+    platform, _postgres, _redis = own
+    user, job = _electra_running(platform, corpus, "uma")
+    switch = platform.switches["cluster-a"]  # the generator's
+    certificate = (switch.folder / "switch.crt").read_bytes()
+    switch.kill()
+    switch.start()  # on the same ports, from its own files
+    _succeeds(platform, user, job, attempt=1)
+    assert (switch.folder / "switch.crt").read_bytes() == certificate  # not enrolled again
+    log = (platform.log_dir / "worker-cluster-a.log").read_text()
+    assert f"link {job}.1/generator: send connection resumed" in log
+    with platform.factory() as db:
+        assert audit.verify(db, settings=platform.settings).ok
+
+
+def test_a_30_second_cut_between_the_switches_and_the_job_succeeds(
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
+) -> None:
+    platform, _postgres, _redis = own
+    links = list(platform.peer_links.values())
+    refused = [link.refused for link in links]
+    user, job = _electra_running(platform, corpus, "vera")
+
+    def cut() -> None:
+        for link in links:
+            link.down()
+
+    def restore() -> None:
+        for link in links:
+            link.up()
+
+    _outage(cut, restore, 30.0)
+    # the cut came mid-job, and the switches kept dialling each other through it, refused
+    assert _job(user, job)["status"] == "running"
+    assert all(link.refused > before for link, before in zip(links, refused, strict=True))
+    _succeeds(platform, user, job, attempt=1)
+    with platform.factory() as db:
+        assert audit.verify(db, settings=platform.settings).ok
 
 
 @pytest.fixture
