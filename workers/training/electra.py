@@ -51,10 +51,10 @@ from workers.training.electra_wire import (
     decode_batch,
     encode_batch,
 )
+from workers.training.pipeline import AsyncSender
 from workers.training.replicas import discriminator_replicas
 from workers.training.role import RoleLoop, StepSync, TrainingState
 from workers.training.runtime import (
-    AsyncSender,
     Hooks,
     RoleResult,
     expect_bytes,

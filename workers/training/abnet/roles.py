@@ -5,7 +5,7 @@ and S tells T which indices a micro-batch holds. Each step is a 1F1B pipeline of
 `micro_batches` micro-batches: S runs forwards while gradients are out and runs each
 backward as soon as its gradient lands; T trains on each micro-batch as it arrives.
 Encoding happens on the sending thread and decoding on the receiving thread of each
-side (workers/training/abnet/pipeline.py), so compute never waits on a codec, and
+side (workers/training/pipeline.py), so compute never waits on a codec, and
 activations cross in chunks so T decodes one while the next is on the wire.
 
 There is no barrier between steps: S starts step k+1 as soon as its own optimizer
@@ -34,7 +34,6 @@ import torch
 from workers.switch.link import Link
 from workers.training.abnet.artifact import save_adapters
 from workers.training.abnet.config import AbnetConfig
-from workers.training.abnet.pipeline import Source, Stage
 from workers.training.abnet.sides import (
     DecoderSide,
     DecoderStats,
@@ -70,6 +69,7 @@ from workers.training.abnet.wire import (
 )
 from workers.training.data import encode_lines
 from workers.training.electra import load_pretrained
+from workers.training.pipeline import Source, Stage
 from workers.training.role import RoleLoop, TrainingState
 from workers.training.runtime import (
     Hooks,
