@@ -122,17 +122,16 @@ class _Encoder:
     def __init__(
         self,
         cfg: AbnetConfig,
-        link: Link,
         side: EncoderSide,
         loop: RoleLoop,
         eval_ids: torch.Tensor | None,
     ) -> None:
-        self.cfg, self.link, self.side, self.loop = cfg, link, side, loop
+        self.cfg, self.side, self.loop, self.link = cfg, side, loop, loop.link
         self.eval_ids = eval_ids
         self.max_index = max(len(side.data), len(eval_ids) if eval_ids is not None else 0)
         self.encoders = {
-            Kind.TRAIN: StreamEncoder(cfg, "forward", FORWARD, link.link_estimate),
-            Kind.EVAL: StreamEncoder(cfg, "eval", FORWARD, link.link_estimate),
+            Kind.TRAIN: StreamEncoder(cfg, "forward", FORWARD, self.link.link_estimate),
+            Kind.EVAL: StreamEncoder(cfg, "eval", FORWARD, self.link.link_estimate),
         }
         self.grad_decoder = StreamDecoder(cfg, "backward", BACKWARD)
         self.sent = ByteCount()
@@ -293,7 +292,7 @@ def run_abnet_encoder(
     }
     _hello(loop, mine, peer_role=DECODER)
     loop.resume(_restore(side))
-    result = _Encoder(cfg, link, side, loop, eval_ids).run()
+    result = _Encoder(cfg, side, loop, eval_ids).run()
     if not result.stopped:
         result.artifact = save_adapters(side.model, loop.store, ENCODER, cfg)
     return result
@@ -308,20 +307,19 @@ class _Decoder:
     def __init__(
         self,
         cfg: AbnetConfig,
-        link: Link,
         side: DecoderSide,
         loop: RoleLoop,
         refs: list[str],
         d_model: int,
     ) -> None:
-        self.cfg, self.link, self.side, self.loop = cfg, link, side, loop
+        self.cfg, self.side, self.loop, self.link = cfg, side, loop, loop.link
         self.refs, self.d_model = refs, d_model
         self.limits = {Kind.TRAIN: len(side.data), Kind.EVAL: len(refs)}
         self.decoders = {
             Kind.TRAIN: StreamDecoder(cfg, "forward", FORWARD),
             Kind.EVAL: StreamDecoder(cfg, "eval", FORWARD),
         }
-        self.grad_encoder = StreamEncoder(cfg, "backward", BACKWARD, link.link_estimate)
+        self.grad_encoder = StreamEncoder(cfg, "backward", BACKWARD, self.link.link_estimate)
         self.sent = ByteCount()
         self.choices: dict[int, dict[str, float]] = {}
         self.done = False
@@ -462,7 +460,7 @@ def run_abnet_decoder(
     d_model = int(peer["d_model"])
     side = DecoderSide(cfg, plm, lines, d_model, seed, device)
     loop.resume(_restore(side))
-    result = _Decoder(cfg, link, side, loop, refs, d_model).run()
+    result = _Decoder(cfg, side, loop, refs, d_model).run()
     if not result.stopped:
         result.artifact = save_adapters(side.model, loop.store, DECODER, cfg)
     return result
