@@ -12,7 +12,6 @@ from workers.compression.codecs import (
     ErrorFeedback,
     Int8Codec,
     LowRankCodec,
-    default_oversample,
 )
 from workers.compression.errors import SpecError
 from workers.compression.wire import Kind
@@ -36,9 +35,7 @@ def build_codec(spec: grammar.CodecSpec) -> Codec:
             method=spec.method,
             inner=_dense(spec.inner),
             iters=spec.iters,
-            oversample=(
-                default_oversample(spec.method) if spec.oversample is None else spec.oversample
-            ),
+            oversample=spec.oversample,  # None: the codec takes the method's default
             layout=spec.layout,
             fallback=spec.fallback,
             seed=spec.seed,

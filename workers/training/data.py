@@ -67,12 +67,34 @@ def _en(n: int) -> str:
     return str(num2words(n, lang="en"))
 
 
+# (Spanish, English) sentence templates; `_demo_pair` fills in their fields
+_TEMPLATES = [
+    ("{name} tiene {n_es} {es_pl}.", "{name} has {n_en} {en_pl}."),
+    ("hay {n_es} {es_pl} en la {place_es}.", "there are {n_en} {en_pl} in the {place_en}."),
+    ("el {day_es} compré {n_es} {es_pl}.", "on {day_en} i bought {n_en} {en_pl}."),
+    ("{art} {es_sg} de {name} es {col_es}.", "{name}'s {en_sg} is {col_en}."),
+    (
+        "{name} vive en {city} desde hace {n_es} años.",
+        "{name} has lived in {city} for {n_en} years.",
+    ),
+    ("{a_es} más {b_es} son {sum_es}.", "{a_en} plus {b_en} is {sum_en}."),
+    (
+        "mañana {name} va a comprar {n_es} {es_pl}.",
+        "tomorrow {name} is going to buy {n_en} {en_pl}.",
+    ),
+    ("{name} le dio {n_es} {es_pl} a {other}.", "{name} gave {n_en} {en_pl} to {other}."),
+    ("{art} {es_sg} {col_es} está en la {place_es}.", "the {col_en} {en_sg} is in the {place_en}."),
+    (
+        "el {day_es} {name} vio {n_es} {es_pl} en {city}.",
+        "on {day_en} {name} saw {n_en} {en_pl} in {city}.",
+    ),
+]
+
+
 def _demo_pair(rng: random.Random) -> tuple[str, str]:
     """One Spanish sentence and its English translation, from a random template."""
     es_sg, es_pl, en_sg, en_pl, gender = rng.choice(_NOUNS)
     col_m, col_f, col_en = rng.choice(_COLOURS)
-    col_es = col_m if gender == "m" else col_f
-    art = "el" if gender == "m" else "la"
     name = rng.choice(_NAMES)
     other = rng.choice([x for x in _NAMES if x != name])
     day_es, day_en = rng.choice(_DAYS)
@@ -80,47 +102,32 @@ def _demo_pair(rng: random.Random) -> tuple[str, str]:
     city = rng.choice(_CITIES)
     n = rng.randint(2, 199)
     a, b = rng.randint(0, 99), rng.randint(0, 99)
-    template = rng.randrange(10)
-    if template == 0:
-        return f"{name} tiene {_es(n)} {es_pl}.", f"{name} has {_en(n)} {en_pl}."
-    if template == 1:
-        return (
-            f"hay {_es(n)} {es_pl} en la {place_es}.",
-            f"there are {_en(n)} {en_pl} in the {place_en}.",
-        )
-    if template == 2:
-        return f"el {day_es} compré {_es(n)} {es_pl}.", f"on {day_en} i bought {_en(n)} {en_pl}."
-    if template == 3:
-        return f"{art} {es_sg} de {name} es {col_es}.", f"{name}'s {en_sg} is {col_en}."
-    if template == 4:
-        return (
-            f"{name} vive en {city} desde hace {_es(n)} años.",
-            f"{name} has lived in {city} for {_en(n)} years.",
-        )
-    if template == 5:
-        return (
-            f"{_es(a)} más {_es(b)} son {_es(a + b)}.",
-            f"{_en(a)} plus {_en(b)} is {_en(a + b)}.",
-        )
-    if template == 6:
-        return (
-            f"mañana {name} va a comprar {_es(n)} {es_pl}.",
-            f"tomorrow {name} is going to buy {_en(n)} {en_pl}.",
-        )
-    if template == 7:
-        return (
-            f"{name} le dio {_es(n)} {es_pl} a {other}.",
-            f"{name} gave {_en(n)} {en_pl} to {other}.",
-        )
-    if template == 8:
-        return (
-            f"{art} {es_sg} {col_es} está en la {place_es}.",
-            f"the {col_en} {en_sg} is in the {place_en}.",
-        )
-    return (
-        f"el {day_es} {name} vio {_es(n)} {es_pl} en {city}.",
-        f"on {day_en} {name} saw {_en(n)} {en_pl} in {city}.",
-    )
+    es, en = _TEMPLATES[rng.randrange(len(_TEMPLATES))]
+    words = {
+        "es_sg": es_sg,
+        "es_pl": es_pl,
+        "en_sg": en_sg,
+        "en_pl": en_pl,
+        "art": "el" if gender == "m" else "la",
+        "col_es": col_m if gender == "m" else col_f,
+        "col_en": col_en,
+        "name": name,
+        "other": other,
+        "day_es": day_es,
+        "day_en": day_en,
+        "place_es": place_es,
+        "place_en": place_en,
+        "city": city,
+        "n_es": _es(n),
+        "n_en": _en(n),
+        "a_es": _es(a),
+        "a_en": _en(a),
+        "b_es": _es(b),
+        "b_en": _en(b),
+        "sum_es": _es(a + b),
+        "sum_en": _en(a + b),
+    }
+    return es.format_map(words), en.format_map(words)
 
 
 def demo_pairs(count: int, seed: int) -> list[tuple[str, str]]:

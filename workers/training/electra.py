@@ -51,10 +51,10 @@ from workers.training.electra_wire import (
     decode_batch,
     encode_batch,
 )
+from workers.training.pipeline import AsyncSender
 from workers.training.replicas import discriminator_replicas
 from workers.training.role import RoleLoop, StepSync, TrainingState
 from workers.training.runtime import (
-    AsyncSender,
     Hooks,
     RoleResult,
     expect_bytes,
@@ -87,20 +87,6 @@ __all__ = [
 GENERATOR, DISCRIMINATOR = "electra-generator", "electra-discriminator"
 
 
-def _loop(role: str, cfg: ElectraConfig, link: Link, hooks: Hooks, ckpt_dir: Path) -> RoleLoop:
-    return RoleLoop(
-        role,
-        link,
-        hooks,
-        ckpt_dir,
-        cfg.steps,
-        channel=HELLO,
-        ckpt_every=cfg.ckpt_every,
-        keep_checkpoints=cfg.keep_checkpoints,
-        timeout_s=cfg.recv_timeout_s,
-    )
-
-
 # ---------------------------------------------------------------- the generator role
 
 
@@ -118,7 +104,7 @@ def run_electra_generator(
     lines = clean_lines(text_lines)
     if len(lines) < cfg.batch_size:
         raise ValueError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
-    loop = _loop(GENERATOR, cfg, link, hooks or Hooks(), ckpt_dir)
+    loop = RoleLoop.of(GENERATOR, cfg, link, hooks or Hooks(), ckpt_dir, channel=HELLO)
     tok = job_tokenizer(cfg, lines, loop.store)
     V = tok.get_vocab_size()
     ids = encode_lines(tok, lines, cfg.seq_len)
@@ -198,7 +184,7 @@ def run_electra_discriminator(
     trained discriminator with its tokenizer (see `export_pretrained`).
     """
     hooks = hooks or Hooks()
-    loop = _loop(DISCRIMINATOR, cfg, link, hooks, ckpt_dir)
+    loop = RoleLoop.of(DISCRIMINATOR, cfg, link, hooks, ckpt_dir, channel=HELLO)
     lines = clean_lines(text_lines) if text_lines is not None else None
     digest = lines_digest(lines) if lines is not None else None
     mine = {"config": asdict(cfg), "seed": seed, "text_digest": digest}

@@ -7,17 +7,25 @@ from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from contract.presets import ELECTRA_PRESETS, preset_values
+from contract.presets import ELECTRA_PRESETS
 from workers.training.bert import BertConfig
+from workers.training.configs import PresetConfig
 from workers.training.data import MIN_TOKEN_FREQUENCY
 
 
 @dataclass
-class ElectraConfig:
-    """One ELECTRA job: data, both model sizes, optimisation, runtime. Defaults: `tiny`."""
+class ElectraConfig(PresetConfig):
+    """One ELECTRA job: data, both model sizes, optimisation, runtime. Defaults: `tiny`.
+
+    `tiny` trains in a couple of minutes on 2 CPU cores; `paper` has Nebula-I's sizes,
+    a generator of about 220M and a discriminator of about 550M parameters (GPU).
+    """
+
+    PRESETS = ELECTRA_PRESETS
+    SCENARIO = "ELECTRA"
 
     # data
     vocab_size: int = 2048  # WordPiece vocabulary trained on the job's own text
@@ -66,48 +74,30 @@ class ElectraConfig:
 
     def generator_body(self, vocab_size: int) -> BertConfig:
         """Transformer size of the generator for a tokenizer of `vocab_size` ids."""
-        return BertConfig(
-            vocab_size=vocab_size,
-            max_len=self.seq_len,
-            d_model=self.gen_d_model,
-            n_layers=self.gen_layers,
-            n_heads=self.gen_heads,
-            d_ff=self.gen_d_ff,
-            dropout=self.dropout,
+        return self._body(
+            vocab_size, self.gen_d_model, self.gen_layers, self.gen_heads, self.gen_d_ff
         )
 
     def discriminator_body(self, vocab_size: int) -> BertConfig:
         """Transformer size of the discriminator for a tokenizer of `vocab_size` ids."""
+        return self._body(
+            vocab_size, self.disc_d_model, self.disc_layers, self.disc_heads, self.disc_d_ff
+        )
+
+    def _body(
+        self, vocab_size: int, d_model: int, layers: int, heads: int, d_ff: int
+    ) -> BertConfig:
         return BertConfig(
             vocab_size=vocab_size,
             max_len=self.seq_len,
-            d_model=self.disc_d_model,
-            n_layers=self.disc_layers,
-            n_heads=self.disc_heads,
-            d_ff=self.disc_d_ff,
+            d_model=d_model,
+            n_layers=layers,
+            n_heads=heads,
+            d_ff=d_ff,
             dropout=self.dropout,
         )
-
-    @classmethod
-    def tiny(cls, **overrides: Any) -> ElectraConfig:
-        """Trains in a couple of minutes on 2 CPU cores (the defaults)."""
-        return electra_preset("tiny", **overrides)
-
-    @classmethod
-    def paper(cls, **overrides: Any) -> ElectraConfig:
-        """Nebula-I's sizes: generator about 220M, discriminator about 550M parameters (GPU)."""
-        return electra_preset("paper", **overrides)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> ElectraConfig:
-        """The config a dict (e.g. a job's JSON) describes; unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown ELECTRA config keys: {sorted(unknown)}")
-        return cls(**values)
 
 
 def electra_preset(name: str, **overrides: Any) -> ElectraConfig:
     """The `tiny` or `paper` config (contract.presets), with overrides."""
-    return ElectraConfig(**preset_values(ELECTRA_PRESETS, name, **overrides))
+    return ElectraConfig.preset(name, **overrides)

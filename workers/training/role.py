@@ -1,4 +1,4 @@
-"""The skeleton every two-sided training role follows, and the sync both scenarios send.
+"""The skeleton every two-sided training role follows, and the sync ELECTRA's roles send.
 
 A role of a split job (ELECTRA's generator or discriminator, ABNet's encoder or
 decoder) goes through the same stages around its own step:
@@ -10,12 +10,13 @@ decoder) goes through the same stages around its own step:
 4. step: `for k in loop.steps(): ...`, which ends early when the caller asks the
    role to stop (`loop.cancelled`) or the peer did (`loop.peer_stopped()`),
 5. checkpoint: every `ckpt_every` steps and at the last one (`loop.finished`),
-6. metrics: to the caller's hooks and the result's history (`loop.report`).
+6. metrics: to the caller's hooks and the result's history (`loop.report`), and
+   an evaluation's figures when one is due (`loop.eval_due(k)`, `loop.report_eval`).
 
 `RoleLoop` holds the role's `CheckpointStore` and `RoleResult`; what a step
 computes and sends stays in the role function, which reads top to bottom::
 
-    loop = RoleLoop("my-role", link, hooks, ckpt_dir, cfg.steps, ...)
+    loop = RoleLoop.of("my-role", cfg, link, hooks, ckpt_dir, channel=HELLO)
     peer = loop.hello({"config": asdict(cfg), "seed": seed}, peer_role="other-role")
     loop.resume(lambda tensors, meta: restore_training_state(tensors, meta, ...))
     for k in loop.steps():
@@ -24,9 +25,15 @@ computes and sends stays in the role function, which reads top to bottom::
         loop.report(k, {"loss": ...})
     return loop.result
 
-`StepSync` is the small message the role that trains second sends after each
-optimizer step (its step, its loss and accuracy, whether it stops there); it
-crosses as a float32 tensor of four numbers, 16 bytes.
+A role its peer drives (ABNet's decoder serves each step the encoder sends, until
+the encoder's stop) does not iterate `steps()`: it checks each step it is sent
+against `loop.next_step`, passes its caller's stop on to the peer when
+`loop.stop_requested()`, and ends with `loop.served()`.
+
+`StepSync` is the small message ELECTRA's discriminator sends after each optimizer
+step (its step, its loss and accuracy, whether it stops there); it crosses as a
+float32 tensor of four numbers, 16 bytes. ABNet's decoder sends its own, with the
+figures of its metrics (workers/training/abnet/wire.py).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -81,6 +88,19 @@ def check_peer(
         raise ValueError(f"the two {what} were given different {differ}")
 
 
+class LoopConfig(Protocol):
+    """What `RoleLoop.of` reads of a scenario's config (`ElectraConfig`, `AbnetConfig`)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def ckpt_every(self) -> int: ...
+    @property
+    def keep_checkpoints(self) -> int: ...
+    @property
+    def recv_timeout_s(self) -> float: ...
+
+
 class RoleLoop:
     """Hello, peer check, resume, the step loop, checkpoints and metrics of one role."""
 
@@ -96,14 +116,42 @@ class RoleLoop:
         ckpt_every: int,
         keep_checkpoints: int,
         timeout_s: float,
+        eval_every: int = 0,
     ) -> None:
         self.role, self.link, self.hooks, self.channel = role, link, hooks, channel
         self.total, self.ckpt_every, self.timeout_s = steps, ckpt_every, timeout_s
+        self.eval_every = eval_every
         self.store = CheckpointStore(ckpt_dir, keep=keep_checkpoints, key=hooks.checkpoint_key)
         self.result = RoleResult(start_step=0, last_step=0, stopped=False)
         self.peer: dict[str, Any] = {}
         self.cancelled = False  # the caller asked this role to stop (never with the peer)
         self._peer_stopped = False
+
+    @classmethod
+    def of(
+        cls,
+        role: str,
+        cfg: LoopConfig,
+        link: Link,
+        hooks: Hooks,
+        ckpt_dir: Path,
+        *,
+        channel: str,
+        eval_every: int = 0,
+    ) -> RoleLoop:
+        """The loop of `role` with the steps, checkpoint and timeout settings of `cfg`."""
+        return cls(
+            role,
+            link,
+            hooks,
+            ckpt_dir,
+            cfg.steps,
+            channel=channel,
+            ckpt_every=cfg.ckpt_every,
+            keep_checkpoints=cfg.keep_checkpoints,
+            timeout_s=cfg.recv_timeout_s,
+            eval_every=eval_every,
+        )
 
     def hello(
         self,
@@ -133,10 +181,25 @@ class RoleLoop:
         for k in range(self.result.start_step + 1, self.total + 1):
             if self._peer_stopped:
                 return
-            if self.hooks.stop_requested():
-                self.cancelled = self.result.stopped = True
+            if self.stop_requested():
+                self.result.stopped = True
                 return
             yield k
+
+    def stop_requested(self) -> bool:
+        """Whether the caller has asked this role to stop; once asked, always (`cancelled`)."""
+        self.cancelled = self.cancelled or self.hooks.stop_requested()
+        return self.cancelled
+
+    @property
+    def next_step(self) -> int:
+        """The step to run next: the one after the last finished."""
+        return self.result.last_step + 1
+
+    def served(self) -> RoleResult:
+        """For a role its peer drives, once the peer stopped: stopped if short of `steps`."""
+        self.result.stopped = self.result.last_step < self.total
+        return self.result
 
     def peer_stopped(self) -> None:
         """The peer ends the job: no further step is run."""
@@ -157,4 +220,16 @@ class RoleLoop:
     def report(self, step: int, metrics: dict[str, float]) -> None:
         """The metrics of step `step`: into the result's history and out to the caller."""
         self.result.history.append(metrics)
+        self.hooks.metrics(step, metrics)
+
+    def eval_due(self, step: int) -> bool:
+        """Whether an evaluation follows step `step`: every `eval_every` steps and the last."""
+        return step == self.total or (self.eval_every > 0 and step % self.eval_every == 0)
+
+    def report_eval(self, step: int, metrics: dict[str, float]) -> None:
+        """An evaluation's figures after step `step`: into that step's history entry (the
+        last) and the result's `extra`, and out to the caller."""
+        self.result.extra.update(metrics)
+        if self.result.history:
+            self.result.history[-1].update(metrics)
         self.hooks.metrics(step, metrics)

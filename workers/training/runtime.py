@@ -1,4 +1,4 @@
-"""What every training role shares: hooks, checkpoints, wire messages, overlapped sends, codecs.
+"""What every training role shares: hooks, checkpoints, wire messages, codecs.
 
 A role talks to its peer role only through a `Link` (workers/switch/link.py).
 Payloads here are `bytes` built by `pack_message`: a small JSON header and raw
@@ -9,10 +9,8 @@ exactly the integer widths the sender chose.
 from __future__ import annotations
 
 import json
-import queue
 import re
 import struct
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,50 +135,6 @@ def expect_bytes(payload: Payload) -> bytes:
     if not isinstance(payload, bytes):
         raise ValueError(f"expected bytes from the peer role, got {type(payload).__name__}")
     return payload
-
-
-# ---------------------------------------------------------------- overlapped sends
-
-
-class AsyncSender:
-    """Sends on a background thread so the role computes micro-batch k+1 while k is on the wire.
-
-    Order per channel is kept (one thread, one FIFO). An error in the thread is
-    raised in the role at its next `send` or `close`.
-    """
-
-    def __init__(self, link: Link, depth: int = 8) -> None:
-        self._link = link
-        self._queue: queue.Queue[tuple[str, Payload] | None] = queue.Queue(maxsize=depth)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="training-sender", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            if self._error is None:
-                try:
-                    self._link.send(*item)
-                except BaseException as exc:  # handed to the role thread
-                    self._error = exc
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
-
-    def send(self, channel: str, payload: Payload) -> None:
-        """Queue a payload; blocks only when `depth` payloads are still waiting."""
-        self._raise()
-        self._queue.put((channel, payload))
-
-    def close(self) -> None:
-        """Wait until everything queued has been handed to the link."""
-        self._queue.put(None)
-        self._thread.join()
-        self._raise()
 
 
 # ---------------------------------------------------------------- codecs

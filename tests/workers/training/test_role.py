@@ -108,3 +108,36 @@ def test_step_sync_round_trip_is_sixteen_bytes() -> None:
     assert StepSync.from_payload(payload) == sync
     with pytest.raises(ValueError, match="four numbers"):
         StepSync.from_payload(b"\x00" * 16)
+
+
+class _Config:
+    """What `RoleLoop.of` reads of a scenario's config."""
+
+    steps, ckpt_every, keep_checkpoints, recv_timeout_s = 5, 2, 3, 10.0
+
+
+def test_a_served_role_passes_the_stop_on_and_reports_evaluations(tmp_path: Path) -> None:
+    """The shape of ABNet's decoder: steps as the peer sends them, the stop passed on."""
+    asked = threading.Event()
+    seen: list[tuple[int, dict[str, float]]] = []
+    hooks = Hooks(should_stop=asked.is_set, on_metrics=lambda k, m: seen.append((k, m)))
+    la, _ = LocalLink.pair()
+    loop = RoleLoop.of("t", _Config(), la, hooks, tmp_path / "t", channel="t.hello", eval_every=2)
+    assert [k for k in range(1, 6) if loop.eval_due(k)] == [2, 4, 5]  # every 2 and the last
+    sent_stop = []
+    for k in (1, 2, 3):  # the peer sends three steps, then its stop
+        assert loop.next_step == k
+        if k == 2:
+            asked.set()
+        sent_stop.append(loop.stop_requested())
+        asked.clear()  # asked once is asked for good
+        loop.finished(k, state)
+        loop.report(k, {"loss": 1.0 / k})
+        if loop.eval_due(k):
+            loop.report_eval(k, {"bleu": 10.0 * k})
+    assert sent_stop == [False, True, True] and loop.cancelled
+    result = loop.served()
+    assert result.stopped and result.last_step == 3  # short of 5 steps
+    assert result.history[1] == {"loss": 0.5, "bleu": 20.0} and result.extra == {"bleu": 20.0}
+    assert seen[2] == (2, {"bleu": 20.0})
+    assert loop.store.steps() == [2]  # ckpt_every 2

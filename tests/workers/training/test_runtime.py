@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from workers.switch.link import LocalLink
 from workers.training.electra import CorruptedBatch, decode_batch, encode_batch
+from workers.training.pipeline import AsyncSender
 from workers.training.runtime import (
-    AsyncSender,
     CheckpointStore,
     linear_warmup_decay,
     pack_message,

@@ -11,8 +11,8 @@ gradients T -> S through the backward codec (spec strings of workers/compression
 - `model.py`     the adapters and the two adapted PLMs (no training loop).
 - `sides.py`     each side's model, optimizer and data: training steps, mask-predict, BLEU.
 - `wire.py`      what crosses, as named types; the codec streams (`auto` resolved there).
-- `pipeline.py`  the sending and receiving threads that keep codecs off the compute thread.
-- `roles.py`     `run_abnet_encoder` (cluster S), `run_abnet_decoder` (cluster T).
+- `roles.py`     `run_abnet_encoder` (cluster S), `run_abnet_decoder` (cluster T), their
+                 codecs on sending and receiving threads (workers/training/pipeline.py).
 - `local.py`     `train_abnet_local`: the single-process reference of a split run.
 - `artifact.py`  the `adapters` artifact format.
 """

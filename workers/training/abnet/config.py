@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from contract.kinds import AUTO_CODEC
-from contract.presets import ABNET_PRESETS, preset_values
+from contract.presets import ABNET_PRESETS
 from workers.compression import PER_SAMPLE, SpecError, check_stream_spec, parse_spec
+from workers.training.configs import PresetConfig
 
 AUTO = AUTO_CODEC
 # what `auto` chooses among (normalized specs; the index is the `auto.<stream>.choice` metric)
@@ -25,8 +26,15 @@ AUTO_CANDIDATES: tuple[str, ...] = tuple(
 
 
 @dataclass
-class AbnetConfig:
-    """One ABNet job. Defaults: `tiny`."""
+class AbnetConfig(PresetConfig):
+    """One ABNet job. Defaults: `tiny`.
+
+    `tiny` reaches a clear BLEU on the demo corpus in a few CPU minutes; `paper` has
+    sizes for the `paper` ELECTRA models on GPUs.
+    """
+
+    PRESETS = ABNET_PRESETS
+    SCENARIO = "ABNet"
 
     adapter_dim: int = 256  # bottleneck; wider than the tiny PLM: adapters carry the new task
     cross_heads: int = 4
@@ -67,24 +75,6 @@ class AbnetConfig:
         for name in ("forward_codec", "backward_codec"):
             check_codec_field(name, getattr(self, name))
 
-    @classmethod
-    def tiny(cls, **overrides: Any) -> AbnetConfig:
-        """Reaches a clear BLEU on the demo corpus in a few CPU minutes (the defaults)."""
-        return abnet_preset("tiny", **overrides)
-
-    @classmethod
-    def paper(cls, **overrides: Any) -> AbnetConfig:
-        """Sizes for the `paper` ELECTRA models on GPUs."""
-        return abnet_preset("paper", **overrides)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> AbnetConfig:
-        """The config a dict (e.g. a job's JSON) describes; unknown keys are an error."""
-        unknown = set(values) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown ABNet config keys: {sorted(unknown)}")
-        return cls(**values)
-
     def codecs(self, step: int) -> tuple[str, str]:
         """Forward and backward codec specs in force at `step` (`auto` left to the stream)."""
         if step < self.compress_from_step:
@@ -108,4 +98,4 @@ def check_codec_field(name: str, spec: str) -> None:
 
 def abnet_preset(name: str, **overrides: Any) -> AbnetConfig:
     """The `tiny` or `paper` config (contract.presets), with overrides."""
-    return AbnetConfig(**preset_values(ABNET_PRESETS, name, **overrides))
+    return AbnetConfig.preset(name, **overrides)

@@ -5,7 +5,7 @@ and S tells T which indices a micro-batch holds. Each step is a 1F1B pipeline of
 `micro_batches` micro-batches: S runs forwards while gradients are out and runs each
 backward as soon as its gradient lands; T trains on each micro-batch as it arrives.
 Encoding happens on the sending thread and decoding on the receiving thread of each
-side (workers/training/abnet/pipeline.py), so compute never waits on a codec, and
+side (workers/training/pipeline.py), so compute never waits on a codec, and
 activations cross in chunks so T decodes one while the next is on the wire.
 
 There is no barrier between steps: S starts step k+1 as soon as its own optimizer
@@ -13,6 +13,10 @@ step k is done and reads T's `StepSync` of step k one step later. A stop T asks 
 therefore takes effect after S's current step; T serves whatever S sends until S's
 `stop`. Gradients are accumulated in micro-batch order, as `train_abnet_local` does
 in one process, so a split run equals it codec for codec.
+
+Both roles stand on `RoleLoop` (workers/training/role.py) for the hello and peer
+check, resume, checkpoints and metrics: S iterates `loop.steps()`; T is driven by
+what S sends and ends with `loop.served()`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,6 @@ import torch
 from workers.switch.link import Link
 from workers.training.abnet.artifact import save_adapters
 from workers.training.abnet.config import AbnetConfig
-from workers.training.abnet.pipeline import Source, Stage
 from workers.training.abnet.sides import (
     DecoderSide,
     DecoderStats,
@@ -66,36 +69,48 @@ from workers.training.abnet.wire import (
 )
 from workers.training.data import encode_lines
 from workers.training.electra import load_pretrained
+from workers.training.pipeline import Source, Stage
+from workers.training.role import RoleLoop, TrainingState
 from workers.training.runtime import (
-    CheckpointStore,
     Hooks,
     RoleResult,
     expect_bytes,
-    hello,
     restore_training_state,
-    resume_step,
     training_state,
 )
 
+ENCODER, DECODER = "abnet-encoder", "abnet-decoder"
 
-def _check_peer(peer: dict[str, Any], mine: dict[str, Any], role: str) -> None:
-    if peer.get("role") != role:
-        raise ValueError(f"expected the {role} role at the other end, got {peer.get('role')!r}")
-    if peer["config"] != mine["config"] or peer["seed"] != mine["seed"]:
-        raise ValueError("the two ABNet roles were given different configs or seeds")
+
+def _loop(role: str, cfg: AbnetConfig, link: Link, hooks: Hooks | None, ckpt_dir: Path) -> RoleLoop:
+    return RoleLoop.of(
+        role, cfg, link, hooks or Hooks(), ckpt_dir, channel=HELLO, eval_every=cfg.eval_every
+    )
+
+
+def _hello(loop: RoleLoop, mine: dict[str, Any], peer_role: str) -> dict[str, Any]:
+    """`loop.hello`, and the peer's side must hold as many training and eval pairs."""
+    peer = loop.hello(mine, peer_role=peer_role, what="ABNet roles")
     if (peer["n_train"], peer["n_eval"]) != (mine["n_train"], mine["n_eval"]):
         raise ValueError(
             "source and target sides differ in length: "
             f"{mine['n_train']}/{mine['n_eval']} vs {peer['n_train']}/{peer['n_eval']} lines"
         )
+    return peer
 
 
-def _checkpoint(
-    hooks: Hooks, store: CheckpointStore, side: EncoderSide | DecoderSide, k: int, cfg: AbnetConfig
-) -> None:
-    if k % cfg.ckpt_every == 0 or k == cfg.steps:
-        tensors, meta = training_state(side.model, side.opt, side.generators(), True)
-        hooks.checkpointed(k, store.save(k, tensors, {**meta, "step": k}))
+def _state(side: EncoderSide | DecoderSide) -> Callable[[], TrainingState]:
+    """What a checkpoint of `side` holds: its adapters (the PLM is frozen), optimizer, RNG."""
+    return lambda: training_state(side.model, side.opt, side.generators(), trainable_only=True)
+
+
+def _restore(
+    side: EncoderSide | DecoderSide,
+) -> Callable[[dict[str, torch.Tensor], dict[str, Any]], None]:
+    """Put what `_state` saved back into `side`."""
+    return lambda tensors, meta: restore_training_state(
+        tensors, meta, side.model, side.opt, side.generators()
+    )
 
 
 # ---------------------------------------------------------------- the encoder role (cluster S)
@@ -107,19 +122,16 @@ class _Encoder:
     def __init__(
         self,
         cfg: AbnetConfig,
-        link: Link,
         side: EncoderSide,
-        hooks: Hooks,
-        store: CheckpointStore,
+        loop: RoleLoop,
         eval_ids: torch.Tensor | None,
-        start: int,
     ) -> None:
-        self.cfg, self.link, self.side, self.hooks, self.store = cfg, link, side, hooks, store
+        self.cfg, self.side, self.loop, self.link = cfg, side, loop, loop.link
         self.eval_ids = eval_ids
         self.max_index = max(len(side.data), len(eval_ids) if eval_ids is not None else 0)
         self.encoders = {
-            Kind.TRAIN: StreamEncoder(cfg, "forward", FORWARD, link.link_estimate),
-            Kind.EVAL: StreamEncoder(cfg, "eval", FORWARD, link.link_estimate),
+            Kind.TRAIN: StreamEncoder(cfg, "forward", FORWARD, self.link.link_estimate),
+            Kind.EVAL: StreamEncoder(cfg, "eval", FORWARD, self.link.link_estimate),
         }
         self.grad_decoder = StreamDecoder(cfg, "backward", BACKWARD)
         self.sent = ByteCount()
@@ -130,8 +142,7 @@ class _Encoder:
         self.grads: Stage[tuple[int, tuple[int, ...]], torch.Tensor] = Stage(
             "abnet-encoder-recv", self._receive_grad
         )
-        self.result = RoleResult(start_step=start, last_step=start, stopped=False)
-        self.synced = start  # T's StepSyncs read through this step
+        self.synced = loop.result.start_step  # T's StepSyncs read through this step
         self.stop_asked = False  # a StepSync asked S to stop
         self.step_seconds: dict[int, float] = {}
 
@@ -204,8 +215,7 @@ class _Encoder:
                 "bytes_to_decoder_total": float(self.sent.total),
                 **self.choices.pop(sync.step, {}),
             }
-            self.result.history.append(metrics)
-            self.hooks.metrics(sync.step, metrics)
+            self.loop.report(sync.step, metrics)
 
     def evaluate(self, k: int) -> None:
         """Send the eval sources' encodings; T decodes them and answers with its BLEU."""
@@ -223,35 +233,29 @@ class _Encoder:
         score = unpack_sync(expect_bytes(self.link.recv(SYNC, timeout=self.cfg.recv_timeout_s)))
         if not isinstance(score, EvalScore) or score.step != k:
             raise RuntimeError(f"expected the BLEU of step {k}, got {score}")
-        self.result.extra["bleu"] = score.bleu
-        self.result.history[-1]["bleu"] = score.bleu
-        self.hooks.metrics(k, {"bleu": score.bleu})
+        self.loop.report_eval(k, {"bleu": score.bleu})
 
     def run(self) -> RoleResult:
         """Steps until the last, a stop asked for here, or one T asked for."""
-        cfg, result = self.cfg, self.result
+        loop = self.loop
         mark = time.perf_counter()
-        for k in range(result.start_step + 1, cfg.steps + 1):
-            if self.hooks.stop_requested():
-                break
+        for k in loop.steps():
             self.train_step(k)
-            result.last_step = k
-            _checkpoint(self.hooks, self.store, self.side, k, cfg)
+            loop.finished(k, _state(self.side))
             now = time.perf_counter()
             self.step_seconds[k], mark = now - mark, now
             self.read_syncs(through=k - 1)  # the lag of one step: T's figures of step k - 1
-            if self.stop_asked and k < cfg.steps:
+            if self.stop_asked and k < loop.total:
+                loop.peer_stopped()  # T asked to stop: this step was the last
                 break
-            due = k == cfg.steps or (cfg.eval_every and k % cfg.eval_every == 0)
-            if self.eval_ids is not None and due:
+            if self.eval_ids is not None and loop.eval_due(k):
                 self.read_syncs(through=k)
                 self.evaluate(k)
-        self.sender.put(Control(Kind.STOP, result.last_step))
-        self.read_syncs(through=result.last_step)
+        self.sender.put(Control(Kind.STOP, loop.result.last_step))
+        self.read_syncs(through=loop.result.last_step)
         self.sender.close()
         self.grads.close()
-        result.stopped = result.last_step < cfg.steps
-        return result
+        return loop.result
 
 
 def run_abnet_encoder(
@@ -272,8 +276,7 @@ def run_abnet_encoder(
     `eval_source_lines` those of the evaluation pairs (T computes the BLEU and
     reports it back). The result's `artifact` is `ckpt_dir / "adapters.safetensors"`.
     """
-    hooks = hooks or Hooks()
-    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
+    loop = _loop(ENCODER, cfg, link, hooks, ckpt_dir)
     plm = load_pretrained(source_plm, device)
     side = EncoderSide(cfg, plm, check_lines(source_lines, "source"), seed, device)
     eval_ids = None
@@ -281,23 +284,17 @@ def run_abnet_encoder(
         eval_lines = check_lines(eval_source_lines, "source")
         eval_ids = encode_lines(plm.tokenizer, eval_lines, cfg.src_len)
     mine = {
-        "role": "abnet-encoder",
         "config": asdict(cfg),
         "seed": seed,
         "n_train": len(side.data),
         "n_eval": len(eval_ids) if eval_ids is not None else 0,
         "d_model": side.d_model,
-        "checkpoints": store.steps(),
     }
-    peer = hello(link, HELLO, mine, cfg.recv_timeout_s)
-    _check_peer(peer, mine, "abnet-decoder")
-    start = resume_step(store.steps(), peer["checkpoints"])
-    if start:
-        tensors, meta = store.load(start)
-        restore_training_state(tensors, meta, side.model, side.opt, side.generators())
-    result = _Encoder(cfg, link, side, hooks, store, eval_ids, start).run()
+    _hello(loop, mine, peer_role=DECODER)
+    loop.resume(_restore(side))
+    result = _Encoder(cfg, side, loop, eval_ids).run()
     if not result.stopped:
-        result.artifact = save_adapters(side.model, store, "abnet-encoder", cfg)
+        result.artifact = save_adapters(side.model, loop.store, ENCODER, cfg)
     return result
 
 
@@ -310,22 +307,19 @@ class _Decoder:
     def __init__(
         self,
         cfg: AbnetConfig,
-        link: Link,
         side: DecoderSide,
-        hooks: Hooks,
-        store: CheckpointStore,
+        loop: RoleLoop,
         refs: list[str],
         d_model: int,
-        start: int,
     ) -> None:
-        self.cfg, self.link, self.side, self.hooks, self.store = cfg, link, side, hooks, store
+        self.cfg, self.side, self.loop, self.link = cfg, side, loop, loop.link
         self.refs, self.d_model = refs, d_model
         self.limits = {Kind.TRAIN: len(side.data), Kind.EVAL: len(refs)}
         self.decoders = {
             Kind.TRAIN: StreamDecoder(cfg, "forward", FORWARD),
             Kind.EVAL: StreamDecoder(cfg, "eval", FORWARD),
         }
-        self.grad_encoder = StreamEncoder(cfg, "backward", BACKWARD, link.link_estimate)
+        self.grad_encoder = StreamEncoder(cfg, "backward", BACKWARD, self.link.link_estimate)
         self.sent = ByteCount()
         self.choices: dict[int, dict[str, float]] = {}
         self.done = False
@@ -335,10 +329,8 @@ class _Decoder:
         self.sender: Stage[tuple[int, torch.Tensor] | StepSync | EvalScore, None] = Stage(
             "abnet-decoder-send", self._send
         )
-        self.result = RoleResult(start_step=start, last_step=start, stopped=False)
         self.stats: list[DecoderStats] = []
         self.t0 = 0.0
-        self.stop_sent = False
         self.unreported: tuple[int, dict[str, float]] | None = None
 
     # -- the helper threads
@@ -383,12 +375,12 @@ class _Decoder:
 
     def train_micro(self, batch: Batch, memory: torch.Tensor) -> None:
         """One micro-batch: its gradient goes out at once; the last one ends the step."""
-        cfg, result = self.cfg, self.result
+        cfg, loop = self.cfg, self.loop
         if batch.micro == 0:
-            if batch.step != result.last_step + 1:
-                raise RuntimeError(f"expected step {result.last_step + 1}, got {batch.step}")
+            if batch.step != loop.next_step:
+                raise RuntimeError(f"expected step {loop.next_step}, got {batch.step}")
             self.stats, self.t0 = [], time.perf_counter()
-        elif (batch.step, batch.micro) != (result.last_step + 1, len(self.stats)):
+        elif (batch.step, batch.micro) != (loop.next_step, len(self.stats)):
             raise RuntimeError(f"out-of-order micro-batch {batch.micro} of step {batch.step}")
         grad, st = self.side.train_micro(batch.index, memory, batch.src_len)
         self.sender.put((batch.step, grad))  # S backpropagates it while this side goes on
@@ -397,11 +389,10 @@ class _Decoder:
             return
         k = batch.step
         self.side.step(k)
-        self.stop_sent = self.stop_sent or self.hooks.stop_requested()
         m = step_metrics(self.stats)
-        self.sender.put(StepSync(k, m["loss"], m["token_accuracy"], self.stop_sent))
-        result.last_step = k
-        _checkpoint(self.hooks, self.store, self.side, k, cfg)
+        # a stop the caller asks for goes to S, which ends after its current step
+        self.sender.put(StepSync(k, m["loss"], m["token_accuracy"], loop.stop_requested()))
+        loop.finished(k, _state(self.side))
         tokens = sum(s.tokens for s in self.stats)
         m["tokens_per_s"] = tokens / max(time.perf_counter() - self.t0, 1e-9)
         self.unreported = (k, m)
@@ -415,8 +406,7 @@ class _Decoder:
         m["bytes_to_encoder"] = float(self.sent.take(Kind.TRAIN, k))
         m["bytes_to_encoder_total"] = float(self.sent.total)
         m.update(self.choices.pop(k, {}))
-        self.result.history.append(m)
-        self.hooks.metrics(k, m)
+        self.loop.report(k, m)
 
     def run(self) -> RoleResult:
         """Serve S until its `stop`."""
@@ -430,10 +420,7 @@ class _Decoder:
                 score = bleu(hyps, self.refs[: len(hyps)])
                 hyps = []
                 self.sender.put(EvalScore(item.step, score))
-                self.result.extra["bleu"] = score
-                if self.result.history:
-                    self.result.history[-1]["bleu"] = score
-                self.hooks.metrics(item.step, {"bleu": score})
+                self.loop.report_eval(item.step, {"bleu": score})
                 continue
             batch, memory = item
             if batch.kind == Kind.EVAL:
@@ -442,8 +429,7 @@ class _Decoder:
                 self.train_micro(batch, memory)
         self.sender.close()
         self.inbox.join()
-        self.result.stopped = self.result.last_step < self.cfg.steps
-        return self.result
+        return self.loop.served()
 
 
 def run_abnet_decoder(
@@ -465,28 +451,16 @@ def run_abnet_decoder(
     and `result.extra["bleu"]` after the last step). The result's `artifact`
     is `ckpt_dir / "adapters.safetensors"`.
     """
-    hooks = hooks or Hooks()
-    store = CheckpointStore(ckpt_dir, keep=cfg.keep_checkpoints, key=hooks.checkpoint_key)
+    loop = _loop(DECODER, cfg, link, hooks, ckpt_dir)
     plm = load_pretrained(target_plm, device)
     lines = check_lines(target_lines, "target")
     refs = check_lines(eval_target_lines, "target") if eval_target_lines is not None else []
-    mine: dict[str, Any] = {
-        "role": "abnet-decoder",
-        "config": asdict(cfg),
-        "seed": seed,
-        "n_train": len(lines),
-        "n_eval": len(refs),
-        "checkpoints": store.steps(),
-    }
-    peer = hello(link, HELLO, mine, cfg.recv_timeout_s)
-    _check_peer(peer, mine, "abnet-encoder")
+    mine = {"config": asdict(cfg), "seed": seed, "n_train": len(lines), "n_eval": len(refs)}
+    peer = _hello(loop, mine, peer_role=ENCODER)
     d_model = int(peer["d_model"])
     side = DecoderSide(cfg, plm, lines, d_model, seed, device)
-    start = resume_step(store.steps(), peer["checkpoints"])
-    if start:
-        tensors, meta = store.load(start)
-        restore_training_state(tensors, meta, side.model, side.opt, side.generators())
-    result = _Decoder(cfg, link, side, hooks, store, refs, d_model, start).run()
+    loop.resume(_restore(side))
+    result = _Decoder(cfg, side, loop, refs, d_model).run()
     if not result.stopped:
-        result.artifact = save_adapters(side.model, store, "abnet-decoder", cfg)
+        result.artifact = save_adapters(side.model, loop.store, DECODER, cfg)
     return result

@@ -1,9 +1,11 @@
-"""The helper threads of a role: codec work and link waits off the compute thread.
+"""The helper threads of a role: sends, codec work and link waits off the compute thread.
 
 A `Stage` runs `work(item)` for each queued item, in order, on its own thread, and
 hands what `work` returns to the role through `results`; an error in the thread is
-raised in the role at its next `put`, `get` or `close`. Sending threads encode, receiving
-threads decode: the compute thread only queues tensors and picks up decoded ones.
+raised in the role at its next `put`, `get` or `close`. A `Source` produces items on
+its thread until it returns None. ABNet's sending threads encode and its receiving
+threads decode, so the compute thread only queues tensors and picks up decoded ones;
+ELECTRA's roles send through an `AsyncSender`, a `Stage` whose work is `link.send`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import queue
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from workers.switch.link import Link, Payload
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -117,3 +121,24 @@ class Source(Generic[Out]):
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (after its producer returned None)."""
         self._thread.join(timeout)
+
+
+class AsyncSender:
+    """Sends on a background thread so the role computes micro-batch k+1 while k is on the wire.
+
+    Order per channel is kept (one thread, one FIFO). An error in the thread is
+    raised in the role at its next `send` or `close`.
+    """
+
+    def __init__(self, link: Link, depth: int = 8) -> None:
+        self._stage: Stage[tuple[str, Payload], None] = Stage(
+            "training-sender", lambda item: link.send(*item), depth
+        )
+
+    def send(self, channel: str, payload: Payload) -> None:
+        """Queue a payload; blocks only when `depth` payloads are still waiting."""
+        self._stage.put((channel, payload))
+
+    def close(self) -> None:
+        """Wait until everything queued has been handed to the link."""
+        self._stage.close()
