@@ -12,8 +12,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError
+from starlette.concurrency import run_in_threadpool
 
 from app.errors import DomainError
+from app.routing import InHop
 
 log = logging.getLogger("nebula")
 
@@ -85,7 +87,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # a caller the endpoint would have refused is refused first (401 or 403, not 422)
+        caller = getattr(request.state, "caller", None)
+        if isinstance(caller, InHop):
+            try:
+                await run_in_threadpool(caller.resolve_apart)
+            except DomainError as refusal:
+                return await domain_error(request, refusal)
         return JSONResponse(validation_body(list(exc.errors())), status_code=422)
 
     @app.exception_handler(DataError)

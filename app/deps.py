@@ -20,6 +20,7 @@ from app.db import begin_reading
 from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
 from app.openapi import security
+from app.routing import InHop
 from app.settings import Settings
 from contract import API_PREFIX as API_PREFIX
 
@@ -97,18 +98,101 @@ async def stream_items(request: Request, items: Iterator[T]) -> AsyncIterator[T]
 
 
 @dataclass(frozen=True)
-class Caller:
+class Credential:
+    """What a request presented: a secret, how it came, and its CSRF header if any."""
+
+    secret: str
+    via_cookie: bool
+    unsafe: bool  # the method may change state (POST, PATCH, DELETE...)
+    csrf_sent: str = field(default="", repr=False)
+
+    def __repr__(self) -> str:
+        return f"Credential(via_cookie={self.via_cookie}, unsafe={self.unsafe})"
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A role condition on the caller, checked once the caller is known."""
+
+    allowed: frozenset[Role]
+    refusal: str
+
+
+class Caller(InHop):
     """The authenticated caller, the credential used, and how it came.
 
-    Authentication reads who is calling (`identity`); the user's and the token's rows load
-    from the request's session the first time an endpoint asks for them, and a user no
-    longer active by then is refused.
+    Who is calling is looked up in the endpoint's own hop to the thread pool (OneHopRoute
+    calls `resolve` before the endpoint runs), not in a hop of its own: one trip to the
+    thread pool per request, not two. Until then nothing about the caller can be read:
+    a Caller that was never resolved answers no question, so a route that skipped the
+    lookup fails closed. The user's and the token's rows load from the request's session
+    the first time an endpoint asks for them, and a user no longer active by then is
+    refused.
     """
 
-    identity: Identity
-    via_cookie: bool
-    ip: str | None
-    db: Session = field(repr=False, compare=False)
+    def __init__(
+        self, credential: Credential, *, ip: str | None, db: Session, settings: Settings
+    ) -> None:
+        self._credential = credential
+        self._demands: list[Demand] = []
+        self._identity: Identity | None = None
+        self.ip = ip
+        self.db = db
+        self._settings = settings
+
+    def __repr__(self) -> str:
+        return f"Caller(identity={self._identity!r}, ip={self.ip!r})"
+
+    def demand(self, allowed: frozenset[Role], refusal: str) -> Caller:
+        """Refuse the caller with 403 `refusal` unless their role is one of `allowed`."""
+        self._demands.append(Demand(allowed, refusal))
+        return self
+
+    def resolve(self, db: Session | None = None) -> None:
+        """Look the credential up (blocking): 401 unless it is live, 403 unless the role fits."""
+        if self._identity is not None:
+            return
+        db = self.db if db is None else db
+        credential = self._credential
+        if credential.unsafe:
+            begin_reading(db)  # the write lock is taken by the endpoint, not by this lookup
+        identity = accounts.resolve_token(db, secret=credential.secret)
+        if credential.unsafe:
+            db.commit()  # the endpoint's transaction may write
+        if identity is None:
+            raise NotAuthenticated("invalid or expired token")
+        if credential.via_cookie:
+            if identity.token_kind != TokenKind.session:
+                raise NotAuthenticated("invalid or expired token")
+            if credential.unsafe:
+                expected = csrf_token(subkey(self._settings, Purpose.csrf), credential.secret)
+                if not hmac.compare_digest(credential.csrf_sent, expected):
+                    raise Forbidden("missing or wrong CSRF token")
+        for demand in self._demands:
+            if identity.role not in demand.allowed:
+                raise Forbidden(demand.refusal)
+        self._identity = identity
+
+    def resolve_apart(self) -> None:
+        """Resolve after the request's session closed (the endpoint never ran), then close it."""
+        if self._identity is not None:
+            return
+        try:
+            self.resolve()
+        finally:
+            self.db.close()
+
+    @property
+    def identity(self) -> Identity:
+        """Who is calling; only once `resolve` has accepted the credential."""
+        if self._identity is None:
+            raise RuntimeError("the caller was read before its credential was resolved")
+        return self._identity
+
+    @property
+    def via_cookie(self) -> bool:
+        """Whether the credential came as the session cookie."""
+        return self._credential.via_cookie
 
     @property
     def user_id(self) -> str:
@@ -149,8 +233,12 @@ def client_ip(request: Request) -> str | None:
 
 @security({"bearer": []}, {"session_cookie": []})
 @raises(NotAuthenticated, unsafe_only=(Forbidden,))
-def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
-    """Authenticate by bearer token or session cookie (with CSRF on unsafe methods)."""
+async def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
+    """Authenticate by bearer token or session cookie (with CSRF on unsafe methods).
+
+    No credential at all is refused here; a presented one is looked up in the endpoint's
+    hop (`Caller.resolve`).
+    """
     auth = request.headers.get("authorization", "")
     via_cookie = False
     if auth.lower().startswith("bearer "):
@@ -160,49 +248,40 @@ def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Calle
         via_cookie = True
     if not secret:
         raise NotAuthenticated("not authenticated")
-    writes = request.method not in SAFE_METHODS
-    if writes:
-        begin_reading(db)  # the write lock is taken by the endpoint, not by this lookup
-    identity = accounts.resolve_token(db, secret=secret)
-    if writes:
-        db.commit()  # the endpoint's transaction may write
-    if identity is None:
-        raise NotAuthenticated("invalid or expired token")
-    if via_cookie:
-        if identity.token_kind != TokenKind.session:
-            raise NotAuthenticated("invalid or expired token")
-        if request.method not in SAFE_METHODS:
-            sent = request.headers.get(CSRF_HEADER, "")
-            if not hmac.compare_digest(sent, csrf_token(subkey(settings, Purpose.csrf), secret)):
-                raise Forbidden("missing or wrong CSRF token")
-    return Caller(identity=identity, via_cookie=via_cookie, ip=client_ip(request), db=db)
+    credential = Credential(
+        secret=secret,
+        via_cookie=via_cookie,
+        unsafe=request.method not in SAFE_METHODS,
+        csrf_sent=request.headers.get(CSRF_HEADER, ""),
+    )
+    caller = Caller(credential, ip=client_ip(request), db=db, settings=settings)
+    request.state.caller = caller  # for an answer given before the endpoint runs (api_errors)
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+ADMIN = frozenset({Role.admin})
+READERS_OF_AUDIT = frozenset({Role.admin, Role.auditor})
+WRITERS = frozenset(set(Role) - {Role.auditor})
 
 
 @raises(Forbidden)
 async def require_admin(caller: CallerDep) -> Caller:
     """Admins only."""
-    if caller.role != Role.admin:
-        raise Forbidden("admin role required")
-    return caller
+    return caller.demand(ADMIN, "admin role required")
 
 
 @raises(Forbidden)
 async def require_auditor(caller: CallerDep) -> Caller:
     """Admins and auditors."""
-    if caller.role not in (Role.admin, Role.auditor):
-        raise Forbidden("admin or auditor role required")
-    return caller
+    return caller.demand(READERS_OF_AUDIT, "admin or auditor role required")
 
 
 @raises(Forbidden)
 async def require_writer(caller: CallerDep) -> Caller:
     """Anyone but auditors, whose role is read-only."""
-    if caller.role == Role.auditor:
-        raise Forbidden("auditors have a read-only role")
-    return caller
+    return caller.demand(WRITERS, "auditors have a read-only role")
 
 
 AdminDep = Annotated[Caller, Depends(require_admin)]

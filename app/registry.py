@@ -16,8 +16,13 @@ from app.workspaces.routes import router as workspaces_router
 
 
 def routers() -> list[APIRouter]:
-    """Every router; API routers carry the /api/v1 prefix themselves."""
+    """Every router; API routers carry the /api/v1 prefix themselves.
+
+    Requests are matched against the routers in this order, route by route, so the probes
+    come first: a health check is answered without trying the API's hundred routes.
+    """
     return [
+        ops_router,
         accounts_router,
         workspaces_router,
         grants_router,
@@ -26,5 +31,4 @@ def routers() -> list[APIRouter]:
         jobs_router,
         cluster_api_router,
         audit_router,
-        ops_router,
     ]

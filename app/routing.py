@@ -1,10 +1,12 @@
-"""API routes whose plain-function endpoints cost one hop to the thread pool, not two.
+"""API routes whose endpoints cost one hop to the thread pool, not two or three.
 
-FastAPI runs a plain (`def`) endpoint on the thread pool, then hops there once more to
-validate what it returned against the response model. Here such an endpoint is run on
-the thread pool from a coroutine of its own: its blocking work (the database) still never
-runs on the event loop, and the check of the answer, microseconds for the models the
-endpoints build, runs on the loop without a second hop.
+FastAPI runs a plain (`def`) endpoint on the thread pool, each plain dependency in a hop
+of its own before it, then hops there once more to validate what the endpoint returned
+against the response model. Here the blocking work of a request goes in one hop: the
+dependencies that need I/O hand back an `InHop` value instead of doing it (the caller's
+credential, to be looked up), and the route resolves those on the thread pool right
+before the endpoint runs, in the same hop. The check of the answer, microseconds for the
+models the endpoints build, runs on the loop. Nothing blocking runs on the event loop.
 """
 
 from __future__ import annotations
@@ -18,20 +20,53 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 
-def on_thread_pool(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    """`endpoint` as a coroutine that runs it on the thread pool (a coroutine stays as is)."""
-    if inspect.iscoroutinefunction(endpoint):
-        return endpoint
+class InHop:
+    """A dependency's value whose blocking part runs in the endpoint's hop, first."""
 
-    @functools.wraps(endpoint)  # FastAPI reads the parameters and markers of the original
+    def resolve(self) -> None:
+        """Do the blocking part; raise a domain error to refuse the request."""
+        raise NotImplementedError
+
+    def resolve_apart(self) -> None:
+        """Resolve for an answer given before the endpoint ran (a 422): its refusal comes first."""
+        self.resolve()
+
+
+def _resolve_all(values: dict[str, Any]) -> None:
+    for value in values.values():
+        if isinstance(value, InHop):
+            value.resolve()
+
+
+def on_thread_pool(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """`endpoint` as a coroutine that resolves its InHop arguments, then runs it.
+
+    A plain function runs on the thread pool with its arguments resolved in the same hop;
+    a coroutine stays on the loop, its InHop arguments resolved in one hop before it.
+    """
+    if inspect.iscoroutinefunction(endpoint):
+
+        @functools.wraps(endpoint)  # FastAPI reads the parameters and markers of the original
+        async def resolved_first(*args: Any, **kwargs: Any) -> Any:
+            if any(isinstance(v, InHop) for v in kwargs.values()):
+                await run_in_threadpool(_resolve_all, kwargs)
+            return await endpoint(*args, **kwargs)
+
+        return resolved_first
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _resolve_all(kwargs)
+        return endpoint(*args, **kwargs)
+
+    @functools.wraps(endpoint)
     async def threaded(*args: Any, **kwargs: Any) -> Any:
-        return await run_in_threadpool(endpoint, *args, **kwargs)
+        return await run_in_threadpool(run, *args, **kwargs)
 
     return threaded
 
 
 class OneHopRoute(APIRoute):
-    """An API route whose endpoint, if a plain function, runs on the thread pool once."""
+    """An API route whose blocking work (InHop arguments, a plain endpoint) is one hop."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(path, on_thread_pool(endpoint), **kwargs)

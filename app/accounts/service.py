@@ -23,7 +23,7 @@ from app.accounts.models import (
 )
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import begin_reading, begin_writing, newest_first, utcnow
+from app.db import NewestFirst, begin_reading, begin_writing, utcnow
 from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
@@ -380,12 +380,17 @@ def create_api_token(
     return issued
 
 
+_API_TOKENS = NewestFirst(
+    AuthToken, (AuthToken.user_id == bindparam("user_id")) & (AuthToken.kind == TokenKind.api)
+)
+_USERS = NewestFirst(User)
+
+
 def list_api_tokens(
     db: Session, *, user: User, limit: int, offset: int
 ) -> tuple[list[AuthToken], int]:
     """The user's API tokens (never their secrets), newest first."""
-    where = (AuthToken.user_id == user.id) & (AuthToken.kind == TokenKind.api)
-    return newest_first(db, AuthToken, where, limit=limit, offset=offset)
+    return _API_TOKENS(db, user_id=user.id, limit=limit, offset=offset)
 
 
 def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -> AuthToken:
@@ -400,7 +405,7 @@ def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -
 
 def list_users(db: Session, *, limit: int, offset: int) -> tuple[list[User], int]:
     """Every user, newest first."""
-    return newest_first(db, User, limit=limit, offset=offset)
+    return _USERS(db, limit=limit, offset=offset)
 
 
 def get_user(db: Session, *, user_id: str) -> User:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from sqlalchemy import bindparam, func, select
 from sqlalchemy import delete as sql_delete
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import tokens
@@ -19,7 +19,7 @@ from app.clusters.models import (
     EnrollmentToken,
     WorkerCredential,
 )
-from app.db import newest_first, utcnow
+from app.db import NewestFirst, utcnow
 from app.errors import Conflict, NotFound
 
 
@@ -56,7 +56,7 @@ def by_name(db: Session, *, name: str) -> Cluster | None:
 
 def list_all(db: Session, *, limit: int, offset: int) -> tuple[list[Cluster], int]:
     """Every cluster, newest first."""
-    return newest_first(db, Cluster, limit=limit, offset=offset)
+    return _CLUSTERS(db, limit=limit, offset=offset)
 
 
 def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
@@ -78,12 +78,16 @@ def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
     )
 
 
+_CLUSTERS = NewestFirst(Cluster)
+_CERTIFICATES = NewestFirst(Certificate, Certificate.cluster_id == bindparam("cluster_id"))
+_CREDENTIALS = NewestFirst(WorkerCredential, WorkerCredential.cluster_id == bindparam("cluster_id"))
+
+
 def certificates(
     db: Session, *, cluster_id: str, limit: int, offset: int
 ) -> tuple[list[Certificate], int]:
     """Certificates of one cluster, newest first."""
-    where = Certificate.cluster_id == cluster_id
-    return newest_first(db, Certificate, where, limit=limit, offset=offset)
+    return _CERTIFICATES(db, cluster_id=cluster_id, limit=limit, offset=offset)
 
 
 WORKER_CREDENTIAL_PREFIX = "nbw_"
@@ -112,8 +116,7 @@ def worker_credentials(
     db: Session, *, cluster_id: str, limit: int, offset: int
 ) -> tuple[list[WorkerCredential], int]:
     """The worker credentials of one cluster (never their secrets), newest first."""
-    where = WorkerCredential.cluster_id == cluster_id
-    return newest_first(db, WorkerCredential, where, limit=limit, offset=offset)
+    return _CREDENTIALS(db, cluster_id=cluster_id, limit=limit, offset=offset)
 
 
 def revoke_worker_credential(

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
-from sqlalchemy import func, select, true, update
+from sqlalchemy import bindparam, func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
@@ -15,7 +15,7 @@ from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
-from app.db import newest_first, owner_of, utcnow
+from app.db import NewestFirst, owner_of, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
@@ -165,9 +165,13 @@ def _deny(db: Session, actor: Actor, job_id: str) -> NoReturn:
     audit.deny(db, actor=actor, action="job.access", subject_type="job", subject_id=job_id)
 
 
+_ACTIVE = NewestFirst(Job, Job.status.in_(ACTIVE_STATUSES))
+_IN_WORKSPACE = NewestFirst(Job, Job.workspace_id == bindparam("workspace_id"))
+
+
 def list_active(db: Session, *, limit: int, offset: int) -> tuple[list[tuple[Job, str]], int]:
     """Queued and running jobs of every tenant, newest first, with their owners' emails."""
-    jobs, total = newest_first(db, Job, Job.status.in_(ACTIVE_STATUSES), limit=limit, offset=offset)
+    jobs, total = _ACTIVE(db, limit=limit, offset=offset)
     emails = dict(
         db.execute(select(User.id, User.email).where(User.id.in_({j.owner_id for j in jobs}))).all()
     )
@@ -178,7 +182,7 @@ def list_for_workspace(
     db: Session, *, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Job], int]:
     """Jobs of a workspace, newest first."""
-    return newest_first(db, Job, Job.workspace_id == workspace_id, limit=limit, offset=offset)
+    return _IN_WORKSPACE(db, workspace_id=workspace_id, limit=limit, offset=offset)
 
 
 def finish_job(db: Session, job: Job, status: JobStatus, error: str | None = None) -> None:

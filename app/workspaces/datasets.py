@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
 from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import begin_writing, new_id, newest_first, utcnow
+from app.db import NewestFirst, begin_writing, new_id, utcnow
 from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
 from app.releases import provenance
@@ -347,13 +347,17 @@ def get_owned(
     return dataset
 
 
+_LIVE_IN_WORKSPACE = NewestFirst(
+    Dataset, (Dataset.workspace_id == bindparam("workspace_id")) & Dataset.deleted_at.is_(None)
+)
+
+
 def list_in_workspace(
     db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Dataset], int]:
     """The live datasets of one of the user's workspaces, newest first."""
     workspaces.check_owned(db, actor=actor, user=user, workspace_id=workspace_id)
-    where = (Dataset.workspace_id == workspace_id) & Dataset.deleted_at.is_(None)
-    return newest_first(db, Dataset, where, limit=limit, offset=offset)
+    return _LIVE_IN_WORKSPACE(db, workspace_id=workspace_id, limit=limit, offset=offset)
 
 
 def update(

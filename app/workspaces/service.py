@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
 from app.accounts.models import Identity, Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import new_id, newest_first, owner_of
+from app.db import NewestFirst, new_id, owner_of
 from app.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from app.settings import Settings
 from app.workspaces import storage
@@ -92,11 +92,14 @@ def _deny(db: Session, actor: Actor, workspace_id: str) -> NoReturn:
     )
 
 
+_OWNED = NewestFirst(Workspace, Workspace.owner_id == bindparam("owner_id"))
+
+
 def list_owned(
     db: Session, *, owner_id: str, limit: int, offset: int
 ) -> tuple[list[Workspace], int]:
     """Workspaces of one owner, newest first."""
-    return newest_first(db, Workspace, Workspace.owner_id == owner_id, limit=limit, offset=offset)
+    return _OWNED(db, owner_id=owner_id, limit=limit, offset=offset)
 
 
 def delete(db: Session, *, actor: Actor, workspace: Workspace) -> None:

@@ -18,7 +18,7 @@ from app.accounts import passwords
 from app.accounts import service as accounts
 from app.accounts.models import LoginFailure, Role, User, UserStatus
 from app.audit.models import AuditEvent
-from app.deps import Caller
+from app.deps import Caller, Credential
 from app.errors import NotAuthenticated, TooManyAttempts
 from app.main import create_app
 from app.settings import Settings
@@ -260,9 +260,10 @@ def test_a_user_suspended_after_authentication_is_refused_when_the_row_loads(
 ) -> None:
     alice = platform.user()
     with platform.factory() as db:
-        identity = accounts.resolve_token(db, secret=alice.token)
-        assert identity is not None and identity.id == alice.id
-        caller = Caller(identity=identity, via_cookie=False, ip=None, db=db)
+        credential = Credential(secret=alice.token, via_cookie=False, unsafe=False)
+        caller = Caller(credential, ip=None, db=db, settings=platform.settings)
+        caller.resolve()
+        assert caller.user_id == alice.id
         db.commit()
         with platform.factory() as other:
             other.execute(
@@ -271,3 +272,51 @@ def test_a_user_suspended_after_authentication_is_refused_when_the_row_loads(
             other.commit()
         with pytest.raises(NotAuthenticated):
             _ = caller.user
+
+
+def test_a_caller_whose_credential_was_never_resolved_answers_nothing(platform: Platform) -> None:
+    """A route that skipped the lookup fails closed: no identity, no role, no actor."""
+    alice = platform.user()
+    with platform.factory() as db:
+        credential = Credential(secret=alice.token, via_cookie=False, unsafe=False)
+        caller = Caller(credential, ip=None, db=db, settings=platform.settings)
+        for question in ("identity", "user_id", "role", "actor", "user", "token"):
+            with pytest.raises(RuntimeError, match="before its credential was resolved"):
+                getattr(caller, question)
+
+
+def test_every_api_route_resolves_its_caller_in_the_endpoint_hop(client: TestClient) -> None:
+    """Callers are looked up by OneHopRoute before the endpoint runs: every API route is one."""
+    from fastapi.routing import APIRoute, iter_route_contexts
+
+    from app.routing import OneHopRoute
+
+    api = [
+        c
+        for c in iter_route_contexts(client.app.routes)  # type: ignore[attr-defined]
+        if isinstance(c.original_route, APIRoute) and c.path.startswith("/api/")
+    ]
+    assert len(api) > 50
+    assert [c.path for c in api if not isinstance(c.original_route, OneHopRoute)] == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/workspaces?limit=0"),  # a query out of bounds
+        ("GET", "/jobs/not-a-uuid"),  # a malformed path parameter
+        ("POST", "/workspaces/not-a-uuid/datasets"),
+        ("GET", "/audit?since=yesterday"),
+    ],
+)
+def test_a_bad_credential_is_refused_before_the_input_is_judged(
+    client: TestClient, platform: Platform, method: str, path: str
+) -> None:
+    """401 for a wrong token and 403 for a role that does not fit, whatever else is wrong."""
+    wrong = {"Authorization": "Bearer nbl_wrong-secret"}
+    answer = client.request(method, f"/api/v1{path}", headers=wrong)
+    assert answer.status_code == 401, answer.text
+    member = platform.user()
+    answer = client.request(method, f"/api/v1{path}", headers=member.headers)
+    expected = 403 if path.startswith("/audit") else 422
+    assert answer.status_code == expected, answer.text
