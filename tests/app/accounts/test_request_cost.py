@@ -15,7 +15,6 @@ from sqlalchemy import event, func, select, update
 from sqlalchemy.engine import Engine
 
 from app.accounts import passwords
-from app.accounts import service as accounts
 from app.accounts.models import LoginFailure, Role, User, UserStatus
 from app.audit.models import AuditEvent
 from app.deps import Caller, Credential
