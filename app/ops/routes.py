@@ -31,8 +31,8 @@ class PrometheusResponse(Response):
 
 
 @router.get("/healthz", response_model=HealthOut)
-async def healthz() -> HealthOut:
-    """The process is up (no I/O: on the loop, no hop to the thread pool)."""
+async def healthz() -> HealthOut:  # no I/O: answered on the loop, no hop to the thread pool
+    """The process is up."""
     return HealthOut(status="ok")
 
 
