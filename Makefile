@@ -1,5 +1,7 @@
 # Nebula — `make up` runs the platform, `make test` tests it.
 PYTHON ?= python3
+# pytest-xdist workers: tests wait on servers, switches and outages as much as they compute
+PYTEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -64,7 +66,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy app cli contract workers
 
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint typecheck frontend-test frontend pytest
 
