@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import BigInteger, Enum, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
@@ -49,6 +50,7 @@ class User(Base):
     """An account."""
 
     __tablename__ = "users"
+    audit_type: ClassVar[str] = "user"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     email: Mapped[str] = mapped_column(String(320), unique=True)
@@ -70,6 +72,7 @@ class AuthToken(Base):
     """A bearer credential; only the sha256 of the secret is stored."""
 
     __tablename__ = "auth_tokens"
+    audit_type: ClassVar[str] = "token"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)

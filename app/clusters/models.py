@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import JSON, ForeignKey, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
@@ -14,6 +15,7 @@ class Cluster(Base):
     """A compute cluster, reachable only through its switch."""
 
     __tablename__ = "clusters"
+    audit_type: ClassVar[str] = "cluster"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(63), unique=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import Enum, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
@@ -25,6 +26,7 @@ class AccessRequest(Base):
     """One request by `requester_id` to use `dataset_id` (owned by `owner_id`) in jobs."""
 
     __tablename__ = "access_requests"
+    audit_type: ClassVar[str] = "access_request"
     __table_args__ = (Index("ix_access_requests_dataset_requester", "dataset_id", "requester_id"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)

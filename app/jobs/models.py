@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, BigInteger, Enum, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
@@ -16,6 +16,7 @@ class Job(Base):
     """A validated configuration of Nebula's own training code, split into roles."""
 
     __tablename__ = "jobs"
+    audit_type: ClassVar[str] = "job"
     __table_args__ = (Index("ix_jobs_workspace_status", "workspace_id", "status"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import Enum, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
@@ -45,6 +46,7 @@ class ReleaseRequest(Base):
     """The owner of a derived dataset asks its sources' owners to release it (download)."""
 
     __tablename__ = "release_requests"
+    audit_type: ClassVar[str] = "release_request"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)

@@ -24,6 +24,7 @@ from typing import BinaryIO
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app import ownership
 from app.accounts import quotas
 from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
@@ -103,7 +104,7 @@ def begin_upload(
     db: Session, *, actor: Actor, user: User, workspace_id: str, settings: Settings
 ) -> UploadPlan:
     """Check ownership, settle the key and budget, and end the transaction before streaming."""
-    workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    workspace = ownership.get_owned(db, Workspace, workspace_id, actor=actor, user=user)
     plan = plan_upload(db, workspace=workspace, settings=settings)
     # Nothing may be held while the body streams (on SQLite every transaction holds the
     # write lock); this also commits a data key made for an older workspace.
@@ -282,8 +283,7 @@ def finish_upload(
         db,
         actor=actor,
         action="dataset.upload",
-        subject_type="dataset",
-        subject_id=dataset.id,
+        subject=dataset,
         details={
             "workspace_id": workspace.id,
             "kind": fields.kind.value,
@@ -351,7 +351,7 @@ def list_in_workspace(
     db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Dataset], int]:
     """The live datasets of one of the user's workspaces, newest first."""
-    workspaces.check_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    ownership.check_owned(db, Workspace, workspace_id, actor=actor, user=user)
     where = (Dataset.workspace_id == workspace_id) & Dataset.deleted_at.is_(None)
     return newest_first(db, Dataset, where, limit=limit, offset=offset)
 
@@ -370,14 +370,7 @@ def update(
                 " catalog until they release it"
             )
         dataset.discoverable = changes["discoverable"] = discoverable
-    audit.record(
-        db,
-        actor=actor,
-        action="dataset.update",
-        subject_type="dataset",
-        subject_id=dataset.id,
-        details=changes,
-    )
+    audit.record(db, actor=actor, action="dataset.update", subject=dataset, details=changes)
     return dataset
 
 
@@ -397,8 +390,7 @@ def delete(db: Session, *, actor: Actor, dataset: Dataset) -> list[grants.EndedR
         db,
         actor=actor,
         action="dataset.delete",
-        subject_type="dataset",
-        subject_id=dataset.id,
+        subject=dataset,
         details={
             "size_bytes": dataset.size_bytes,
             "requests_ended": [end.request_id for end in ended],
@@ -436,18 +428,9 @@ def open_for_download(
             ),
         )
     begin_writing(db)  # a GET that writes: the download is an audited use of the data
-    workspace = db.get(Workspace, dataset.workspace_id)
-    if workspace is None:
-        raise NotFound()
-    key = workspaces.data_key(db, workspace=workspace, settings=settings)
-    audit.record(
-        db,
-        actor=actor,
-        action="dataset.download",
-        subject_type="dataset",
-        subject_id=dataset.id,
-    )
-    return workspaces.reader_for(dataset, data_key=key, settings=settings)
+    reader = workspaces.reader_for(db, dataset=dataset, settings=settings)
+    audit.record(db, actor=actor, action="dataset.download", subject=dataset)
+    return reader
 
 
 # ------------------------------------------------------------------------------ catalog

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import BigInteger, Enum, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
@@ -15,6 +16,7 @@ class Workspace(Base):
     """An isolated space owned by one user; datasets and jobs live in one."""
 
     __tablename__ = "workspaces"
+    audit_type: ClassVar[str] = "workspace"
     __table_args__ = (UniqueConstraint("owner_id", "name", name="uq_workspaces_owner_name"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
@@ -42,6 +44,7 @@ class Dataset(Base):
     """A file stored encrypted under data_dir/datasets/<id>.enc; its name is metadata only."""
 
     __tablename__ = "datasets"
+    audit_type: ClassVar[str] = "dataset"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
     # SET NULL: a workspace can go once its datasets are deleted; their rows stay for

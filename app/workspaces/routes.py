@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from app import ownership
 from app.accounts.models import Identity, Role, User
 from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
@@ -19,7 +20,7 @@ from app.jobs import service as jobs
 from app.releases import service as releases
 from app.routing import OneHopRoute
 from app.workspaces import datasets, service
-from app.workspaces.models import Dataset, DatasetKind
+from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.schemas import (
     DatasetList,
     DatasetOut,
@@ -67,8 +68,8 @@ def create_workspace(
 @router.get("/workspaces/{workspace_id}", response_model=WorkspaceOut)
 def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> WorkspaceOut:
     """One of the caller's workspaces."""
-    workspace = service.get_owned(
-        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
+    workspace = ownership.get_owned(
+        db, Workspace, workspace_id, actor=caller.actor, user=caller.identity
     )
     return WorkspaceOut.model_validate(workspace)
 
@@ -77,8 +78,8 @@ def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionD
 @raises(Conflict)
 def delete_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> None:
     """Delete one of the caller's workspaces (not the personal one)."""
-    workspace = service.get_owned(
-        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
+    workspace = ownership.get_owned(
+        db, Workspace, workspace_id, actor=caller.actor, user=caller.identity
     )
     service.delete(db, actor=caller.actor, workspace=workspace)
     db.commit()
