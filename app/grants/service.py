@@ -365,16 +365,20 @@ class _Party(StrEnum):
     requester = "requester"
 
 
+_PENDING, _APPROVED = AccessStatus.pending.value, AccessStatus.approved.value
+# Each step on a request: the one party who may take it, and the statuses it starts from.
+_STEPS: dict[str, tuple[_Party, tuple[str, ...]]] = {
+    "access.approve": (_Party.owner, (_PENDING,)),
+    "access.deny": (_Party.owner, (_PENDING,)),
+    "access.revoke": (_Party.owner, (_APPROVED,)),
+    "access.withdraw": (_Party.requester, (_PENDING, _APPROVED)),
+}
+
+
 def _transition(
-    db: Session,
-    *,
-    actor: Actor,
-    user: User,
-    request_id: str,
-    action: str,
-    who: _Party,
-    allowed_from: tuple[str, ...],
+    db: Session, *, actor: Actor, user: User, request_id: str, action: str
 ) -> AccessRequest:
+    who, allowed_from = _STEPS[action]
     request = _locked_request(db, request_id)
     if request is None or user.id not in (request.requester_id, request.owner_id):
         audit.deny(
@@ -402,13 +406,7 @@ def approve(
     """The owner grants use in jobs, until `expires_at` (future) or revocation."""
     # who may decide comes first: a stranger learns nothing from the date's check
     request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.approve",
-        who=_Party.owner,
-        allowed_from=(AccessStatus.pending.value,),
+        db, actor=actor, user=user, request_id=request_id, action="access.approve"
     )
     now = utcnow()
     if expires_at is not None and expires_at <= now:
@@ -439,15 +437,7 @@ def approve(
 
 def deny(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
     """The owner refuses a pending request."""
-    request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.deny",
-        who=_Party.owner,
-        allowed_from=(AccessStatus.pending.value,),
-    )
+    request = _transition(db, actor=actor, user=user, request_id=request_id, action="access.deny")
     request.status = AccessStatus.denied
     request.decided_at = utcnow()
     _record_decision(db, actor=actor, action="access.deny", request=request)
@@ -458,15 +448,7 @@ def revoke(
     db: Session, *, actor: Actor, user: User, request_id: str
 ) -> tuple[AccessRequest, EndedRequest]:
     """The owner ends an active grant; the caller stops the jobs it ended after the commit."""
-    request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.revoke",
-        who=_Party.owner,
-        allowed_from=(AccessStatus.approved.value,),
-    )
+    request = _transition(db, actor=actor, user=user, request_id=request_id, action="access.revoke")
     ended = _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason="owner")
     return request, ended
 
@@ -477,13 +459,7 @@ def withdraw(
     """The requester takes back a pending request or gives up an active grant (whose jobs the
     caller stops after the commit)."""
     request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.withdraw",
-        who=_Party.requester,
-        allowed_from=(AccessStatus.pending.value, AccessStatus.approved.value),
+        db, actor=actor, user=user, request_id=request_id, action="access.withdraw"
     )
     ended = _end(
         db, actor=actor, request=request, status=AccessStatus.withdrawn, reason="requester"

@@ -110,14 +110,7 @@ def request_release(
     db: Session, *, actor: Actor, user: User, dataset_id: str, purpose: str
 ) -> ReleaseRequest:
     """A pending request to the owners of every source that binds the user's dataset."""
-    datasets.get_owned(
-        db,
-        actor=actor,
-        user=user,
-        dataset_id=dataset_id,
-        action="release.request",
-        forbidden="only the dataset's owner may ask for its release",
-    )
+    datasets.get_owned(db, actor=actor, user=user, dataset_id=dataset_id, action="release.request")
     dataset = db.scalar(
         select(Dataset)
         .where(Dataset.id == dataset_id)

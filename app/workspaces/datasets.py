@@ -330,10 +330,18 @@ def get_visible(db: Session, *, actor: Actor, user: User, dataset_id: str) -> Da
     return dataset
 
 
-def get_owned(
-    db: Session, *, actor: Actor, user: User, dataset_id: str, action: str, forbidden: str
-) -> Dataset:
-    """The dataset if `user` owns it; Forbidden for an active grantee; NotFound otherwise."""
+# What only a dataset's owner may do, and what an active grantee who tries it is told.
+OWNER_ONLY = {
+    "dataset.download": "grants allow use in jobs, not download",
+    "dataset.update": "only the owner may change a dataset",
+    "dataset.delete": "only the owner may delete a dataset",
+    "release.request": "only the dataset's owner may ask for its release",
+}
+
+
+def get_owned(db: Session, *, actor: Actor, user: User, dataset_id: str, action: str) -> Dataset:
+    """The dataset if `user` owns it, for one of the `OWNER_ONLY` actions; Forbidden for an
+    active grantee; NotFound otherwise."""
     dataset = get_visible(db, actor=actor, user=user, dataset_id=dataset_id)
     if dataset.owner_id != user.id:
         audit.deny(
@@ -342,7 +350,7 @@ def get_owned(
             action=action,
             subject_type="dataset",
             subject_id=dataset_id,
-            forbidden=forbidden,
+            forbidden=OWNER_ONLY[action],
         )
     return dataset
 

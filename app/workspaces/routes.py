@@ -239,12 +239,7 @@ def get_dataset_content(
 ) -> StreamingResponse:
     """The bytes, decrypted as they stream, for the owner only: grants allow use, not download."""
     dataset = datasets.get_owned(
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        dataset_id=dataset_id,
-        action="dataset.download",
-        forbidden="grants allow use in jobs, not download",
+        db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.download"
     )
     reader = datasets.open_for_download(db, actor=caller.actor, dataset=dataset, settings=settings)
     db.commit()  # the download is audited before the first byte leaves
@@ -276,12 +271,7 @@ def update_dataset(
 ) -> DatasetOut:
     """Rename, or switch whether the catalog lists it (owner)."""
     dataset = datasets.get_owned(
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        dataset_id=dataset_id,
-        action="dataset.update",
-        forbidden="only the owner may change a dataset",
+        db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.update"
     )
     datasets.update(
         db, actor=caller.actor, dataset=dataset, name=body.name, discoverable=body.discoverable
@@ -297,12 +287,7 @@ def delete_dataset(
 ) -> None:
     """Delete (owner): the quota is given back, requests and grants on it end."""
     dataset = datasets.get_owned(
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        dataset_id=dataset_id,
-        action="dataset.delete",
-        forbidden="only the owner may delete a dataset",
+        db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.delete"
     )
     ended = datasets.delete(db, actor=caller.actor, dataset=dataset)
     db.commit()
