@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.audit import names, service
@@ -24,12 +24,12 @@ from app.audit.schemas import (
     VerificationOut,
 )
 from app.db import begin_writing, session_scope
-from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
+from app.deps import AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
 from app.errors import NotFound, raises
 from app.fields import UUID_PATTERN, Timestamp
-from app.routing import OneHopRoute
+from app.routing import api_router
 
-router = APIRouter(prefix=API_PREFIX, tags=["audit"], route_class=OneHopRoute)
+router = api_router("audit")
 
 _FIELDS = list(AuditEventOut.model_fields)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fastapi import APIRouter, Request, status
+from fastapi import Request, status
 from sqlalchemy.orm import Session
 
 from app.clusters import service
@@ -29,15 +29,15 @@ from app.clusters.schemas import (
     WorkerCredentialList,
     WorkerCredentialOut,
 )
-from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
+from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
 from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
 from app.openapi import PemResponse
 from app.pki import service as pki
-from app.routing import OneHopRoute
+from app.routing import api_router
 from app.settings import Settings
 
-router = APIRouter(prefix=API_PREFIX, tags=["clusters"], route_class=OneHopRoute)
+router = api_router("clusters")
 
 
 def _out(db: Session, cluster: Cluster, settings: Settings) -> ClusterOut:

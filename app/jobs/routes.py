@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, status
+from fastapi import Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -15,7 +15,6 @@ from app import ownership
 from app.accounts import service as accounts
 from app.db import session_scope
 from app.deps import (
-    API_PREFIX,
     AdminDep,
     CallerDep,
     PageDep,
@@ -40,10 +39,10 @@ from app.jobs.schemas import (
     MetricsOut,
 )
 from app.jobs.states import FINAL_STATUSES
-from app.routing import OneHopRoute
+from app.routing import api_router
 from app.workspaces.models import Workspace
 
-router = APIRouter(prefix=API_PREFIX, tags=["jobs"], route_class=OneHopRoute)
+router = api_router("jobs")
 
 EVENT_POLL_S = 0.5
 KEEPALIVE_S = 15.0

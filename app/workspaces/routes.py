@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -13,12 +13,12 @@ from starlette.requests import ClientDisconnect
 
 from app import ownership
 from app.accounts.models import Identity, Role, User
-from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
+from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
 from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
 from app.jobs import service as jobs
 from app.releases import service as releases
-from app.routing import OneHopRoute
+from app.routing import api_router
 from app.workspaces import datasets, service
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.schemas import (
@@ -32,7 +32,7 @@ from app.workspaces.schemas import (
 )
 from app.workspaces.upload import UploadForm
 
-router = APIRouter(prefix=API_PREFIX, tags=["workspaces"], route_class=OneHopRoute)
+router = api_router("workspaces")
 
 
 @router.get("/workspaces", response_model=WorkspaceList)
