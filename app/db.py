@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import threading
@@ -9,11 +10,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
     DateTime,
+    Enum,
     MetaData,
     String,
     bindparam,
@@ -23,7 +25,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Dialect, Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
@@ -67,7 +69,17 @@ class Base(DeclarativeBase):
     """Base of every ORM model."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime(), str: String(255)}
+    # an enum column holds the member's name as a short string, not a database enum type
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        str: String(255),
+        enum.Enum: Enum(enum.Enum, native_enum=False, length=16),
+    }
+
+
+# The columns most tables have, declared once: `id: Mapped[NewId]`, `created_at: Mapped[CreatedAt]`.
+NewId = Annotated[str, mapped_column(String(36), primary_key=True, default=new_id)]
+CreatedAt = Annotated[datetime, mapped_column(default=utcnow)]
 
 
 # The execution option that says whether a connection's transactions may write.
