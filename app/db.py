@@ -22,6 +22,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
 )
 from sqlalchemy.engine import Dialect, Engine, make_url
@@ -245,6 +246,11 @@ def begin_writing(db: Session) -> None:
     if db.in_transaction():
         db.commit()
     db.connection(execution_options=access_options(db.get_bind().dialect.name, writes=True))
+
+
+def columns(row: Base) -> dict[str, Any]:
+    """The row's column values by attribute name (an answer's fields are read from them)."""
+    return {attr.key: getattr(row, attr.key) for attr in inspect(row).mapper.column_attrs}
 
 
 _OWNER_LOOKUPS: dict[type[Base], Any] = {}

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Annotated, Literal
 
 from fastapi import Query, Request
@@ -94,14 +95,8 @@ def verify_chain(caller: AuditorDep, db: SessionDep, settings: SettingsDep) -> V
 def newest_anchor(caller: AuditorDep, settings: SettingsDep) -> AnchorOut:
     """The newest signed head of the chain, as kept outside the database."""
     anchor = service.newest_anchor(settings=settings)
-    return AnchorOut(
-        seq=anchor.seq,
-        hash=anchor.hash,
-        signed_at=anchor.signed_at,
-        signature=anchor.signature,
-        legacy_through=anchor.legacy_through,
-        public_key=public_key_b64(anchor_signing_key(settings).public_key()),
-    )
+    public_key = public_key_b64(anchor_signing_key(settings).public_key())
+    return AnchorOut(**asdict(anchor), public_key=public_key)
 
 
 @router.get(

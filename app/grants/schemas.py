@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.db import columns
 from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp
 from app.grants.service import RequestView, status_of
 from app.workspaces.models import DatasetKind
@@ -52,25 +53,9 @@ class AccessRequestOut(BaseModel):
 
     @classmethod
     def of(cls, view: RequestView) -> AccessRequestOut:
-        """The answer for one request."""
-        r = view.request
-        return cls(
-            id=r.id,
-            dataset_id=r.dataset_id,
-            requester_id=r.requester_id,
-            owner_id=r.owner_id,
-            purpose=r.purpose,
-            status=status_of(r),
-            created_at=r.created_at,
-            decided_at=r.decided_at,
-            expires_at=r.expires_at,
-            ended_at=r.ended_at,
-            dataset_name=view.dataset_name,
-            dataset_kind=view.dataset_kind,
-            requester_email=view.requester_email,
-            requester_display_name=view.requester_display_name,
-            owner_display_name=view.owner_display_name,
-        )
+        """The answer for one request: its columns, its status as reported, the names beside it."""
+        row = view.request
+        return cls.model_validate({**columns(row), **vars(view), "status": status_of(row)})
 
 
 class AccessRequestList(BaseModel):
