@@ -144,7 +144,6 @@ def list_certificates(
     cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> CertificateList:
     """Certificates issued to the cluster's switch."""
-    service.get(db, cluster_id=cluster_id)
     items, total = service.certificates(
         db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
     )
@@ -194,7 +193,6 @@ def list_worker_credentials(
     cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> WorkerCredentialList:
     """The cluster's worker credentials, without their secrets."""
-    service.get(db, cluster_id=cluster_id)
     items, total = service.worker_credentials(
         db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
     )

@@ -71,7 +71,8 @@ def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
 def certificates(
     db: Session, *, cluster_id: str, limit: int, offset: int
 ) -> tuple[list[Certificate], int]:
-    """Certificates of one cluster, newest first."""
+    """Certificates of one cluster, newest first; NotFound for no such cluster."""
+    get(db, cluster_id=cluster_id)
     where = Certificate.cluster_id == cluster_id
     return newest_first(db, Certificate, where, limit=limit, offset=offset)
 
@@ -103,7 +104,9 @@ def _record_credential(
 def worker_credentials(
     db: Session, *, cluster_id: str, limit: int, offset: int
 ) -> tuple[list[WorkerCredential], int]:
-    """The worker credentials of one cluster (never their secrets), newest first."""
+    """The worker credentials of one cluster (never their secrets), newest first; NotFound for
+    no such cluster."""
+    get(db, cluster_id=cluster_id)
     where = WorkerCredential.cluster_id == cluster_id
     return newest_first(db, WorkerCredential, where, limit=limit, offset=offset)
 
