@@ -5,29 +5,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.db import columns
-from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp
+from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp, example
 from app.grants.service import RequestView, status_of
 from app.workspaces.models import DatasetKind
 
 
 class AccessRequestCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [{"dataset_id": EXAMPLE_ID, "purpose": "pre-train an Spanish ELECTRA"}]
-        }
-    )
+    model_config = example(dataset_id=EXAMPLE_ID, purpose="pre-train an Spanish ELECTRA")
 
     dataset_id: Id
     purpose: str = Field(min_length=1, max_length=2000)
 
 
 class ApproveIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"expires_at": "2030-01-01T00:00:00Z"}]}
-    )
+    model_config = example(expires_at="2030-01-01T00:00:00Z")
 
     expires_at: Timestamp | None = Field(
         default=None, description="In the future; none: until revoked"

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.db import columns
-from app.fields import StrictIn
+from app.fields import StrictIn, example
 from app.releases.models import ReleaseStatus
 from app.releases.service import RequestView
 from app.workspaces.models import DatasetKind
 
 
 class ReleaseRequestCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"purpose": "publish the fine-tuned model"}]}
-    )
+    model_config = example(purpose="publish the fine-tuned model")
 
     purpose: str = Field(min_length=1, max_length=2000)
 
