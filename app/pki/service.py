@@ -177,6 +177,14 @@ def _sign(
     details = {"cluster": cluster.name}
     if renewed_from is not None:
         details["previous_serial"] = renewed_from
+    _record_certificate(db, actor=actor, action=action, certificate=certificate, details=details)
+    return certificate
+
+
+def _record_certificate(
+    db: Session, *, actor: Actor, action: str, certificate: Certificate, details: dict[str, str]
+) -> None:
+    # a certificate is known by its serial, in the trail as on the CRL
     audit.record(
         db,
         actor=actor,
@@ -185,7 +193,6 @@ def _sign(
         subject_id=certificate.serial,
         details=details,
     )
-    return certificate
 
 
 def issue(
@@ -354,13 +361,8 @@ def _revoke_one(
         if renewed_from is None
         else {"reason": reason, "renewed_from": renewed_from}
     )
-    audit.record(
-        db,
-        actor=actor,
-        action="pki.certificate.revoke",
-        subject_type="certificate",
-        subject_id=certificate.serial,
-        details=details,
+    _record_certificate(
+        db, actor=actor, action="pki.certificate.revoke", certificate=certificate, details=details
     )
     db.flush()
 
