@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import os
 import threading
@@ -9,21 +10,23 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from sqlalchemy import (
     ColumnElement,
     DateTime,
+    Enum,
     MetaData,
     String,
     bindparam,
     create_engine,
     event,
     func,
+    inspect,
     select,
 )
 from sqlalchemy.engine import Dialect, Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeDecorator
 
@@ -67,7 +70,17 @@ class Base(DeclarativeBase):
     """Base of every ORM model."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UTCDateTime(), str: String(255)}
+    # an enum column holds the member's name as a short string, not a database enum type
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        str: String(255),
+        enum.Enum: Enum(enum.Enum, native_enum=False, length=16),
+    }
+
+
+# The columns most tables have, declared once: `id: Mapped[NewId]`, `created_at: Mapped[CreatedAt]`.
+NewId = Annotated[str, mapped_column(String(36), primary_key=True, default=new_id)]
+CreatedAt = Annotated[datetime, mapped_column(default=utcnow)]
 
 
 # The execution option that says whether a connection's transactions may write.
@@ -235,6 +248,11 @@ def begin_writing(db: Session) -> None:
     db.connection(execution_options=access_options(db.get_bind().dialect.name, writes=True))
 
 
+def columns(row: Base) -> dict[str, Any]:
+    """The row's column values by attribute name (an answer's fields are read from them)."""
+    return {attr.key: getattr(row, attr.key) for attr in inspect(row).mapper.column_attrs}
+
+
 _OWNER_LOOKUPS: dict[type[Base], Any] = {}
 
 
@@ -297,3 +315,18 @@ class NewestFirst(Generic[ModelT]):
         if offset == 0:
             return [], 0
         return [], db.scalar(self._count, params) or 0
+
+
+def newest_first(
+    db: Session,
+    model: type[ModelT],
+    where: ColumnElement[bool] | None = None,
+    *,
+    limit: int,
+    offset: int,
+) -> tuple[list[ModelT], int]:
+    """A page of `model` rows newest first, for a filter put together per call.
+
+    A filter whose shape is fixed is cheaper as a module-level `NewestFirst`.
+    """
+    return NewestFirst(model, where)(db, limit=limit, offset=offset)

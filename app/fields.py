@@ -11,6 +11,7 @@ from email_validator import EmailNotValidError, validate_email
 from fastapi import Path
 from pydantic import (
     AfterValidator,
+    ConfigDict,
     Field,
     PlainValidator,
     WithJsonSchema,
@@ -35,6 +36,11 @@ ID_SCHEMA: dict[str, Any] = {
 
 # Every id the platform hands out is a lower-case UUID (app.db.new_id).
 Id = Annotated[str, Field(min_length=36, max_length=36, pattern=UUID_PATTERN)]
+
+
+def example(**body: Any) -> ConfigDict:
+    """The model config of a request body that the OpenAPI document shows with `body`."""
+    return ConfigDict(json_schema_extra={"examples": [body]})
 
 
 def id_path(resource: str) -> Any:

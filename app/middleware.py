@@ -30,31 +30,52 @@ SECURITY_HEADERS = [
 ]
 
 
-async def _send_413(send: Send, limit: int) -> None:
-    body = json.dumps({"detail": f"request body larger than {limit} bytes"}).encode()
+Headers = list[tuple[bytes, bytes]]
+
+
+async def _send_error(send: Send, status: int, detail: str, headers: Headers) -> None:
+    """Answer with the API's error body, before (or instead of) the app."""
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json"), *SECURITY_HEADERS],
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *headers],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
 
 
-class BodyLimitMiddleware:
+async def _send_413(send: Send, limit: int) -> None:
+    await _send_error(send, 413, f"request body larger than {limit} bytes", SECURITY_HEADERS)
+
+
+class HttpMiddleware:
+    """ASGI middleware that acts on HTTP requests (`http`) and lets anything else through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one HTTP request."""
+        raise NotImplementedError
+
+
+class BodyLimitMiddleware(HttpMiddleware):
     """Refuse bodies over the limit: by Content-Length up front, or while streaming."""
 
     def __init__(self, app: ASGIApp, *, json_limit: int, upload_limit: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.json_limit = json_limit
         # multipart framing adds a little around the file itself
         self.upload_limit = upload_limit + 64 * 1024
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.upload_limit if _UPLOAD_PATH.match(scope["path"]) else self.json_limit
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -89,25 +110,12 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, guarded_send)
 
 
-class RejectNulMiddleware:
+class RejectNulMiddleware(HttpMiddleware):
     """A NUL byte in a URL is never meaningful here, and PostgreSQL text cannot hold one."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (
-            b"%00" in scope.get("query_string", b"") or "\x00" in scope["path"]
-        ):
-            body = json.dumps({"detail": "NUL bytes are not accepted in URLs"}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 400,
-                    "headers": [(b"content-type", b"application/json"), *SECURITY_HEADERS],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if b"%00" in scope.get("query_string", b"") or "\x00" in scope["path"]:
+            await _send_error(send, 400, "NUL bytes are not accepted in URLs", SECURITY_HEADERS)
             return
         await self.app(scope, receive, send)
 
@@ -115,18 +123,15 @@ class RejectNulMiddleware:
 HSTS = (b"strict-transport-security", b"max-age=31536000; includeSubDomains")
 
 
-class SecurityHeadersMiddleware:
+class SecurityHeadersMiddleware(HttpMiddleware):
     """Add defensive headers to every response; HSTS whenever it is served over HTTPS."""
 
     def __init__(self, app: ASGIApp, *, always_https: bool = False) -> None:
-        self.app = app
+        super().__init__(app)
         # behind a proxy that ends TLS the request arrives as http: the setting says https
         self.always_https = always_https
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         extra = [*SECURITY_HEADERS]
         if self.always_https or scope.get("scheme") == "https":
             extra.append(HSTS)
@@ -139,16 +144,10 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, with_headers)
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(HttpMiddleware):
     """Count requests and their latency by route template (never by raw path)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500
 
@@ -170,7 +169,7 @@ class MetricsMiddleware:
 Loop = asyncio.AbstractEventLoop
 
 
-class AdmissionMiddleware:
+class AdmissionMiddleware(HttpMiddleware):
     """At most `slots` requests inside the app at once; the others wait here holding nothing.
 
     An admitted request holds at most one database connection, and the pool keeps one for
@@ -180,7 +179,7 @@ class AdmissionMiddleware:
     """
 
     def __init__(self, app: ASGIApp, *, slots: int) -> None:
-        self.app = app
+        super().__init__(app)
         self.slots = slots
         self._semaphores: weakref.WeakKeyDictionary[Loop, asyncio.Semaphore]
         self._semaphores = weakref.WeakKeyDictionary()
@@ -193,10 +192,7 @@ class AdmissionMiddleware:
             semaphore = self._semaphores[loop] = asyncio.Semaphore(self.slots)
         return semaphore
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         semaphore = self._semaphore()
         await semaphore.acquire()
         admitted = True
@@ -230,7 +226,7 @@ def allowed_methods(paths: PathMethods, path: str) -> set[str]:
     return allowed
 
 
-class MethodNotAllowedMiddleware:
+class MethodNotAllowedMiddleware(HttpMiddleware):
     """405 with the full `Allow` list for a method an API path does not have.
 
     Starlette answers with the methods of the first route that matches the path alone, and a
@@ -238,27 +234,16 @@ class MethodNotAllowedMiddleware:
     """
 
     def __init__(self, app: ASGIApp, *, paths: Callable[[], PathMethods]) -> None:
-        self.app = app
+        super().__init__(app)
         self.paths = paths
         self._known: PathMethods | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            if self._known is None:
-                self._known = self.paths()
-            allowed = allowed_methods(self._known, scope["path"])
-            if allowed and scope["method"] not in allowed:
-                body = json.dumps({"detail": f"method {scope['method']} not allowed"}).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 405,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"allow", ", ".join(sorted(allowed)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._known is None:
+            self._known = self.paths()
+        allowed = allowed_methods(self._known, scope["path"])
+        if allowed and scope["method"] not in allowed:
+            allow = [(b"allow", ", ".join(sorted(allowed)).encode())]
+            await _send_error(send, 405, f"method {scope['method']} not allowed", allow)
+            return
         await self.app(scope, receive, send)

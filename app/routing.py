@@ -16,8 +16,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
+
+from contract import API_PREFIX
 
 
 class InHop:
@@ -70,3 +73,8 @@ class OneHopRoute(APIRoute):
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
         super().__init__(path, on_thread_pool(endpoint), **kwargs)
+
+
+def api_router(tag: str, *, prefix: str = API_PREFIX) -> APIRouter:
+    """The router of one part of the API: its paths under `prefix`, its endpoints one hop each."""
+    return APIRouter(prefix=prefix, tags=[tag], route_class=OneHopRoute)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from typing import ClassVar
 
-from sqlalchemy import BigInteger, Enum, ForeignKey, String
+from sqlalchemy import BigInteger, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, CreatedAt, NewId, utcnow
 
 
 class Role(enum.StrEnum):
@@ -49,16 +50,15 @@ class User(Base):
     """An account."""
 
     __tablename__ = "users"
+    audit_type: ClassVar[str] = "user"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     email: Mapped[str] = mapped_column(String(320), unique=True)
     display_name: Mapped[str] = mapped_column(String(200))
-    role: Mapped[Role] = mapped_column(Enum(Role, native_enum=False, length=16))
-    status: Mapped[UserStatus] = mapped_column(
-        Enum(UserStatus, native_enum=False, length=16), default=UserStatus.active
-    )
+    role: Mapped[Role]
+    status: Mapped[UserStatus] = mapped_column(default=UserStatus.active)
     password_hash: Mapped[str] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     # per-user quotas over all the user's workspaces; None: the settings' defaults
     max_workspaces: Mapped[int | None]
@@ -70,13 +70,14 @@ class AuthToken(Base):
     """A bearer credential; only the sha256 of the secret is stored."""
 
     __tablename__ = "auth_tokens"
+    audit_type: ClassVar[str] = "token"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
-    kind: Mapped[TokenKind] = mapped_column(Enum(TokenKind, native_enum=False, length=16))
+    kind: Mapped[TokenKind]
     name: Mapped[str] = mapped_column(String(100), default="")
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     expires_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
     last_used_at: Mapped[datetime | None]
@@ -91,7 +92,7 @@ class LoginFailure(Base):
 
     __tablename__ = "login_failures"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     email: Mapped[str] = mapped_column(String(320), index=True)
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     ip: Mapped[str | None] = mapped_column(String(64), index=True)  # for the per-address limit

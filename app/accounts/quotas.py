@@ -118,21 +118,19 @@ def set_quota(
     max_concurrent_jobs: int | None,
 ) -> User:
     """Set any of a user's limits (admins only; the route enforces the role)."""
-    changes: dict[str, int] = {}
-    for name, value in (
-        ("max_workspaces", max_workspaces),
-        ("storage_bytes_limit", storage_bytes_limit),
-        ("max_concurrent_jobs", max_concurrent_jobs),
-    ):
-        if value is not None:
-            setattr(user, name, value)
-            changes[name] = value
-    audit.record(
-        db,
-        actor=actor,
-        action="user.quota",
-        subject_type="user",
-        subject_id=user.id,
-        details=changes,
+    changes = apply_limits(
+        user,
+        max_workspaces=max_workspaces,
+        storage_bytes_limit=storage_bytes_limit,
+        max_concurrent_jobs=max_concurrent_jobs,
     )
+    audit.record(db, actor=actor, action="user.quota", subject=user, details=changes)
     return user
+
+
+def apply_limits(row: User | Workspace, **limits: int | None) -> dict[str, int]:
+    """Set on `row` each of `limits` that is given (not None); those set, for the audit event."""
+    changes = {name: value for name, value in limits.items() if value is not None}
+    for name, value in changes.items():
+        setattr(row, name, value)
+    return changes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import Request, Response, status
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas, service
@@ -26,7 +26,6 @@ from app.accounts.tokens import csrf_token
 from app.audit import service as audit
 from app.audit.schemas import AuditEventOut, AuditList
 from app.deps import (
-    API_PREFIX,
     CSRF_COOKIE,
     SESSION_COOKIE,
     AdminDep,
@@ -40,10 +39,10 @@ from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, rai
 from app.fields import TokenIdPath, UserIdPath
 from app.jobs import service as jobs
 from app.keyring import Purpose, subkey
-from app.routing import OneHopRoute
+from app.routing import api_router
 from app.settings import Settings
 
-router = APIRouter(prefix=API_PREFIX, tags=["accounts"], route_class=OneHopRoute)
+router = api_router("accounts")
 
 
 @router.post("/auth/login", response_model=LoginOut)

@@ -7,15 +7,11 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.accounts.models import Role, UserStatus
-from app.fields import Email, NewPassword, StrictIn
+from app.fields import Email, NewPassword, StrictIn, example
 
 
 class LoginIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [{"email": "ada@example.org", "password": "violet-harbor-cinnamon-42"}]
-        }
-    )
+    model_config = example(email="ada@example.org", password="violet-harbor-cinnamon-42")
 
     email: Email
     password: str = Field(min_length=1, max_length=1024, json_schema_extra={"format": "password"})
@@ -46,9 +42,7 @@ class PasswordChangeIn(StrictIn):
 
 
 class TokenCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"name": "nightly script", "expires_in_days": 30}]}
-    )
+    model_config = example(name="nightly script", expires_in_days=30)
 
     name: str = Field(min_length=1, max_length=100)
     expires_in_days: int = Field(default=30, ge=1, le=365)
@@ -74,17 +68,11 @@ class TokenList(BaseModel):
 
 
 class UserCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "email": "grace@example.org",
-                    "display_name": "Grace",
-                    "role": "member",
-                    "password": "copper-lantern-meadow-7",
-                }
-            ]
-        }
+    model_config = example(
+        email="grace@example.org",
+        display_name="Grace",
+        role="member",
+        password="copper-lantern-meadow-7",
     )
 
     email: Email
@@ -100,9 +88,7 @@ class UserUpdateIn(StrictIn):
 
 
 class UserQuotaIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"max_workspaces": 20, "storage_bytes_limit": 10**11}]}
-    )
+    model_config = example(max_workspaces=20, storage_bytes_limit=10**11)
 
     max_workspaces: int | None = Field(default=None, ge=1, le=100_000)
     # JSON numbers are exact up to 2**53 in every client (the workspace quota's bound too)

@@ -68,14 +68,7 @@ def create_user(
     except IntegrityError:  # a concurrent create with the same email won the race
         db.rollback()
         raise Conflict("a user with this email already exists") from None
-    audit.record(
-        db,
-        actor=actor,
-        action="user.create",
-        subject_type="user",
-        subject_id=user.id,
-        details={"role": role.value},
-    )
+    audit.record(db, actor=actor, action="user.create", subject=user, details={"role": role.value})
     workspaces.create(
         db,
         actor=actor,
@@ -243,13 +236,7 @@ def login(
         name="login",
         ttl=timedelta(hours=settings.session_ttl_hours),
     )
-    audit.record(
-        db,
-        actor=Actor(user.id, ip),
-        action="auth.login",
-        subject_type="user",
-        subject_id=user.id,
-    )
+    audit.record(db, actor=Actor(user.id, ip), action="auth.login", subject=user)
     return user, issued
 
 
@@ -295,13 +282,7 @@ def revoke_token(db: Session, *, actor: Actor, record: AuthToken) -> None:
     """End one token now."""
     if record.revoked_at is None:
         record.revoked_at = utcnow()
-    audit.record(
-        db,
-        actor=actor,
-        action=f"auth.{record.kind.value}.revoke",
-        subject_type="token",
-        subject_id=record.id,
-    )
+    audit.record(db, actor=actor, action=f"auth.{record.kind.value}.revoke", subject=record)
 
 
 def _revoke_all(db: Session, *, user_id: str, keep: str | None = None) -> int:
@@ -336,14 +317,7 @@ def change_password(
     with _checking_password(db, attempt):
         right = passwords.verify_password(current_password, user.password_hash, settings)
     if not right:
-        audit.record(
-            db,
-            actor=actor,
-            action="user.password",
-            subject_type="user",
-            subject_id=user.id,
-            outcome="failure",
-        )
+        audit.record(db, actor=actor, action="user.password", subject=user, outcome="failure")
         commit_before_raising(db)
         raise NotAuthenticated("current password is wrong")
     passwords.check_policy(new_password, email=user.email)
@@ -353,12 +327,7 @@ def change_password(
     user.password_hash = new_hash
     revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)
     audit.record(
-        db,
-        actor=actor,
-        action="user.password",
-        subject_type="user",
-        subject_id=user.id,
-        details={"tokens_revoked": revoked},
+        db, actor=actor, action="user.password", subject=user, details={"tokens_revoked": revoked}
     )
 
 
@@ -370,12 +339,7 @@ def create_api_token(
         db, user=user, kind=TokenKind.api, name=name, ttl=timedelta(days=expires_in_days)
     )
     audit.record(
-        db,
-        actor=actor,
-        action="auth.api.create",
-        subject_type="token",
-        subject_id=issued.record.id,
-        details={"name": name},
+        db, actor=actor, action="auth.api.create", subject=issued.record, details={"name": name}
     )
     return issued
 
@@ -431,14 +395,7 @@ def update_user(
             raise Conflict("you cannot change your own role")
         user.role = role
         changes["role"] = role.value
-    audit.record(
-        db,
-        actor=actor,
-        action="user.update",
-        subject_type="user",
-        subject_id=user.id,
-        details=changes,
-    )
+    audit.record(db, actor=actor, action="user.update", subject=user, details=changes)
     return user
 
 
@@ -457,8 +414,7 @@ def _set_status(db: Session, *, actor: Actor, user: User, status: UserStatus, ac
         db,
         actor=actor,
         action=action,
-        subject_type="user",
-        subject_id=user.id,
+        subject=user,
         details={"tokens_revoked": revoked, "jobs_held": held},
     )
 

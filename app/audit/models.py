@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, NewId, utcnow
 
 
 class AuditEvent(Base):
@@ -17,7 +17,7 @@ class AuditEvent(Base):
     __tablename__ = "audit_events"
     __table_args__ = (Index("ix_audit_events_actor_at", "actor_id", "at"),)
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     seq: Mapped[int] = mapped_column(BigInteger, unique=True)
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     actor_id: Mapped[str | None] = mapped_column(String(36))

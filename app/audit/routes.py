@@ -6,9 +6,10 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.audit import names, service
@@ -24,12 +25,12 @@ from app.audit.schemas import (
     VerificationOut,
 )
 from app.db import begin_writing, session_scope
-from app.deps import API_PREFIX, AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
+from app.deps import AuditorDep, PageDep, SessionDep, SettingsDep, stream_items
 from app.errors import NotFound, raises
 from app.fields import UUID_PATTERN, Timestamp
-from app.routing import OneHopRoute
+from app.routing import api_router
 
-router = APIRouter(prefix=API_PREFIX, tags=["audit"], route_class=OneHopRoute)
+router = api_router("audit")
 
 _FIELDS = list(AuditEventOut.model_fields)
 
@@ -94,14 +95,8 @@ def verify_chain(caller: AuditorDep, db: SessionDep, settings: SettingsDep) -> V
 def newest_anchor(caller: AuditorDep, settings: SettingsDep) -> AnchorOut:
     """The newest signed head of the chain, as kept outside the database."""
     anchor = service.newest_anchor(settings=settings)
-    return AnchorOut(
-        seq=anchor.seq,
-        hash=anchor.hash,
-        signed_at=anchor.signed_at,
-        signature=anchor.signature,
-        legacy_through=anchor.legacy_through,
-        public_key=public_key_b64(anchor_signing_key(settings).public_key()),
-    )
+    public_key = public_key_b64(anchor_signing_key(settings).public_key())
+    return AnchorOut(**asdict(anchor), public_key=public_key)
 
 
 @router.get(

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, NoReturn
+from typing import Any, ClassVar, Literal, NoReturn, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import func, select, text
@@ -61,6 +61,15 @@ class Actor:
 SYSTEM = Actor(user_id=None)
 
 
+class Subject(Protocol):
+    """A row that events are about, named in the trail by its table's `audit_type` and its id."""
+
+    audit_type: ClassVar[str]
+
+    @property
+    def id(self) -> str: ...
+
+
 def canonical_json(event: AuditEvent) -> bytes:
     """The bytes an event's hash covers: every field but id and the hashes, key-sorted."""
     body = {
@@ -99,12 +108,19 @@ def record(
     *,
     actor: Actor,
     action: str,
+    subject: Subject | None = None,
     subject_type: str | None = None,
     subject_id: str | None = None,
     outcome: str = "success",
     details: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one event in the caller's transaction; it commits or rolls back with the change."""
+    """Append one event in the caller's transaction; it commits or rolls back with the change.
+
+    The event is about `subject`, a row at hand, or about the `subject_type` and
+    `subject_id` given when only an id is known (a refused lookup, a failed login).
+    """
+    if subject is not None:
+        subject_type, subject_id = subject.audit_type, subject.id
     _lock_chain(db)
     last = db.execute(
         select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)
@@ -127,6 +143,19 @@ def record(
     db.add(event)
     db.flush()
     return event
+
+
+S = TypeVar("S", bound=Subject)
+
+
+def record_creation(
+    db: Session, row: S, *, actor: Actor, action: str, details: dict[str, Any] | None = None
+) -> S:
+    """Add a new row, flushed for its id, and record its creation as `action` with it."""
+    db.add(row)
+    db.flush()
+    record(db, actor=actor, action=action, subject=row, details=details)
+    return row
 
 
 def deny(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 import anyio.from_thread
-from fastapi import APIRouter, Depends, Header, Path, Request, status
+from fastapi import Depends, Header, Path, Request, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
@@ -30,7 +30,7 @@ from app.errors import (
 )
 from app.fields import JobIdPath
 from app.openapi import security
-from app.routing import OneHopRoute
+from app.routing import api_router
 from contract.cluster_api import (
     ClaimIn,
     ClaimOut,
@@ -47,7 +47,7 @@ from contract.cluster_api import (
     Rendezvous,
 )
 
-router = APIRouter(prefix=f"{API_PREFIX}/cluster", tags=["cluster"], route_class=OneHopRoute)
+router = api_router("cluster", prefix=f"{API_PREFIX}/cluster")
 
 WORKER_HEADER = "X-Nebula-Worker"
 RoleName = Annotated[

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 from sqlalchemy import JSON, ForeignKey, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, CreatedAt, NewId, utcnow
 
 
 class Cluster(Base):
     """A compute cluster, reachable only through its switch."""
 
     __tablename__ = "clusters"
+    audit_type: ClassVar[str] = "cluster"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     name: Mapped[str] = mapped_column(String(63), unique=True)
     switch_host: Mapped[str] = mapped_column(String(255))
     switch_port: Mapped[int]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
 
 
 class Certificate(Base):
@@ -32,7 +34,7 @@ class Certificate(Base):
     certificate_pem: Mapped[str] = mapped_column(Text)
     not_before: Mapped[datetime]
     not_after: Mapped[datetime]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     revoked_at: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(String(200))
     # the certificate whose key proved this renewal: revoking that one revokes this one
@@ -44,10 +46,10 @@ class EnrollmentToken(Base):
 
     __tablename__ = "enrollment_tokens"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     expires_at: Mapped[datetime]
     used_at: Mapped[datetime | None]
 
@@ -60,7 +62,7 @@ class PlatformKey(Base):
     name: Mapped[str] = mapped_column(String(32), primary_key=True)
     encrypted_key: Mapped[bytes] = mapped_column(LargeBinary)
     certificate_pem: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
 
 
 class WorkerCredential(Base):
@@ -72,10 +74,10 @@ class WorkerCredential(Base):
 
     __tablename__ = "worker_credentials"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     revoked_at: Mapped[datetime | None]
 
 
@@ -85,7 +87,7 @@ class ClusterPresence(Base):
     __tablename__ = "cluster_presence"
     __table_args__ = (UniqueConstraint("cluster_id", "kind", "instance"),)
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"))
     kind: Mapped[str] = mapped_column(String(16))  # switch or worker
     instance: Mapped[str] = mapped_column(String(255))  # host:cluster:pid

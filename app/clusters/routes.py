@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fastapi import APIRouter, Request, status
+from fastapi import Request, status
 from sqlalchemy.orm import Session
 
 from app.clusters import service
@@ -29,15 +29,15 @@ from app.clusters.schemas import (
     WorkerCredentialList,
     WorkerCredentialOut,
 )
-from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
+from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
 from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
 from app.openapi import PemResponse
 from app.pki import service as pki
-from app.routing import OneHopRoute
+from app.routing import api_router
 from app.settings import Settings
 
-router = APIRouter(prefix=API_PREFIX, tags=["clusters"], route_class=OneHopRoute)
+router = api_router("clusters")
 
 
 def _out(db: Session, cluster: Cluster, settings: Settings) -> ClusterOut:
@@ -144,7 +144,6 @@ def list_certificates(
     cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> CertificateList:
     """Certificates issued to the cluster's switch."""
-    service.get(db, cluster_id=cluster_id)
     items, total = service.certificates(
         db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
     )
@@ -194,7 +193,6 @@ def list_worker_credentials(
     cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> WorkerCredentialList:
     """The cluster's worker credentials, without their secrets."""
-    service.get(db, cluster_id=cluster_id)
     items, total = service.worker_credentials(
         db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
     )

@@ -7,19 +7,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.fields import CertificatePem, CsrPem, StrictIn
+from app.fields import CertificatePem, CsrPem, StrictIn, example
 
 CLUSTER_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 
 
 class ClusterCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {"name": "east", "switch_host": "switch.east.example.org", "switch_port": 7101}
-            ]
-        }
-    )
+    model_config = example(name="east", switch_host="switch.east.example.org", switch_port=7101)
 
     name: str = Field(pattern=CLUSTER_NAME, max_length=63)
     switch_host: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:\-\[\]]+$")
@@ -110,7 +104,7 @@ class WorkerCredentialList(BaseModel):
 
 
 class RevokeIn(StrictIn):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "key compromise"}]})
+    model_config = example(reason="key compromise")
 
     reason: str = Field(min_length=1, max_length=200)
 

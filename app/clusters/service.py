@@ -27,18 +27,13 @@ def create(db: Session, *, actor: Actor, name: str, switch_host: str, switch_por
     """Register a cluster by the address of its switch."""
     if db.scalar(select(Cluster.id).where(Cluster.name == name)) is not None:
         raise Conflict("a cluster with this name already exists")
-    cluster = Cluster(name=name, switch_host=switch_host, switch_port=switch_port)
-    db.add(cluster)
-    db.flush()
-    audit.record(
+    return audit.record_creation(
         db,
+        Cluster(name=name, switch_host=switch_host, switch_port=switch_port),
         actor=actor,
         action="cluster.create",
-        subject_type="cluster",
-        subject_id=cluster.id,
         details={"name": name, "switch": f"{switch_host}:{switch_port}"},
     )
-    return cluster
 
 
 def get(db: Session, *, cluster_id: str) -> Cluster:
@@ -69,12 +64,7 @@ def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
     db.execute(sql_delete(WorkerCredential).where(WorkerCredential.cluster_id == cluster.id))
     db.delete(cluster)
     audit.record(
-        db,
-        actor=actor,
-        action="cluster.delete",
-        subject_type="cluster",
-        subject_id=cluster.id,
-        details={"name": cluster.name},
+        db, actor=actor, action="cluster.delete", subject=cluster, details={"name": cluster.name}
     )
 
 
@@ -86,7 +76,8 @@ _CREDENTIALS = NewestFirst(WorkerCredential, WorkerCredential.cluster_id == bind
 def certificates(
     db: Session, *, cluster_id: str, limit: int, offset: int
 ) -> tuple[list[Certificate], int]:
-    """Certificates of one cluster, newest first."""
+    """Certificates of one cluster, newest first; NotFound for no such cluster."""
+    get(db, cluster_id=cluster_id)
     return _CERTIFICATES(db, cluster_id=cluster_id, limit=limit, offset=offset)
 
 
@@ -101,21 +92,25 @@ def create_worker_credential(
     row = WorkerCredential(cluster_id=cluster.id, token_hash=tokens.token_hash(secret))
     db.add(row)
     db.flush()
-    audit.record(
-        db,
-        actor=actor,
-        action="cluster.worker_credential.create",
-        subject_type="cluster",
-        subject_id=cluster.id,
-        details={"credential_id": row.id},
+    _record_credential(
+        db, actor=actor, action="cluster.worker_credential.create", cluster=cluster, row=row
     )
     return row, secret
+
+
+def _record_credential(
+    db: Session, *, actor: Actor, action: str, cluster: Cluster, row: WorkerCredential
+) -> None:
+    # about the cluster, whose trail an auditor reads; the credential is named in the details
+    audit.record(db, actor=actor, action=action, subject=cluster, details={"credential_id": row.id})
 
 
 def worker_credentials(
     db: Session, *, cluster_id: str, limit: int, offset: int
 ) -> tuple[list[WorkerCredential], int]:
-    """The worker credentials of one cluster (never their secrets), newest first."""
+    """The worker credentials of one cluster (never their secrets), newest first; NotFound for
+    no such cluster."""
+    get(db, cluster_id=cluster_id)
     return _CREDENTIALS(db, cluster_id=cluster_id, limit=limit, offset=offset)
 
 
@@ -129,13 +124,8 @@ def revoke_worker_credential(
     if row.revoked_at is not None:
         raise Conflict("the worker credential is already revoked")
     row.revoked_at = utcnow()
-    audit.record(
-        db,
-        actor=actor,
-        action="cluster.worker_credential.revoke",
-        subject_type="cluster",
-        subject_id=cluster.id,
-        details={"credential_id": row.id},
+    _record_credential(
+        db, actor=actor, action="cluster.worker_credential.revoke", cluster=cluster, row=row
     )
     return row
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
-from sqlalchemy import Enum, ForeignKey, Index, String
+from sqlalchemy import ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, CreatedAt, NewId
 
 
 class AccessStatus(enum.StrEnum):
@@ -25,17 +26,16 @@ class AccessRequest(Base):
     """One request by `requester_id` to use `dataset_id` (owned by `owner_id`) in jobs."""
 
     __tablename__ = "access_requests"
+    audit_type: ClassVar[str] = "access_request"
     __table_args__ = (Index("ix_access_requests_dataset_requester", "dataset_id", "requester_id"),)
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     requester_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     purpose: Mapped[str] = mapped_column(String(2000))
-    status: Mapped[AccessStatus] = mapped_column(
-        Enum(AccessStatus, native_enum=False, length=16), default=AccessStatus.pending
-    )
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    status: Mapped[AccessStatus] = mapped_column(default=AccessStatus.pending)
+    created_at: Mapped[CreatedAt]
     decided_at: Mapped[datetime | None]  # approved or denied
     expires_at: Mapped[datetime | None]  # set on approval; None: until revoked
     ended_at: Mapped[datetime | None]  # revoked or withdrawn

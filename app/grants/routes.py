@@ -4,19 +4,28 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Query, status
+from fastapi import Body, Query, status
+from sqlalchemy.orm import Session
 
-from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.deps import CallerDep, PageDep, SessionDep, WriterDep
 from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
 from app.fields import RequestIdPath
 from app.grants import service
+from app.grants.models import AccessRequest
 from app.grants.schemas import AccessRequestCreateIn, AccessRequestList, AccessRequestOut, ApproveIn
 from app.jobs import service as jobs
-from app.routing import OneHopRoute
+from app.routing import api_router
 
-router = APIRouter(prefix=API_PREFIX, tags=["access requests"], route_class=OneHopRoute)
+router = api_router("access requests")
 
 StatusFilter = Literal["pending", "approved", "denied", "revoked", "withdrawn", "expired"]
+
+
+def _answer_and_commit(db: Session, request: AccessRequest) -> AccessRequestOut:
+    # read inside the unit of work: a read after its commit would begin a transaction of its own
+    answer = AccessRequestOut.of(service.view(db, request))
+    db.commit()
+    return answer
 
 
 @router.post(
@@ -30,9 +39,7 @@ def create_request(
     request = service.create_request(
         db, actor=caller.actor, user=caller.user, dataset_id=body.dataset_id, purpose=body.purpose
     )
-    answer = AccessRequestOut.of(service.view(db, request))
-    db.commit()
-    return answer
+    return _answer_and_commit(db, request)
 
 
 @router.get("/access-requests", response_model=AccessRequestList)
@@ -78,9 +85,7 @@ def approve(
         request_id=request_id,
         expires_at=body.expires_at if body else None,
     )
-    answer = AccessRequestOut.of(service.view(db, request))
-    db.commit()
-    return answer
+    return _answer_and_commit(db, request)
 
 
 @router.post("/access-requests/{request_id}/deny", response_model=AccessRequestOut)
@@ -88,9 +93,7 @@ def approve(
 def deny(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The dataset's owner refuses."""
     request = service.deny(db, actor=caller.actor, user=caller.user, request_id=request_id)
-    answer = AccessRequestOut.of(service.view(db, request))
-    db.commit()
-    return answer
+    return _answer_and_commit(db, request)
 
 
 @router.post("/access-requests/{request_id}/revoke", response_model=AccessRequestOut)
@@ -98,8 +101,7 @@ def deny(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> Access
 def revoke(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> AccessRequestOut:
     """The dataset's owner ends an active grant; the requester's running jobs on it stop."""
     request, ended = service.revoke(db, actor=caller.actor, user=caller.user, request_id=request_id)
-    answer = AccessRequestOut.of(service.view(db, request))
-    db.commit()
+    answer = _answer_and_commit(db, request)
     jobs.stop_jobs_of_ended_grants(db, ended=[ended])
     db.commit()
     return answer
@@ -112,8 +114,7 @@ def withdraw(request_id: RequestIdPath, caller: WriterDep, db: SessionDep) -> Ac
     request, ended = service.withdraw(
         db, actor=caller.actor, user=caller.user, request_id=request_id
     )
-    answer = AccessRequestOut.of(service.view(db, request))
-    db.commit()
+    answer = _answer_and_commit(db, request)
     jobs.stop_jobs_of_ended_grants(db, ended=[ended])
     db.commit()
     return answer

@@ -5,28 +5,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp
+from app.db import columns
+from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp, example
 from app.grants.service import RequestView, status_of
 from app.workspaces.models import DatasetKind
 
 
 class AccessRequestCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [{"dataset_id": EXAMPLE_ID, "purpose": "pre-train an Spanish ELECTRA"}]
-        }
-    )
+    model_config = example(dataset_id=EXAMPLE_ID, purpose="pre-train an Spanish ELECTRA")
 
     dataset_id: Id
     purpose: str = Field(min_length=1, max_length=2000)
 
 
 class ApproveIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"expires_at": "2030-01-01T00:00:00Z"}]}
-    )
+    model_config = example(expires_at="2030-01-01T00:00:00Z")
 
     expires_at: Timestamp | None = Field(
         default=None, description="In the future; none: until revoked"
@@ -52,25 +47,9 @@ class AccessRequestOut(BaseModel):
 
     @classmethod
     def of(cls, view: RequestView) -> AccessRequestOut:
-        """The answer for one request."""
-        r = view.request
-        return cls(
-            id=r.id,
-            dataset_id=r.dataset_id,
-            requester_id=r.requester_id,
-            owner_id=r.owner_id,
-            purpose=r.purpose,
-            status=status_of(r),
-            created_at=r.created_at,
-            decided_at=r.decided_at,
-            expires_at=r.expires_at,
-            ended_at=r.ended_at,
-            dataset_name=view.dataset_name,
-            dataset_kind=view.dataset_kind,
-            requester_email=view.requester_email,
-            requester_display_name=view.requester_display_name,
-            owner_display_name=view.owner_display_name,
-        )
+        """The answer for one request: its columns, its status as reported, the names beside it."""
+        row = view.request
+        return cls.model_validate({**columns(row), **vars(view), "status": status_of(row)})
 
 
 class AccessRequestList(BaseModel):

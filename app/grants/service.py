@@ -13,20 +13,20 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import utcnow
+from app.db import newest_first, utcnow
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.grants.models import AccessRequest, AccessStatus
 from app.releases import provenance
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising
 from app.workspaces import service as workspaces
-from app.workspaces.models import Dataset, Workspace
+from app.workspaces.models import Dataset
 from app.workspaces.storage import DatasetReader
 
 EXPIRED = "expired"
@@ -273,16 +273,12 @@ def open_dataset_for_job(
         if refusal is None:
             raise NotFound()
         raise Forbidden(refusal)
-    workspace = db.get(Workspace, dataset.workspace_id) if dataset.workspace_id else None
-    if workspace is None:
-        raise NotFound()
-    key = workspaces.data_key(db, workspace=workspace, settings=settings)
+    reader = workspaces.reader_for(db, dataset=dataset, settings=settings)
     audit.record(
         db,
         actor=actor,
         action="dataset.use",
-        subject_type="dataset",
-        subject_id=dataset.id,
+        subject=dataset,
         details={
             "job_id": job_id,
             "owner_id": dataset.owner_id,
@@ -290,7 +286,7 @@ def open_dataset_for_job(
             "grant_ids": active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id),
         },
     )
-    return workspaces.reader_for(dataset, data_key=key, settings=settings)
+    return reader
 
 
 # ----------------------------------------------------------------- requests and decisions
@@ -332,17 +328,13 @@ def create_request(
         purpose=purpose,
         status=AccessStatus.pending,
     )
-    db.add(request)
-    db.flush()
-    audit.record(
+    return audit.record_creation(
         db,
+        request,
         actor=actor,
         action="access.request",
-        subject_type="access_request",
-        subject_id=request.id,
         details={"dataset_id": dataset.id, "owner_id": dataset.owner_id},
     )
-    return request
 
 
 def _locked_request(db: Session, request_id: str) -> AccessRequest | None:
@@ -373,16 +365,20 @@ class _Party(StrEnum):
     requester = "requester"
 
 
+_PENDING, _APPROVED = AccessStatus.pending.value, AccessStatus.approved.value
+# Each step on a request: the one party who may take it, and the statuses it starts from.
+_STEPS: dict[str, tuple[_Party, tuple[str, ...]]] = {
+    "access.approve": (_Party.owner, (_PENDING,)),
+    "access.deny": (_Party.owner, (_PENDING,)),
+    "access.revoke": (_Party.owner, (_APPROVED,)),
+    "access.withdraw": (_Party.requester, (_PENDING, _APPROVED)),
+}
+
+
 def _transition(
-    db: Session,
-    *,
-    actor: Actor,
-    user: User,
-    request_id: str,
-    action: str,
-    who: _Party,
-    allowed_from: tuple[str, ...],
+    db: Session, *, actor: Actor, user: User, request_id: str, action: str
 ) -> AccessRequest:
+    who, allowed_from = _STEPS[action]
     request = _locked_request(db, request_id)
     if request is None or user.id not in (request.requester_id, request.owner_id):
         audit.deny(
@@ -410,13 +406,7 @@ def approve(
     """The owner grants use in jobs, until `expires_at` (future) or revocation."""
     # who may decide comes first: a stranger learns nothing from the date's check
     request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.approve",
-        who=_Party.owner,
-        allowed_from=(AccessStatus.pending.value,),
+        db, actor=actor, user=user, request_id=request_id, action="access.approve"
     )
     now = utcnow()
     if expires_at is not None and expires_at <= now:
@@ -435,8 +425,7 @@ def approve(
         db,
         actor=actor,
         action="access.approve",
-        subject_type="access_request",
-        subject_id=request.id,
+        subject=request,
         details={
             "dataset_id": request.dataset_id,
             "requester_id": request.requester_id,
@@ -448,15 +437,7 @@ def approve(
 
 def deny(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
     """The owner refuses a pending request."""
-    request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.deny",
-        who=_Party.owner,
-        allowed_from=(AccessStatus.pending.value,),
-    )
+    request = _transition(db, actor=actor, user=user, request_id=request_id, action="access.deny")
     request.status = AccessStatus.denied
     request.decided_at = utcnow()
     _record_decision(db, actor=actor, action="access.deny", request=request)
@@ -467,15 +448,7 @@ def revoke(
     db: Session, *, actor: Actor, user: User, request_id: str
 ) -> tuple[AccessRequest, EndedRequest]:
     """The owner ends an active grant; the caller stops the jobs it ended after the commit."""
-    request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.revoke",
-        who=_Party.owner,
-        allowed_from=(AccessStatus.approved.value,),
-    )
+    request = _transition(db, actor=actor, user=user, request_id=request_id, action="access.revoke")
     ended = _end(db, actor=actor, request=request, status=AccessStatus.revoked, reason="owner")
     return request, ended
 
@@ -486,13 +459,7 @@ def withdraw(
     """The requester takes back a pending request or gives up an active grant (whose jobs the
     caller stops after the commit)."""
     request = _transition(
-        db,
-        actor=actor,
-        user=user,
-        request_id=request_id,
-        action="access.withdraw",
-        who=_Party.requester,
-        allowed_from=(AccessStatus.pending.value, AccessStatus.approved.value),
+        db, actor=actor, user=user, request_id=request_id, action="access.withdraw"
     )
     ended = _end(
         db, actor=actor, request=request, status=AccessStatus.withdrawn, reason="requester"
@@ -507,8 +474,7 @@ def _record_decision(
         db,
         actor=actor,
         action=action,
-        subject_type="access_request",
-        subject_id=request.id,
+        subject=request,
         details={
             "dataset_id": request.dataset_id,
             "requester_id": request.requester_id,
@@ -633,12 +599,5 @@ def list_for(
         where = where & _active_clause(now)
     elif status is not None:
         where = where & (AccessRequest.status == AccessStatus(status))
-    total = db.scalar(select(func.count()).select_from(AccessRequest).where(where)) or 0
-    items = db.scalars(
-        select(AccessRequest)
-        .where(where)
-        .order_by(AccessRequest.created_at.desc(), AccessRequest.id)
-        .limit(limit)
-        .offset(offset)
-    ).all()
-    return _views(db, list(items)), total
+    items, total = newest_first(db, AccessRequest, where, limit=limit, offset=offset)
+    return _views(db, items), total

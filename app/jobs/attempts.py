@@ -162,8 +162,7 @@ def restart_attempt(db: Session, *, job: Job, reason: str) -> None:
         db,
         actor=SYSTEM,
         action="job.restart",
-        subject_type="job",
-        subject_id=job.id,
+        subject=job,
         details={"attempt": job.attempt, "reason": reason[:500]},
     )
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, Enum, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, CreatedAt, NewId, utcnow
 from app.jobs.states import JobStatus, RoleStatus
 
 
@@ -16,15 +16,14 @@ class Job(Base):
     """A validated configuration of Nebula's own training code, split into roles."""
 
     __tablename__ = "jobs"
+    audit_type: ClassVar[str] = "job"
     __table_args__ = (Index("ix_jobs_workspace_status", "workspace_id", "status"),)
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     workspace_id: Mapped[str] = mapped_column(ForeignKey("workspaces.id"), index=True)
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     kind: Mapped[str] = mapped_column(String(32))
-    status: Mapped[JobStatus] = mapped_column(
-        Enum(JobStatus, native_enum=False, length=16), default=JobStatus.queued
-    )
+    status: Mapped[JobStatus] = mapped_column(default=JobStatus.queued)
     paused: Mapped[bool] = mapped_column(default=False)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     inputs: Mapped[dict[str, str]] = mapped_column(JSON)
@@ -39,7 +38,7 @@ class Job(Base):
     # where this attempt's discriminator replicas join its process group (ELECTRA, n > 1)
     rendezvous: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
@@ -50,14 +49,12 @@ class JobRole(Base):
 
     __tablename__ = "job_roles"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     role: Mapped[str] = mapped_column(String(32))
     cluster: Mapped[str] = mapped_column(String(63))
     attempt: Mapped[int] = mapped_column(default=1)
-    status: Mapped[RoleStatus] = mapped_column(
-        Enum(RoleStatus, native_enum=False, length=16), default=RoleStatus.pending
-    )
+    status: Mapped[RoleStatus] = mapped_column(default=RoleStatus.pending)
     heartbeat_at: Mapped[datetime | None]
     dispatched_at: Mapped[datetime | None]
     checkpoint_step: Mapped[int] = mapped_column(default=0)
@@ -88,11 +85,11 @@ class JobArtifact(Base):
 
     __tablename__ = "job_artifacts"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(32))
     dataset_id: Mapped[str | None] = mapped_column(String(36))
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]

@@ -85,8 +85,7 @@ def store_job_output(
             db,
             actor=Actor(user_id=owner_id),
             action="dataset.derive",
-            subject_type="dataset",
-            subject_id=dataset.id,
+            subject=dataset,
             details={
                 "job_id": job_id,
                 "inputs": [i.dataset.id for i in inputs],

@@ -7,14 +7,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, status
+from fastapi import Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import ownership
 from app.accounts import service as accounts
 from app.db import session_scope
 from app.deps import (
-    API_PREFIX,
     AdminDep,
     CallerDep,
     PageDep,
@@ -39,10 +39,10 @@ from app.jobs.schemas import (
     MetricsOut,
 )
 from app.jobs.states import FINAL_STATUSES
-from app.routing import OneHopRoute
-from app.workspaces import service as workspaces
+from app.routing import api_router
+from app.workspaces.models import Workspace
 
-router = APIRouter(prefix=API_PREFIX, tags=["jobs"], route_class=OneHopRoute)
+router = api_router("jobs")
 
 EVENT_POLL_S = 0.5
 KEEPALIVE_S = 15.0
@@ -62,8 +62,8 @@ def submit_job(
     db: SessionDep,
 ) -> JobAccepted:
     """Validate, write and enqueue a job; its roles run on their clusters."""
-    workspace = workspaces.get_owned(
-        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
+    workspace = ownership.get_owned(
+        db, Workspace, workspace_id, actor=caller.actor, user=caller.identity
     )
     settings = request.app.state.settings
     job = service.submit(
@@ -97,7 +97,7 @@ def list_jobs(
     workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep, page: PageDep
 ) -> JobList:
     """Jobs of one of the caller's workspaces."""
-    workspaces.check_owned(db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id)
+    ownership.check_owned(db, Workspace, workspace_id, actor=caller.actor, user=caller.identity)
     items, total = service.list_for_workspace(
         db, workspace_id=workspace_id, limit=page.limit, offset=page.offset
     )
@@ -108,7 +108,7 @@ def list_jobs(
 def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
     """One of the caller's jobs."""
     return JobOut.model_validate(
-        service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+        ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     )
 
 
@@ -116,7 +116,7 @@ def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
 @raises(Conflict)
 def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
     """Cancel: both roles stop within seconds."""
-    job = service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    job = ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     service.cancel(db, actor=caller.actor, job=job)
     db.commit()
     return JobOut.model_validate(job)
@@ -125,14 +125,14 @@ def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
 def job_metrics(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> MetricsOut:
     """Every metric as a time series: `{"series": {"role.name": [[step, value], ...]}}`."""
-    service.check_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    ownership.check_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     return MetricsOut(series=service.metric_series(db, job_id=job_id))
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=ArtifactList)
 def job_artifacts(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> ArtifactList:
     """Models and reports the job wrote (models are datasets in the owner's workspace)."""
-    service.check_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    ownership.check_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     items = service.artifacts(db, job_id=job_id)
     return ArtifactList(items=[ArtifactOut.model_validate(a) for a in items], total=len(items))
 
@@ -178,7 +178,7 @@ def job_events(
     job_id: JobIdPath, request: Request, caller: CallerDep, db: SessionDep
 ) -> StreamingResponse:
     """Server-sent events: a `status` event whenever status, progress or metrics change."""
-    service.get_owned(db, actor=caller.actor, user=caller.identity, job_id=job_id)
+    ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     token_id = caller.identity.token_id
     db.rollback()  # release the request's session: the stream reads with short ones of its own
     factory: sessionmaker[Session] = request.app.state.read_sessionmaker

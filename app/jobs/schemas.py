@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.fields import EXAMPLE_ID, Id, StrictIn
+from app.fields import EXAMPLE_ID, Id, StrictIn, example
 from app.jobs.states import JobStatus
 from contract.kinds import AbnetJobConfig, ElectraJobConfig
 
@@ -29,17 +29,11 @@ class ElectraPlacement(Strict):
 class ElectraJobIn(Strict):
     """An ELECTRA pre-training job."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "kind": "electra_pretrain",
-                    "config": {"preset": "tiny", "steps": 200},
-                    "inputs": {"text": EXAMPLE_ID},
-                    "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
-                }
-            ]
-        }
+    model_config = example(
+        kind="electra_pretrain",
+        config={"preset": "tiny", "steps": 200},
+        inputs={"text": EXAMPLE_ID},
+        placement={"generator": "cluster-a", "discriminator": "cluster-b"},
     )
 
     kind: Literal["electra_pretrain"]
@@ -63,21 +57,15 @@ class AbnetPlacement(Strict):
 class AbnetJobIn(Strict):
     """An ABNet fine-tuning job."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "kind": "abnet_finetune",
-                    "config": {"preset": "tiny", "forward_codec": "fp16(lowrank(0.25))"},
-                    "inputs": {
-                        "parallel": EXAMPLE_ID,
-                        "source_model": EXAMPLE_ID,
-                        "target_model": EXAMPLE_ID,
-                    },
-                    "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
-                }
-            ]
-        }
+    model_config = example(
+        kind="abnet_finetune",
+        config={"preset": "tiny", "forward_codec": "fp16(lowrank(0.25))"},
+        inputs={
+            "parallel": EXAMPLE_ID,
+            "source_model": EXAMPLE_ID,
+            "target_model": EXAMPLE_ID,
+        },
+        placement={"encoder": "cluster-a", "decoder": "cluster-b"},
     )
 
     kind: Literal["abnet_finetune"]

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import bindparam, func, select, true, update
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import Identity, User
+from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
-from app.db import NewestFirst, owner_of, utcnow
+from app.db import NewestFirst, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
@@ -140,29 +140,10 @@ def submit(
         db,
         actor=actor,
         action="job.submit",
-        subject_type="job",
-        subject_id=job.id,
+        subject=job,
         details={"kind": body.kind, "placement": placement, "inputs": inputs},
     )
     return job
-
-
-def get_owned(db: Session, *, actor: Actor, user: User | Identity, job_id: str) -> Job:
-    """The job if `user` owns it; NotFound (audited) otherwise."""
-    job = db.get(Job, job_id)
-    if job is None or job.owner_id != user.id:
-        _deny(db, actor, job_id)
-    return job
-
-
-def check_owned(db: Session, *, actor: Actor, user: User | Identity, job_id: str) -> None:
-    """NotFound (audited) unless `user` owns the job; reads its owner alone."""
-    if owner_of(db, Job, job_id) != user.id:
-        _deny(db, actor, job_id)
-
-
-def _deny(db: Session, actor: Actor, job_id: str) -> NoReturn:
-    audit.deny(db, actor=actor, action="job.access", subject_type="job", subject_id=job_id)
 
 
 _ACTIVE = NewestFirst(Job, Job.status.in_(ACTIVE_STATUSES))
@@ -206,9 +187,7 @@ def finish_job(db: Session, job: Job, status: JobStatus, error: str | None = Non
 def fail_job(db: Session, job: Job, *, error: str, details: dict[str, Any]) -> None:
     """End a job as failed with `error`, audited as `job.fail` with `details`."""
     finish_job(db, job, JobStatus.failed, error)
-    audit.record(
-        db, actor=SYSTEM, action="job.fail", subject_type="job", subject_id=job.id, details=details
-    )
+    audit.record(db, actor=SYSTEM, action="job.fail", subject=job, details=details)
 
 
 def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
@@ -216,7 +195,7 @@ def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
     if job.status in FINAL_STATUSES:
         raise Conflict(f"the job is already {job.status.value}")
     finish_job(db, job, JobStatus.cancelled)
-    audit.record(db, actor=actor, action="job.cancel", subject_type="job", subject_id=job.id)
+    audit.record(db, actor=actor, action="job.cancel", subject=job)
     return job
 
 

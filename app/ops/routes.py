@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
@@ -10,9 +10,9 @@ from sqlalchemy import text
 
 from app.db import access_options
 from app.ops.metrics import REGISTRY
-from app.routing import OneHopRoute
+from app.routing import api_router
 
-router = APIRouter(tags=["operations"], route_class=OneHopRoute)
+router = api_router("operations", prefix="")
 
 
 class HealthOut(BaseModel):

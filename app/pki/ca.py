@@ -75,6 +75,25 @@ def new_serial() -> int:
     return secrets.randbits(63) | 1 << 62
 
 
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """The KeyUsage extension that allows the usages named and no other."""
+    assert set(allowed) <= set(_KEY_USAGES)
+    return x509.KeyUsage(**{usage: usage in allowed for usage in _KEY_USAGES})
+
+
 def create_root_ca(
     common_name: str = "Nebula platform CA", *, now: datetime | None = None
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -92,20 +111,7 @@ def create_root_ca(
         .not_valid_before(start)
         .not_valid_after(start + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage("key_cert_sign", "crl_sign"), critical=True)
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA384())
     )
@@ -198,20 +204,7 @@ def sign_csr(
         .not_valid_before(start)
         .not_valid_after(start + BACKDATE + timedelta(days=valid_days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage("digital_signature", "key_agreement"), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

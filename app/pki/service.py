@@ -142,8 +142,17 @@ def platform_keys(db: Session, settings: Settings) -> PlatformKeys:
 
 
 def _sign(
-    db: Session, *, keys: PlatformKeys, cluster: Cluster, csr_pem: str, valid_days: float
+    db: Session,
+    *,
+    actor: Actor,
+    action: str,
+    keys: PlatformKeys,
+    cluster: Cluster,
+    csr_pem: str,
+    valid_days: float = ca.DEFAULT_CERT_DAYS,
+    renewed_from: str | None = None,
 ) -> Certificate:
+    """Sign a CSR for the cluster's switch; the certificate is stored and audited as `action`."""
     try:
         pem = ca.sign_csr(
             keys.ca_key,
@@ -161,10 +170,29 @@ def _sign(
         certificate_pem=pem.decode(),
         not_before=info["not_before"],
         not_after=info["not_after"],
+        renewed_from=renewed_from,
     )
     db.add(certificate)
     db.flush()
+    details = {"cluster": cluster.name}
+    if renewed_from is not None:
+        details["previous_serial"] = renewed_from
+    _record_certificate(db, actor=actor, action=action, certificate=certificate, details=details)
     return certificate
+
+
+def _record_certificate(
+    db: Session, *, actor: Actor, action: str, certificate: Certificate, details: dict[str, str]
+) -> None:
+    # a certificate is known by its serial, in the trail as on the CRL
+    audit.record(
+        db,
+        actor=actor,
+        action=action,
+        subject_type="certificate",
+        subject_id=certificate.serial,
+        details=details,
+    )
 
 
 def issue(
@@ -177,17 +205,15 @@ def issue(
     valid_days: float = ca.DEFAULT_CERT_DAYS,
 ) -> Certificate:
     """Sign a cluster switch's CSR (the private key never comes here)."""
-    keys = platform_keys(db, settings)
-    certificate = _sign(db, keys=keys, cluster=cluster, csr_pem=csr_pem, valid_days=valid_days)
-    audit.record(
+    return _sign(
         db,
         actor=actor,
         action="pki.certificate.issue",
-        subject_type="certificate",
-        subject_id=certificate.serial[:64],
-        details={"cluster": cluster.name},
+        keys=platform_keys(db, settings),
+        cluster=cluster,
+        csr_pem=csr_pem,
+        valid_days=valid_days,
     )
-    return certificate
 
 
 def create_enrollment_token(
@@ -200,13 +226,7 @@ def create_enrollment_token(
     )
     db.add(row)
     db.flush()
-    audit.record(
-        db,
-        actor=actor,
-        action="pki.enrollment_token.create",
-        subject_type="cluster",
-        subject_id=cluster.id,
-    )
+    audit.record(db, actor=actor, action="pki.enrollment_token.create", subject=cluster)
     return row, secret
 
 
@@ -247,18 +267,11 @@ def enroll(
         _refuse_enrollment(db, ip=ip, token_id=row.id)
     certificate = _sign(
         db,
+        actor=Actor(None, ip),
+        action="pki.enroll",
         keys=platform_keys(db, settings),
         cluster=cluster,
         csr_pem=csr_pem,
-        valid_days=ca.DEFAULT_CERT_DAYS,
-    )
-    audit.record(
-        db,
-        actor=Actor(None, ip),
-        action="pki.enroll",
-        subject_type="certificate",
-        subject_id=certificate.serial[:64],
-        details={"cluster": cluster.name},
     )
     return cluster, certificate
 
@@ -296,20 +309,15 @@ def renew(
     cluster = db.get(Cluster, stored.cluster_id)
     if cluster is None:
         raise NotAuthenticated("renewal proof refused")
-    certificate = _sign(
-        db, keys=keys, cluster=cluster, csr_pem=csr_pem, valid_days=ca.DEFAULT_CERT_DAYS
-    )
-    certificate.renewed_from = stored.serial
-    db.flush()
-    audit.record(
+    return _sign(
         db,
         actor=Actor(None, ip),
         action="pki.certificate.renew",
-        subject_type="certificate",
-        subject_id=certificate.serial[:64],
-        details={"cluster": cluster.name, "previous_serial": stored.serial},
+        keys=keys,
+        cluster=cluster,
+        csr_pem=csr_pem,
+        renewed_from=stored.serial,
     )
-    return certificate
 
 
 def revoke(db: Session, *, actor: Actor, serial: str, reason: str) -> Certificate:
@@ -353,13 +361,8 @@ def _revoke_one(
         if renewed_from is None
         else {"reason": reason, "renewed_from": renewed_from}
     )
-    audit.record(
-        db,
-        actor=actor,
-        action="pki.certificate.revoke",
-        subject_type="certificate",
-        subject_id=certificate.serial[:64],
-        details=details,
+    _record_certificate(
+        db, actor=actor, action="pki.certificate.revoke", certificate=certificate, details=details
     )
     db.flush()
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
-from sqlalchemy import Enum, ForeignKey, String, UniqueConstraint
+from sqlalchemy import ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, CreatedAt, NewId
 
 
 class DatasetSource(Base):
@@ -30,7 +31,7 @@ class DatasetSource(Base):
     direct: Mapped[bool]
     job_id: Mapped[str] = mapped_column(String(36))
     grant_id: Mapped[str | None] = mapped_column(ForeignKey("access_requests.id"))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
 
 
 class ReleaseStatus(enum.StrEnum):
@@ -45,15 +46,14 @@ class ReleaseRequest(Base):
     """The owner of a derived dataset asks its sources' owners to release it (download)."""
 
     __tablename__ = "release_requests"
+    audit_type: ClassVar[str] = "release_request"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
     requester_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     purpose: Mapped[str] = mapped_column(String(2000))
-    status: Mapped[ReleaseStatus] = mapped_column(
-        Enum(ReleaseStatus, native_enum=False, length=16), default=ReleaseStatus.pending
-    )
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    status: Mapped[ReleaseStatus] = mapped_column(default=ReleaseStatus.pending)
+    created_at: Mapped[CreatedAt]
     decided_at: Mapped[datetime | None]  # the last approval, or the first denial
 
 
@@ -65,12 +65,10 @@ class ReleaseApproval(Base):
         UniqueConstraint("request_id", "owner_id", name="uq_release_approvals_request_owner"),
     )
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     request_id: Mapped[str] = mapped_column(
         ForeignKey("release_requests.id", ondelete="CASCADE"), index=True
     )
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
-    status: Mapped[ReleaseStatus] = mapped_column(
-        Enum(ReleaseStatus, native_enum=False, length=16), default=ReleaseStatus.pending
-    )
+    status: Mapped[ReleaseStatus] = mapped_column(default=ReleaseStatus.pending)
     decided_at: Mapped[datetime | None]

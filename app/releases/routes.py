@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import status
+from sqlalchemy.orm import Session
 
-from app.deps import API_PREFIX, CallerDep, PageDep, SessionDep, WriterDep
+from app.accounts.models import User
+from app.deps import CallerDep, PageDep, SessionDep, WriterDep
 from app.errors import Conflict, Forbidden, raises
 from app.fields import DatasetIdPath, ReleaseIdPath
 from app.releases import service
-from app.releases.models import ReleaseStatus
+from app.releases.models import ReleaseRequest, ReleaseStatus
 from app.releases.schemas import ReleaseRequestCreateIn, ReleaseRequestList, ReleaseRequestOut
-from app.routing import OneHopRoute
+from app.routing import api_router
 
-router = APIRouter(prefix=API_PREFIX, tags=["release requests"], route_class=OneHopRoute)
+router = api_router("release requests")
+
+
+def _answer_and_commit(db: Session, viewer: User, request: ReleaseRequest) -> ReleaseRequestOut:
+    # read inside the unit of work: a read after its commit would begin a transaction of its own
+    answer = ReleaseRequestOut.of(service.view(db, viewer=viewer, request=request))
+    db.commit()
+    return answer
 
 
 @router.post(
@@ -28,9 +37,7 @@ def create_request(
     request = service.request_release(
         db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, purpose=body.purpose
     )
-    answer = ReleaseRequestOut.of(service.view(db, viewer=caller.user, request=request))
-    db.commit()
-    return answer
+    return _answer_and_commit(db, caller.user, request)
 
 
 @router.get("/release-requests", response_model=ReleaseRequestList)
@@ -65,9 +72,7 @@ def get_request(request_id: ReleaseIdPath, caller: CallerDep, db: SessionDep) ->
 def approve(request_id: ReleaseIdPath, caller: WriterDep, db: SessionDep) -> ReleaseRequestOut:
     """A source owner approves; once every one has, the dataset is released."""
     request = service.approve(db, actor=caller.actor, user=caller.user, request_id=request_id)
-    answer = ReleaseRequestOut.of(service.view(db, viewer=caller.user, request=request))
-    db.commit()
-    return answer
+    return _answer_and_commit(db, caller.user, request)
 
 
 @router.post("/release-requests/{request_id}/deny", response_model=ReleaseRequestOut)
@@ -75,6 +80,4 @@ def approve(request_id: ReleaseIdPath, caller: WriterDep, db: SessionDep) -> Rel
 def deny(request_id: ReleaseIdPath, caller: WriterDep, db: SessionDep) -> ReleaseRequestOut:
     """A source owner refuses; the dataset stays use-only."""
     request = service.deny(db, actor=caller.actor, user=caller.user, request_id=request_id)
-    answer = ReleaseRequestOut.of(service.view(db, viewer=caller.user, request=request))
-    db.commit()
-    return answer
+    return _answer_and_commit(db, caller.user, request)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from app.fields import StrictIn
+from app.db import columns
+from app.fields import StrictIn, example
 from app.releases.models import ReleaseStatus
 from app.releases.service import RequestView
 from app.workspaces.models import DatasetKind
 
 
 class ReleaseRequestCreateIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"purpose": "publish the fine-tuned model"}]}
-    )
+    model_config = example(purpose="publish the fine-tuned model")
 
     purpose: str = Field(min_length=1, max_length=2000)
 
@@ -52,24 +51,8 @@ class ReleaseRequestOut(BaseModel):
 
     @classmethod
     def of(cls, view: RequestView) -> ReleaseRequestOut:
-        """The answer for one request."""
-        r = view.request
-        return cls(
-            id=r.id,
-            dataset_id=r.dataset_id,
-            requester_id=r.requester_id,
-            purpose=r.purpose,
-            status=r.status.value,
-            created_at=r.created_at,
-            decided_at=r.decided_at,
-            dataset_name=view.dataset_name,
-            dataset_kind=view.dataset_kind,
-            dataset_size_bytes=view.dataset_size_bytes,
-            requester_email=view.requester_email,
-            requester_display_name=view.requester_display_name,
-            approvals=[ApprovalOut(**vars(a)) for a in view.approvals],
-            sources=[SourceOut(**vars(s)) for s in view.sources],
-        )
+        """The answer for one request: its columns and what the view shows beside them."""
+        return cls.model_validate({**columns(view.request), **vars(view)}, from_attributes=True)
 
 
 class ReleaseRequestList(BaseModel):

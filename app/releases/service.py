@@ -14,13 +14,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import utcnow
+from app.db import newest_first, utcnow
 from app.errors import Conflict
 from app.grants.models import AccessRequest
 from app.releases import provenance
@@ -110,14 +110,7 @@ def request_release(
     db: Session, *, actor: Actor, user: User, dataset_id: str, purpose: str
 ) -> ReleaseRequest:
     """A pending request to the owners of every source that binds the user's dataset."""
-    datasets.get_owned(
-        db,
-        actor=actor,
-        user=user,
-        dataset_id=dataset_id,
-        action="release.request",
-        forbidden="only the dataset's owner may ask for its release",
-    )
+    datasets.get_owned(db, actor=actor, user=user, dataset_id=dataset_id, action="release.request")
     dataset = db.scalar(
         select(Dataset)
         .where(Dataset.id == dataset_id)
@@ -148,8 +141,7 @@ def request_release(
         db,
         actor=actor,
         action="release.request",
-        subject_type="release_request",
-        subject_id=request.id,
+        subject=request,
         details={
             "dataset_id": dataset.id,
             "source_ids": [b.source_id for b in bindings],
@@ -228,8 +220,7 @@ def _decide(
         db,
         actor=actor,
         action=action,
-        subject_type="release_request",
-        subject_id=request.id,
+        subject=request,
         details={"dataset_id": request.dataset_id, "requester_id": request.requester_id},
     )
     if request.status == ReleaseStatus.approved:
@@ -368,12 +359,5 @@ def list_for(
         where = or_(ReleaseRequest.id.in_(deciding), ReleaseRequest.requester_id == user.id)
     if status is not None:
         where = where & (ReleaseRequest.status == status)
-    total = db.scalar(select(func.count()).select_from(ReleaseRequest).where(where)) or 0
-    items = db.scalars(
-        select(ReleaseRequest)
-        .where(where)
-        .order_by(ReleaseRequest.created_at.desc(), ReleaseRequest.id)
-        .limit(limit)
-        .offset(offset)
-    ).all()
+    items, total = newest_first(db, ReleaseRequest, where, limit=limit, offset=offset)
     return _views(db, viewer=user, requests=items), total

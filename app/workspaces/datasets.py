@@ -24,6 +24,7 @@ from typing import BinaryIO
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
+from app import ownership
 from app.accounts import quotas
 from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
@@ -103,7 +104,7 @@ def begin_upload(
     db: Session, *, actor: Actor, user: User, workspace_id: str, settings: Settings
 ) -> UploadPlan:
     """Check ownership, settle the key and budget, and end the transaction before streaming."""
-    workspace = workspaces.get_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    workspace = ownership.get_owned(db, Workspace, workspace_id, actor=actor, user=user)
     plan = plan_upload(db, workspace=workspace, settings=settings)
     # Nothing may be held while the body streams (on SQLite every transaction holds the
     # write lock); this also commits a data key made for an older workspace.
@@ -282,8 +283,7 @@ def finish_upload(
         db,
         actor=actor,
         action="dataset.upload",
-        subject_type="dataset",
-        subject_id=dataset.id,
+        subject=dataset,
         details={
             "workspace_id": workspace.id,
             "kind": fields.kind.value,
@@ -330,10 +330,18 @@ def get_visible(db: Session, *, actor: Actor, user: User, dataset_id: str) -> Da
     return dataset
 
 
-def get_owned(
-    db: Session, *, actor: Actor, user: User, dataset_id: str, action: str, forbidden: str
-) -> Dataset:
-    """The dataset if `user` owns it; Forbidden for an active grantee; NotFound otherwise."""
+# What only a dataset's owner may do, and what an active grantee who tries it is told.
+OWNER_ONLY = {
+    "dataset.download": "grants allow use in jobs, not download",
+    "dataset.update": "only the owner may change a dataset",
+    "dataset.delete": "only the owner may delete a dataset",
+    "release.request": "only the dataset's owner may ask for its release",
+}
+
+
+def get_owned(db: Session, *, actor: Actor, user: User, dataset_id: str, action: str) -> Dataset:
+    """The dataset if `user` owns it, for one of the `OWNER_ONLY` actions; Forbidden for an
+    active grantee; NotFound otherwise."""
     dataset = get_visible(db, actor=actor, user=user, dataset_id=dataset_id)
     if dataset.owner_id != user.id:
         audit.deny(
@@ -342,7 +350,7 @@ def get_owned(
             action=action,
             subject_type="dataset",
             subject_id=dataset_id,
-            forbidden=forbidden,
+            forbidden=OWNER_ONLY[action],
         )
     return dataset
 
@@ -356,7 +364,7 @@ def list_in_workspace(
     db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, limit: int, offset: int
 ) -> tuple[list[Dataset], int]:
     """The live datasets of one of the user's workspaces, newest first."""
-    workspaces.check_owned(db, actor=actor, user=user, workspace_id=workspace_id)
+    ownership.check_owned(db, Workspace, workspace_id, actor=actor, user=user)
     return _LIVE_IN_WORKSPACE(db, workspace_id=workspace_id, limit=limit, offset=offset)
 
 
@@ -374,14 +382,7 @@ def update(
                 " catalog until they release it"
             )
         dataset.discoverable = changes["discoverable"] = discoverable
-    audit.record(
-        db,
-        actor=actor,
-        action="dataset.update",
-        subject_type="dataset",
-        subject_id=dataset.id,
-        details=changes,
-    )
+    audit.record(db, actor=actor, action="dataset.update", subject=dataset, details=changes)
     return dataset
 
 
@@ -401,8 +402,7 @@ def delete(db: Session, *, actor: Actor, dataset: Dataset) -> list[grants.EndedR
         db,
         actor=actor,
         action="dataset.delete",
-        subject_type="dataset",
-        subject_id=dataset.id,
+        subject=dataset,
         details={
             "size_bytes": dataset.size_bytes,
             "requests_ended": [end.request_id for end in ended],
@@ -440,18 +440,9 @@ def open_for_download(
             ),
         )
     begin_writing(db)  # a GET that writes: the download is an audited use of the data
-    workspace = db.get(Workspace, dataset.workspace_id)
-    if workspace is None:
-        raise NotFound()
-    key = workspaces.data_key(db, workspace=workspace, settings=settings)
-    audit.record(
-        db,
-        actor=actor,
-        action="dataset.download",
-        subject_type="dataset",
-        subject_id=dataset.id,
-    )
-    return workspaces.reader_for(dataset, data_key=key, settings=settings)
+    reader = workspaces.reader_for(db, dataset=dataset, settings=settings)
+    audit.record(db, actor=actor, action="dataset.download", subject=dataset)
+    return reader
 
 
 # ------------------------------------------------------------------------------ catalog

@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import ClassVar
 
-from sqlalchemy import BigInteger, Enum, ForeignKey, LargeBinary, String, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, new_id, utcnow
+from app.db import Base, CreatedAt, NewId
 
 
 class Workspace(Base):
     """An isolated space owned by one user; datasets and jobs live in one."""
 
     __tablename__ = "workspaces"
+    audit_type: ClassVar[str] = "workspace"
     __table_args__ = (UniqueConstraint("owner_id", "name", name="uq_workspaces_owner_name"),)
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     name: Mapped[str] = mapped_column(String(100))
     is_personal: Mapped[bool] = mapped_column(default=False)
     storage_bytes_used: Mapped[int] = mapped_column(BigInteger, default=0)
     storage_bytes_limit: Mapped[int] = mapped_column(BigInteger)
     max_concurrent_jobs: Mapped[int]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     # The workspace's data key, wrapped (AES-GCM) by the master key derived from the
     # platform secret: the database alone never holds a key that opens a dataset.
     data_key_wrapped: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -42,8 +44,9 @@ class Dataset(Base):
     """A file stored encrypted under data_dir/datasets/<id>.enc; its name is metadata only."""
 
     __tablename__ = "datasets"
+    audit_type: ClassVar[str] = "dataset"
 
-    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    id: Mapped[NewId]
     # SET NULL: a workspace can go once its datasets are deleted; their rows stay for
     # grants and audit, with owner_id still naming whose they were.
     workspace_id: Mapped[str | None] = mapped_column(
@@ -51,9 +54,9 @@ class Dataset(Base):
     )
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[DatasetKind] = mapped_column(Enum(DatasetKind, native_enum=False, length=16))
+    kind: Mapped[DatasetKind]
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     discoverable: Mapped[bool] = mapped_column(default=False, index=True)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_at: Mapped[CreatedAt]
     deleted_at: Mapped[datetime | None]

@@ -5,21 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from app import ownership
 from app.accounts.models import Identity, Role, User
-from app.deps import API_PREFIX, AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
+from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
 from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
 from app.jobs import service as jobs
 from app.releases import service as releases
-from app.routing import OneHopRoute
+from app.routing import api_router
 from app.workspaces import datasets, service
-from app.workspaces.models import Dataset, DatasetKind
+from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.schemas import (
     DatasetList,
     DatasetOut,
@@ -31,7 +32,7 @@ from app.workspaces.schemas import (
 )
 from app.workspaces.upload import UploadForm
 
-router = APIRouter(prefix=API_PREFIX, tags=["workspaces"], route_class=OneHopRoute)
+router = api_router("workspaces")
 
 
 @router.get("/workspaces", response_model=WorkspaceList)
@@ -67,8 +68,8 @@ def create_workspace(
 @router.get("/workspaces/{workspace_id}", response_model=WorkspaceOut)
 def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> WorkspaceOut:
     """One of the caller's workspaces."""
-    workspace = service.get_owned(
-        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
+    workspace = ownership.get_owned(
+        db, Workspace, workspace_id, actor=caller.actor, user=caller.identity
     )
     return WorkspaceOut.model_validate(workspace)
 
@@ -77,8 +78,8 @@ def get_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionD
 @raises(Conflict)
 def delete_workspace(workspace_id: WorkspaceIdPath, caller: CallerDep, db: SessionDep) -> None:
     """Delete one of the caller's workspaces (not the personal one)."""
-    workspace = service.get_owned(
-        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id
+    workspace = ownership.get_owned(
+        db, Workspace, workspace_id, actor=caller.actor, user=caller.identity
     )
     service.delete(db, actor=caller.actor, workspace=workspace)
     db.commit()
@@ -238,12 +239,7 @@ def get_dataset_content(
 ) -> StreamingResponse:
     """The bytes, decrypted as they stream, for the owner only: grants allow use, not download."""
     dataset = datasets.get_owned(
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        dataset_id=dataset_id,
-        action="dataset.download",
-        forbidden="grants allow use in jobs, not download",
+        db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.download"
     )
     reader = datasets.open_for_download(db, actor=caller.actor, dataset=dataset, settings=settings)
     db.commit()  # the download is audited before the first byte leaves
@@ -275,12 +271,7 @@ def update_dataset(
 ) -> DatasetOut:
     """Rename, or switch whether the catalog lists it (owner)."""
     dataset = datasets.get_owned(
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        dataset_id=dataset_id,
-        action="dataset.update",
-        forbidden="only the owner may change a dataset",
+        db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.update"
     )
     datasets.update(
         db, actor=caller.actor, dataset=dataset, name=body.name, discoverable=body.discoverable
@@ -296,12 +287,7 @@ def delete_dataset(
 ) -> None:
     """Delete (owner): the quota is given back, requests and grants on it end."""
     dataset = datasets.get_owned(
-        db,
-        actor=caller.actor,
-        user=caller.user,
-        dataset_id=dataset_id,
-        action="dataset.delete",
-        forbidden="only the owner may delete a dataset",
+        db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.delete"
     )
     ended = datasets.delete(db, actor=caller.actor, dataset=dataset)
     db.commit()

@@ -7,21 +7,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.fields import StrictIn
+from app.fields import StrictIn, example
 from app.workspaces.datasets import MAX_NAME_LENGTH, NAME_PATTERN
 from app.workspaces.models import DatasetKind
 
 
 class WorkspaceCreateIn(StrictIn):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"name": "translation"}]})
+    model_config = example(name="translation")
 
     name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")
 
 
 class QuotaIn(StrictIn):
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"storage_bytes_limit": 10**10, "max_concurrent_jobs": 4}]}
-    )
+    model_config = example(storage_bytes_limit=10**10, max_concurrent_jobs=4)
 
     storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**53 - 1)
     max_concurrent_jobs: int | None = Field(default=None, ge=0, le=10_000)
@@ -72,7 +70,7 @@ class DatasetList(BaseModel):
 
 
 class DatasetUpdateIn(StrictIn):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"discoverable": True}]})
+    model_config = example(discoverable=True)
 
     name: str | None = Field(
         default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN

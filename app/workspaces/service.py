@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
 
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from app.accounts import quotas
-from app.accounts.models import Identity, Role, User
+from app.accounts.models import Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import NewestFirst, new_id, owner_of
+from app.db import NewestFirst, new_id
 from app.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from app.settings import Settings
 from app.workspaces import storage
@@ -55,40 +54,12 @@ def create(
         storage_bytes_limit=settings.default_storage_bytes_limit,
         max_concurrent_jobs=settings.default_max_concurrent_jobs,
     )
-    db.add(workspace)
-    db.flush()
-    audit.record(
+    return audit.record_creation(
         db,
+        workspace,
         actor=actor,
         action="workspace.create",
-        subject_type="workspace",
-        subject_id=workspace.id,
         details={"owner_id": owner.id, "personal": personal},
-    )
-    return workspace
-
-
-def get_owned(db: Session, *, actor: Actor, user: User | Identity, workspace_id: str) -> Workspace:
-    """The workspace if `user` owns it; NotFound (audited) otherwise."""
-    workspace = db.get(Workspace, workspace_id)
-    if workspace is None or workspace.owner_id != user.id:
-        _deny(db, actor, workspace_id)
-    return workspace
-
-
-def check_owned(db: Session, *, actor: Actor, user: User | Identity, workspace_id: str) -> None:
-    """NotFound (audited) unless `user` owns the workspace; reads its owner alone."""
-    if owner_of(db, Workspace, workspace_id) != user.id:
-        _deny(db, actor, workspace_id)
-
-
-def _deny(db: Session, actor: Actor, workspace_id: str) -> NoReturn:
-    audit.deny(
-        db,
-        actor=actor,
-        action="workspace.access",
-        subject_type="workspace",
-        subject_id=workspace_id,
     )
 
 
@@ -114,13 +85,7 @@ def delete(db: Session, *, actor: Actor, workspace: Workspace) -> None:
     if held:
         raise Conflict("the workspace still holds datasets; delete them first")
     db.delete(workspace)
-    audit.record(
-        db,
-        actor=actor,
-        action="workspace.delete",
-        subject_type="workspace",
-        subject_id=workspace.id,
-    )
+    audit.record(db, actor=actor, action="workspace.delete", subject=workspace)
 
 
 def set_quota(
@@ -135,21 +100,10 @@ def set_quota(
     workspace = db.get(Workspace, workspace_id)
     if workspace is None:
         raise NotFound()
-    changes: dict[str, int] = {}
-    if storage_bytes_limit is not None:
-        workspace.storage_bytes_limit = storage_bytes_limit
-        changes["storage_bytes_limit"] = storage_bytes_limit
-    if max_concurrent_jobs is not None:
-        workspace.max_concurrent_jobs = max_concurrent_jobs
-        changes["max_concurrent_jobs"] = max_concurrent_jobs
-    audit.record(
-        db,
-        actor=actor,
-        action="workspace.quota",
-        subject_type="workspace",
-        subject_id=workspace.id,
-        details=changes,
+    changes = quotas.apply_limits(
+        workspace, storage_bytes_limit=storage_bytes_limit, max_concurrent_jobs=max_concurrent_jobs
     )
+    audit.record(db, actor=actor, action="workspace.quota", subject=workspace, details=changes)
     return workspace
 
 
@@ -201,8 +155,12 @@ def data_key(db: Session, *, workspace: Workspace, settings: Settings) -> bytes:
     )
 
 
-def reader_for(dataset: Dataset, *, data_key: bytes, settings: Settings) -> DatasetReader:
-    """A decrypting reader of a dataset's stored file (the caller has checked access)."""
+def reader_for(db: Session, *, dataset: Dataset, settings: Settings) -> DatasetReader:
+    """A decrypting reader of a dataset's stored file under its workspace's key (the caller
+    has checked access); NotFound when the workspace is gone."""
+    workspace = db.get(Workspace, dataset.workspace_id) if dataset.workspace_id else None
+    if workspace is None:
+        raise NotFound()
     return DatasetReader(
         dataset_id=dataset.id,
         name=dataset.name,
@@ -210,5 +168,5 @@ def reader_for(dataset: Dataset, *, data_key: bytes, settings: Settings) -> Data
         size_bytes=dataset.size_bytes,
         sha256=dataset.sha256,
         path=dataset_path(settings, dataset.id),
-        data_key=data_key,
+        data_key=data_key(db, workspace=workspace, settings=settings),
     )
