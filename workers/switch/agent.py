@@ -25,6 +25,7 @@ import httpx
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from contract import API_PREFIX
 from workers.control_plane import ClusterClient, check_control_plane_url, tls_verify
 from workers.presence import PresenceReporter
 from workers.switch.server import Address, Switch, SwitchConfig
@@ -32,7 +33,6 @@ from workers.switch.shaper import ShaperConfig
 from workers.switch.tls import make_switch_key_and_csr, write_private_file
 
 log = logging.getLogger("nebula.switch")
-API = "/api/v1"
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def enroll(
     """Make a key here, send the CSR with the enrollment token, store what comes back."""
     key_pem, csr_pem = make_switch_key_and_csr(cluster)
     answer = httpx.post(
-        f"{control_plane}{API}/pki/enroll",
+        f"{control_plane}{API_PREFIX}/pki/enroll",
         json={"token": token, "csr_pem": csr_pem.decode()},
         timeout=30,
         verify=verify,
@@ -96,7 +96,7 @@ def enroll(
 
 def fetch(control_plane: str, path: str, verify: ssl.SSLContext | bool = True) -> bytes:
     """GET a public PKI document from the control plane."""
-    answer = httpx.get(f"{control_plane}{API}{path}", timeout=30, verify=verify)
+    answer = httpx.get(f"{control_plane}{API_PREFIX}{path}", timeout=30, verify=verify)
     answer.raise_for_status()
     return answer.content
 
@@ -109,7 +109,7 @@ def renewer(files: SwitchFiles, control_plane: str, verify: ssl.SSLContext | boo
         assert isinstance(key, ec.EllipticCurvePrivateKey)
         signature = key.sign(csr_pem, ec.ECDSA(hashes.SHA256()))
         answer = httpx.post(
-            f"{control_plane}{API}/pki/renew",
+            f"{control_plane}{API_PREFIX}/pki/renew",
             json={
                 "certificate_pem": files.cert.read_text(),
                 "csr_pem": csr_pem.decode(),
