@@ -205,19 +205,25 @@ def test_the_broker_restarts_mid_job_and_the_job_succeeds(
     _succeeds(platform, *_electra_running(platform, corpus, "ruth"))
 
 
+@pytest.mark.parametrize(
+    ("cluster", "role"), [("cluster-a", "generator"), ("cluster-b", "discriminator")]
+)
 def test_a_switch_killed_mid_job_restarts_and_the_job_succeeds(
-    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis],
+    corpus: dict[str, Path],
+    cluster: str,
+    role: str,
 ) -> None:
     platform, _postgres, _redis = own
-    user, job = _electra_running(platform, corpus, "uma")
-    switch = platform.switches["cluster-a"]  # the generator's
+    user, job = _electra_running(platform, corpus, f"uma-{cluster}")
+    switch = platform.switches[cluster]  # the switch of the role on that cluster
     certificate = (switch.folder / "switch.crt").read_bytes()
     switch.kill()
     switch.start()  # on the same ports, from its own files
     _succeeds(platform, user, job, attempt=1)
     assert (switch.folder / "switch.crt").read_bytes() == certificate  # not enrolled again
-    log = (platform.log_dir / "worker-cluster-a.log").read_text()
-    assert f"link {job}.1/generator: send connection resumed" in log
+    log = (platform.log_dir / f"worker-{cluster}.log").read_text()
+    assert f"link {job}.1/{role}: send connection resumed" in log
     with platform.factory() as db:
         assert audit.verify(db, settings=platform.settings).ok
 
