@@ -101,13 +101,10 @@ async def stream_items(request: Request, items: Iterator[T]) -> AsyncIterator[T]
 class Credential:
     """What a request presented: a secret, how it came, and its CSRF header if any."""
 
-    secret: str
+    secret: str = field(repr=False)
     via_cookie: bool
     unsafe: bool  # the method may change state (POST, PATCH, DELETE...)
     csrf_sent: str = field(default="", repr=False)
-
-    def __repr__(self) -> str:
-        return f"Credential(via_cookie={self.via_cookie}, unsafe={self.unsafe})"
 
 
 @dataclass(frozen=True)
@@ -148,11 +145,11 @@ class Caller(InHop):
         self._demands.append(Demand(allowed, refusal))
         return self
 
-    def resolve(self, db: Session | None = None) -> None:
+    def resolve(self) -> None:
         """Look the credential up (blocking): 401 unless it is live, 403 unless the role fits."""
         if self._identity is not None:
             return
-        db = self.db if db is None else db
+        db = self.db
         credential = self._credential
         if credential.unsafe:
             begin_reading(db)  # the write lock is taken by the endpoint, not by this lookup

@@ -7,6 +7,7 @@ import json
 import re
 import time
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -49,7 +50,7 @@ async def _send_413(send: Send, limit: int) -> None:
     await _send_error(send, 413, f"request body larger than {limit} bytes", SECURITY_HEADERS)
 
 
-class HttpMiddleware:
+class HttpMiddleware(ABC):
     """ASGI middleware that acts on HTTP requests (`http`) and lets anything else through."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -61,9 +62,9 @@ class HttpMiddleware:
         else:
             await self.app(scope, receive, send)
 
+    @abstractmethod
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one HTTP request."""
-        raise NotImplementedError
 
 
 class BodyLimitMiddleware(HttpMiddleware):

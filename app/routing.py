@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -23,16 +24,16 @@ from starlette.concurrency import run_in_threadpool
 from contract import API_PREFIX
 
 
-class InHop:
+class InHop(ABC):
     """A dependency's value whose blocking part runs in the endpoint's hop, first."""
 
+    @abstractmethod
     def resolve(self) -> None:
         """Do the blocking part; raise a domain error to refuse the request."""
-        raise NotImplementedError
 
+    @abstractmethod
     def resolve_apart(self) -> None:
         """Resolve for an answer given before the endpoint ran (a 422): its refusal comes first."""
-        self.resolve()
 
 
 def _resolve_all(values: dict[str, Any]) -> None:

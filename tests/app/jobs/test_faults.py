@@ -156,7 +156,8 @@ def _succeeds(
     platform: RunningPlatform, user: User, job: str, *, attempt: int | None = None
 ) -> None:
     """The job ends well, all 40 steps, with every metric point stored exactly once (and,
-    given `attempt`, in that attempt: its roles rode the fault out, none was restarted)."""
+    given `attempt`, in that attempt: its roles rode the fault out, none was restarted);
+    the audit chain verifies."""
     done = wait_until(lambda: _finished(user, job), f"job {job} to finish", timeout=240)
     assert done["status"] == "succeeded", done["error"]
     assert done["step"] == 40
@@ -168,6 +169,8 @@ def _succeeds(
         ).all()
     counts = Counter(tuple(r) for r in rows)
     assert counts and max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
+    with platform.factory() as db:
+        assert audit.verify(db, settings=platform.settings).ok
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +193,6 @@ def test_the_database_restarts_mid_job_and_the_job_succeeds(
     user, job = _electra_running(platform, corpus, "pat")
     _outage(postgres.stop, postgres.start, 2.0)
     _succeeds(platform, user, job, attempt=1)
-    with platform.factory() as db:
-        assert audit.verify(db, settings=platform.settings).ok
 
 
 def test_the_broker_restarts_mid_job_and_the_job_succeeds(
@@ -224,8 +225,6 @@ def test_a_switch_killed_mid_job_restarts_and_the_job_succeeds(
     assert (switch.folder / "switch.crt").read_bytes() == certificate  # not enrolled again
     log = (platform.log_dir / f"worker-{cluster}.log").read_text()
     assert f"link {job}.1/{role}: send connection resumed" in log
-    with platform.factory() as db:
-        assert audit.verify(db, settings=platform.settings).ok
 
 
 def test_a_30_second_cut_between_the_switches_and_the_job_succeeds(
@@ -249,8 +248,6 @@ def test_a_30_second_cut_between_the_switches_and_the_job_succeeds(
     assert _job(user, job)["status"] == "running"
     assert all(link.refused > before for link, before in zip(links, refused, strict=True))
     _succeeds(platform, user, job, attempt=1)
-    with platform.factory() as db:
-        assert audit.verify(db, settings=platform.settings).ok
 
 
 @pytest.fixture
