@@ -1,5 +1,7 @@
 -- The workloads of bench/api_load.py, for wrk: wrk -s bench/api_load.lua URL -- PLAN MODE THREADS
 --   bare:  GET /healthz
+--   anonymous: GET /api/v1/workspaces with no credential (401 from the API's own stack)
+--   me:    GET /api/v1/me (the cheapest authenticated read: the token's one query)
 --   reads: authenticated GETs of workspaces, datasets, jobs and metrics
 --   mixed: 80% those reads, 15% audited writes (API tokens made and deleted, access
 --          requests made and withdrawn), 5% logins
@@ -91,6 +93,12 @@ function request()
   if mode == "bare" then
     return wrk.format("GET", "/healthz")
   end
+  if mode == "anonymous" then
+    return wrk.format("GET", "/api/v1/workspaces")
+  end
+  if mode == "me" then
+    return wrk.format("GET", "/api/v1/me", auth(plan.users[math.random(#plan.users)]))
+  end
   if mode == "reads" then
     return read_request()
   end
@@ -135,6 +143,10 @@ local function classify(status, body)
     return "bare"
   elseif body:find("password checks", 1, true) then
     return "login"
+  elseif status == 401 and mode == "anonymous" then
+    return "anonymous"
+  elseif body:find('"display_name":', 1, true) then
+    return "me"
   end
   return "other"
 end

@@ -6,6 +6,9 @@ other processes by wrk (Debian's package) with the workloads of bench/api_load.l
 
 - bare: GET /healthz, the same server stack with no database and no authentication;
 - reads: authenticated GETs of workspaces, datasets, jobs and job metrics;
+- the steps between the two, at 64 connections: anonymous (an API route refused with 401
+  for want of a credential: the API's middleware, router and dependencies, no database)
+  and me (GET /me: one hop to the thread pool and the token's one query);
 - mixed: 80% those reads, 15% audited writes (API tokens made and deleted, access
   requests made and withdrawn), 5% logins;
 
@@ -76,6 +79,8 @@ CONNECTIONS = (64, 256)
 # argon2, which yields the CPU to every other request while the server is saturated)
 TIMEOUT_S = 10
 WORKLOADS = ("bare", "reads", "mixed")
+# run at the first connection count only: where an authenticated read's cost goes
+STEPS = ("anonymous", "me")
 # answers of the mixed workload that are accepted writes, each with its one audit event
 ACCEPTED_WRITES = (
     "token.create 201",
@@ -296,7 +301,7 @@ def wrk(url: str, plan: Path, mode: str, connections: int, duration_s: int) -> d
     unexpected = sum(
         n
         for key, n in counts.items()
-        if key.split()[1].startswith("4") and not key.endswith(" 429")
+        if key.split()[1].startswith("4") and key not in ("anonymous 401",) and " 429" not in key
     )
     socket_errors = result["connect"] + result["read"] + result["write"]
     return {
@@ -462,7 +467,7 @@ def drive(
     with EventStreams(server.url, seeded, EVENT_STREAMS) as streams:
         for round_no in range(1, args.rounds + 1):
             for connections in CONNECTIONS:
-                for mode in WORKLOADS:
+                for mode in WORKLOADS + (STEPS if connections == CONNECTIONS[0] else ()):
                     label = f"{kind}: {mode} @{connections}, round {round_no}"
                     progress.update(task, description=label)
                     plan.write_text(seeded.plan_lua(pending_pairs(url)))
@@ -526,11 +531,18 @@ def summarize(kind: str, backend: dict[str, Any]) -> dict[str, Any]:
     for run in backend["runs"]:
         by_round.setdefault(run["round"], {})[f"{run['mode']}@{run['connections']}"] = run
     auth_vs_bare = [r["reads@64"]["req_s"] / r["bare@64"]["req_s"] for r in by_round.values()]
+    steps = {
+        mode: statistics.median(
+            r[f"{mode}@64"]["req_s"] / r["bare@64"]["req_s"] for r in by_round.values()
+        )
+        for mode in STEPS
+    }
     flood_p99 = [r["reads+flood@64"]["p99_ms"] / r["reads@64"]["p99_ms"] for r in by_round.values()]
     return {
         "rows": table,
         f"authenticated_vs_bare_{kind}": round(statistics.median(auth_vs_bare), 3),
         f"authenticated_vs_bare_{kind}_rounds": [round(x, 3) for x in auth_vs_bare],
+        **{f"{mode}_vs_bare_{kind}": round(ratio, 3) for mode, ratio in steps.items()},
         f"errors_256_{kind}": table["reads@256"]["errors"] + table["mixed@256"]["errors"],
         f"timeouts_256_{kind}": table["reads@256"]["timeouts"] + table["mixed@256"]["timeouts"],
         f"p99_ms_reads_64_{kind}": table["reads@64"]["p99_ms"],
@@ -550,7 +562,7 @@ def main() -> None:
     kinds = args.databases.split(",")
     console = Console()
     load_before = load_average()
-    per_backend = args.rounds * (len(CONNECTIONS) * len(WORKLOADS) + 1)
+    per_backend = args.rounds * (len(CONNECTIONS) * len(WORKLOADS) + len(STEPS) + 1)
     summaries: dict[str, Any] = {}
     with Progress(console=console) as progress:
         task = progress.add_task("api load", total=per_backend * len(kinds))
@@ -603,7 +615,9 @@ def main() -> None:
     for kind in kinds:
         s = summaries[kind]
         console.print(
-            f"{kind}: authenticated/bare {s[f'authenticated_vs_bare_{kind}']:.2f}, "
+            f"{kind}: authenticated/bare {s[f'authenticated_vs_bare_{kind}']:.2f} "
+            f"(anonymous 401 {s[f'anonymous_vs_bare_{kind}']:.2f}, "
+            f"/me {s[f'me_vs_bare_{kind}']:.2f}), "
             f"p99 reads@64 {s[f'p99_ms_reads_64_{kind}']:.1f} ms, "
             f"errors@256 {s[f'errors_256_{kind}']}, "
             f"login flood p99 x{s[f'login_flood_p99_ratio_{kind}']:.2f}, "
