@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -284,6 +285,14 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
 ModelT = TypeVar("ModelT", bound=Base)
 
 
+@dataclass(frozen=True)
+class Page:
+    """One page of a list: `limit` rows from `offset` (the API's ?limit=&offset=)."""
+
+    limit: int
+    offset: int
+
+
 class NewestFirst(Generic[ModelT]):
     """A list of `model` rows matching `where`, newest first, a page at a time.
 
@@ -305,14 +314,13 @@ class NewestFirst(Generic[ModelT]):
         self._page = page.order_by(*order).limit(bindparam("limit")).offset(bindparam("offset"))
         self._count = count
 
-    def __call__(
-        self, db: Session, *, limit: int, offset: int, **params: Any
-    ) -> tuple[list[ModelT], int]:
-        """One page (`limit` rows from `offset`) and how many match in all."""
-        rows = db.execute(self._page, {**params, "limit": limit, "offset": offset}).all()
+    def __call__(self, db: Session, *, page: Page, **params: Any) -> tuple[list[ModelT], int]:
+        """One page of rows and how many match in all."""
+        bounds = {"limit": page.limit, "offset": page.offset}
+        rows = db.execute(self._page, {**params, **bounds}).all()
         if rows:
             return [row[0] for row in rows], int(rows[0][1])
-        if offset == 0:
+        if page.offset == 0:
             return [], 0
         return [], db.scalar(self._count, params) or 0
 
@@ -322,11 +330,10 @@ def newest_first(
     model: type[ModelT],
     where: ColumnElement[bool] | None = None,
     *,
-    limit: int,
-    offset: int,
+    page: Page,
 ) -> tuple[list[ModelT], int]:
     """A page of `model` rows newest first, for a filter put together per call.
 
     A filter whose shape is fixed is cheaper as a module-level `NewestFirst`.
     """
-    return NewestFirst(model, where)(db, limit=limit, offset=offset)
+    return NewestFirst(model, where)(db, page=page)

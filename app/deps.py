@@ -16,7 +16,7 @@ from app.accounts import service as accounts
 from app.accounts.models import AuthToken, Identity, Role, TokenKind, User, UserStatus
 from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
-from app.db import begin_reading
+from app.db import Page, begin_reading
 from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
 from app.openapi import security
@@ -284,14 +284,6 @@ async def require_writer(caller: CallerDep) -> Caller:
 AdminDep = Annotated[Caller, Depends(require_admin)]
 AuditorDep = Annotated[Caller, Depends(require_auditor)]
 WriterDep = Annotated[Caller, Depends(require_writer)]
-
-
-@dataclass(frozen=True)
-class Page:
-    """?limit=&offset= of a list."""
-
-    limit: int
-    offset: int
 
 
 async def get_page(

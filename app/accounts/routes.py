@@ -134,9 +134,7 @@ def create_token(body: TokenCreateIn, caller: CallerDep, db: SessionDep) -> Toke
 @router.get("/me/tokens", response_model=TokenList)
 def list_tokens(caller: CallerDep, db: SessionDep, page: PageDep) -> TokenList:
     """The caller's API tokens, without secrets."""
-    items, total = service.list_api_tokens(
-        db, user=caller.user, limit=page.limit, offset=page.offset
-    )
+    items, total = service.list_api_tokens(db, user=caller.user, page=page)
     return TokenList(items=[TokenOut.model_validate(t) for t in items], total=total)
 
 
@@ -151,9 +149,7 @@ def revoke_token(token_id: TokenIdPath, caller: CallerDep, db: SessionDep) -> No
 @router.get("/me/audit", response_model=AuditList)
 def my_audit(caller: CallerDep, db: SessionDep, page: PageDep) -> AuditList:
     """Audit events where the caller is the actor or the subject."""
-    items, total = audit.query(
-        db, involving_user=caller.user_id, limit=page.limit, offset=page.offset
-    )
+    items, total = audit.query(db, involving_user=caller.user_id, page=page)
     return AuditList(items=[AuditEventOut.model_validate(e) for e in items], total=total)
 
 
@@ -179,7 +175,7 @@ def create_user(
 @router.get("/users", response_model=UserList)
 def list_users(caller: AdminDep, db: SessionDep, page: PageDep) -> UserList:
     """Every user."""
-    items, total = service.list_users(db, limit=page.limit, offset=page.offset)
+    items, total = service.list_users(db, page=page)
     return UserList(items=[UserOut.model_validate(u) for u in items], total=total)
 
 

@@ -23,7 +23,7 @@ from app.accounts.models import (
 )
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import NewestFirst, begin_reading, begin_writing, utcnow
+from app.db import NewestFirst, Page, begin_reading, begin_writing, utcnow
 from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
@@ -350,11 +350,9 @@ _API_TOKENS = NewestFirst(
 _USERS = NewestFirst(User)
 
 
-def list_api_tokens(
-    db: Session, *, user: User, limit: int, offset: int
-) -> tuple[list[AuthToken], int]:
+def list_api_tokens(db: Session, *, user: User, page: Page) -> tuple[list[AuthToken], int]:
     """The user's API tokens (never their secrets), newest first."""
-    return _API_TOKENS(db, user_id=user.id, limit=limit, offset=offset)
+    return _API_TOKENS(db, user_id=user.id, page=page)
 
 
 def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -> AuthToken:
@@ -367,9 +365,9 @@ def get_own_api_token(db: Session, *, actor: Actor, user: User, token_id: str) -
     return record
 
 
-def list_users(db: Session, *, limit: int, offset: int) -> tuple[list[User], int]:
+def list_users(db: Session, *, page: Page) -> tuple[list[User], int]:
     """Every user, newest first."""
-    return _USERS(db, limit=limit, offset=offset)
+    return _USERS(db, page=page)
 
 
 def get_user(db: Session, *, user_id: str) -> User:

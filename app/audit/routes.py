@@ -56,8 +56,7 @@ def list_events(
         subject_id=subject_id,
         since=since,
         until=until,
-        limit=page.limit,
-        offset=page.offset,
+        page=page,
     )
     found = names.resolve(db, items)
     return AuditNamedList(items=[_named(e, found) for e in items], total=total)

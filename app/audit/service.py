@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
 from app.audit.models import AuditEvent
-from app.db import begin_writing, utcnow
+from app.db import Page, begin_writing, utcnow
 from app.errors import Forbidden, NotFound
 from app.keyring import Purpose, subkey
 from app.settings import Settings
@@ -379,8 +379,7 @@ def query(
     involving_user: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-    limit: int = 50,
-    offset: int = 0,
+    page: Page,
 ) -> tuple[list[AuditEvent], int]:
     """Events matching the filters, newest first, and their total count."""
     stmt = select(AuditEvent)
@@ -401,7 +400,9 @@ def query(
     if until is not None:
         stmt = stmt.where(AuditEvent.at < until)
     total = db.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    items = db.scalars(stmt.order_by(AuditEvent.seq.desc()).limit(limit).offset(offset)).all()
+    items = db.scalars(
+        stmt.order_by(AuditEvent.seq.desc()).limit(page.limit).offset(page.offset)
+    ).all()
     return list(items), total
 
 

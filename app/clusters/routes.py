@@ -89,7 +89,7 @@ def list_clusters(
     caller: CallerDep, db: SessionDep, page: PageDep, settings: SettingsDep
 ) -> ClusterList:
     """Every cluster with its health (any signed-in user may place jobs on them)."""
-    items, total = service.list_all(db, limit=page.limit, offset=page.offset)
+    items, total = service.list_all(db, page=page)
     return ClusterList(items=[_out(db, c, settings) for c in items], total=total)
 
 
@@ -144,9 +144,7 @@ def list_certificates(
     cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> CertificateList:
     """Certificates issued to the cluster's switch."""
-    items, total = service.certificates(
-        db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
-    )
+    items, total = service.certificates(db, cluster_id=cluster_id, page=page)
     return CertificateList(items=[CertificateOut.model_validate(c) for c in items], total=total)
 
 
@@ -193,9 +191,7 @@ def list_worker_credentials(
     cluster_id: ClusterIdPath, caller: AdminDep, db: SessionDep, page: PageDep
 ) -> WorkerCredentialList:
     """The cluster's worker credentials, without their secrets."""
-    items, total = service.worker_credentials(
-        db, cluster_id=cluster_id, limit=page.limit, offset=page.offset
-    )
+    items, total = service.worker_credentials(db, cluster_id=cluster_id, page=page)
     return WorkerCredentialList(
         items=[WorkerCredentialOut.model_validate(c) for c in items], total=total
     )

@@ -19,7 +19,7 @@ from app.clusters.models import (
     EnrollmentToken,
     WorkerCredential,
 )
-from app.db import NewestFirst, utcnow
+from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, NotFound
 
 
@@ -49,9 +49,9 @@ def by_name(db: Session, *, name: str) -> Cluster | None:
     return db.scalar(select(Cluster).where(Cluster.name == name))
 
 
-def list_all(db: Session, *, limit: int, offset: int) -> tuple[list[Cluster], int]:
+def list_all(db: Session, *, page: Page) -> tuple[list[Cluster], int]:
     """Every cluster, newest first."""
-    return _CLUSTERS(db, limit=limit, offset=offset)
+    return _CLUSTERS(db, page=page)
 
 
 def delete(db: Session, *, actor: Actor, cluster: Cluster) -> None:
@@ -73,12 +73,10 @@ _CERTIFICATES = NewestFirst(Certificate, Certificate.cluster_id == bindparam("cl
 _CREDENTIALS = NewestFirst(WorkerCredential, WorkerCredential.cluster_id == bindparam("cluster_id"))
 
 
-def certificates(
-    db: Session, *, cluster_id: str, limit: int, offset: int
-) -> tuple[list[Certificate], int]:
+def certificates(db: Session, *, cluster_id: str, page: Page) -> tuple[list[Certificate], int]:
     """Certificates of one cluster, newest first; NotFound for no such cluster."""
     get(db, cluster_id=cluster_id)
-    return _CERTIFICATES(db, cluster_id=cluster_id, limit=limit, offset=offset)
+    return _CERTIFICATES(db, cluster_id=cluster_id, page=page)
 
 
 WORKER_CREDENTIAL_PREFIX = "nbw_"
@@ -106,12 +104,12 @@ def _record_credential(
 
 
 def worker_credentials(
-    db: Session, *, cluster_id: str, limit: int, offset: int
+    db: Session, *, cluster_id: str, page: Page
 ) -> tuple[list[WorkerCredential], int]:
     """The worker credentials of one cluster (never their secrets), newest first; NotFound for
     no such cluster."""
     get(db, cluster_id=cluster_id)
-    return _CREDENTIALS(db, cluster_id=cluster_id, limit=limit, offset=offset)
+    return _CREDENTIALS(db, cluster_id=cluster_id, page=page)
 
 
 def revoke_worker_credential(

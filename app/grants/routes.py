@@ -52,12 +52,7 @@ def list_requests(
 ) -> AccessRequestList:
     """Requests the caller made (outgoing), received (incoming), or both."""
     items, total = service.list_for(
-        db,
-        user=caller.user,
-        direction=direction,
-        status=status,
-        limit=page.limit,
-        offset=page.offset,
+        db, user=caller.user, direction=direction, status=status, page=page
     )
     return AccessRequestList(items=[AccessRequestOut.of(v) for v in items], total=total)
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import newest_first, utcnow
+from app.db import Page, newest_first, utcnow
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.grants.models import AccessRequest, AccessStatus
 from app.releases import provenance
@@ -581,8 +581,7 @@ def list_for(
     user: User,
     direction: Direction | None,
     status: str | None,
-    limit: int,
-    offset: int,
+    page: Page,
 ) -> tuple[list[RequestView], int]:
     """The user's requests (outgoing), requests for the user's datasets (incoming), or both."""
     if direction == Direction.incoming:
@@ -599,5 +598,5 @@ def list_for(
         where = where & _active_clause(now)
     elif status is not None:
         where = where & (AccessRequest.status == AccessStatus(status))
-    items, total = newest_first(db, AccessRequest, where, limit=limit, offset=offset)
+    items, total = newest_first(db, AccessRequest, where, page=page)
     return _views(db, items), total

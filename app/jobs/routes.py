@@ -84,7 +84,7 @@ def list_job_kinds(caller: CallerDep) -> JobKindList:
 @router.get("/admin/jobs", response_model=JobOverviewList)
 def list_active_jobs(caller: AdminDep, db: SessionDep, page: PageDep) -> JobOverviewList:
     """Queued and running jobs across tenants: metadata only, no data and no metrics."""
-    rows, total = service.list_active(db, limit=page.limit, offset=page.offset)
+    rows, total = service.list_active(db, page=page)
     items = [
         JobOverviewOut.model_validate(job).model_copy(update={"owner_email": email})
         for job, email in rows
@@ -98,9 +98,7 @@ def list_jobs(
 ) -> JobList:
     """Jobs of one of the caller's workspaces."""
     ownership.check_owned(db, Workspace, workspace_id, actor=caller.actor, user=caller.identity)
-    items, total = service.list_for_workspace(
-        db, workspace_id=workspace_id, limit=page.limit, offset=page.offset
-    )
+    items, total = service.list_for_workspace(db, workspace_id=workspace_id, page=page)
     return JobList(items=[JobOut.model_validate(j) for j in items], total=total)
 
 

@@ -15,7 +15,7 @@ from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
-from app.db import NewestFirst, utcnow
+from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
@@ -150,20 +150,18 @@ _ACTIVE = NewestFirst(Job, Job.status.in_(ACTIVE_STATUSES))
 _IN_WORKSPACE = NewestFirst(Job, Job.workspace_id == bindparam("workspace_id"))
 
 
-def list_active(db: Session, *, limit: int, offset: int) -> tuple[list[tuple[Job, str]], int]:
+def list_active(db: Session, *, page: Page) -> tuple[list[tuple[Job, str]], int]:
     """Queued and running jobs of every tenant, newest first, with their owners' emails."""
-    jobs, total = _ACTIVE(db, limit=limit, offset=offset)
+    jobs, total = _ACTIVE(db, page=page)
     emails = dict(
         db.execute(select(User.id, User.email).where(User.id.in_({j.owner_id for j in jobs}))).all()
     )
     return [(job, emails.get(job.owner_id, "")) for job in jobs], total
 
 
-def list_for_workspace(
-    db: Session, *, workspace_id: str, limit: int, offset: int
-) -> tuple[list[Job], int]:
+def list_for_workspace(db: Session, *, workspace_id: str, page: Page) -> tuple[list[Job], int]:
     """Jobs of a workspace, newest first."""
-    return _IN_WORKSPACE(db, workspace_id=workspace_id, limit=limit, offset=offset)
+    return _IN_WORKSPACE(db, workspace_id=workspace_id, page=page)
 
 
 def finish_job(db: Session, job: Job, status: JobStatus, error: str | None = None) -> None:

@@ -50,12 +50,7 @@ def list_requests(
 ) -> ReleaseRequestList:
     """Requests the caller made (outgoing), must decide as a source owner (incoming), or both."""
     items, total = service.list_for(
-        db,
-        user=caller.user,
-        direction=direction,
-        status=status,
-        limit=page.limit,
-        offset=page.offset,
+        db, user=caller.user, direction=direction, status=status, page=page
     )
     return ReleaseRequestList(items=[ReleaseRequestOut.of(v) for v in items], total=total)
 

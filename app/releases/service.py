@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import newest_first, utcnow
+from app.db import Page, newest_first, utcnow
 from app.errors import Conflict
 from app.grants.models import AccessRequest
 from app.releases import provenance
@@ -345,8 +345,7 @@ def list_for(
     user: User,
     direction: Direction | None,
     status: ReleaseStatus | None,
-    limit: int,
-    offset: int,
+    page: Page,
 ) -> tuple[list[RequestView], int]:
     """Requests the user made (outgoing), must decide (incoming), or both; newest first."""
     deciding = select(ReleaseApproval.request_id).where(ReleaseApproval.owner_id == user.id)
@@ -359,5 +358,5 @@ def list_for(
         where = or_(ReleaseRequest.id.in_(deciding), ReleaseRequest.requester_id == user.id)
     if status is not None:
         where = where & (ReleaseRequest.status == status)
-    items, total = newest_first(db, ReleaseRequest, where, limit=limit, offset=offset)
+    items, total = newest_first(db, ReleaseRequest, where, page=page)
     return _views(db, viewer=user, requests=items), total

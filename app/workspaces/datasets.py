@@ -29,7 +29,7 @@ from app.accounts import quotas
 from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import NewestFirst, begin_writing, new_id, utcnow
+from app.db import NewestFirst, Page, begin_writing, new_id, utcnow
 from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
 from app.releases import provenance
@@ -361,11 +361,11 @@ _LIVE_IN_WORKSPACE = NewestFirst(
 
 
 def list_in_workspace(
-    db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, limit: int, offset: int
+    db: Session, *, actor: Actor, user: User | Identity, workspace_id: str, page: Page
 ) -> tuple[list[Dataset], int]:
     """The live datasets of one of the user's workspaces, newest first."""
     ownership.check_owned(db, Workspace, workspace_id, actor=actor, user=user)
-    return _LIVE_IN_WORKSPACE(db, workspace_id=workspace_id, limit=limit, offset=offset)
+    return _LIVE_IN_WORKSPACE(db, workspace_id=workspace_id, page=page)
 
 
 def update(
@@ -464,8 +464,7 @@ def catalog(
     viewer_id: str,
     q: str | None,
     kind: DatasetKind | None,
-    limit: int,
-    offset: int,
+    page: Page,
 ) -> tuple[list[CatalogEntry], int]:
     """Discoverable live datasets of active users with their owner's display name, newest first."""
     stmt = (
@@ -484,7 +483,7 @@ def catalog(
         stmt = stmt.where(func.lower(Dataset.name).like(pattern + "%", escape="\\"))
     total = db.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     rows = db.execute(
-        stmt.order_by(Dataset.created_at.desc(), Dataset.id).limit(limit).offset(offset)
+        stmt.order_by(Dataset.created_at.desc(), Dataset.id).limit(page.limit).offset(page.offset)
     ).all()
     granted = grants.datasets_granted_to(
         db, user_id=viewer_id, dataset_ids=[row[0].id for row in rows]

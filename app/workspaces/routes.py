@@ -46,9 +46,7 @@ def list_workspaces(
     """The caller's workspaces; admins may ask for another owner's."""
     if owner_id is not None and owner_id != caller.user_id and caller.role != Role.admin:
         raise Forbidden("admin role required to list another user's workspaces")
-    items, total = service.list_owned(
-        db, owner_id=owner_id or caller.user_id, limit=page.limit, offset=page.offset
-    )
+    items, total = service.list_owned(db, owner_id=owner_id or caller.user_id, page=page)
     return WorkspaceList(items=[WorkspaceOut.model_validate(w) for w in items], total=total)
 
 
@@ -211,12 +209,7 @@ def list_datasets(
 ) -> DatasetList:
     """The datasets of one of the caller's workspaces."""
     items, total = datasets.list_in_workspace(
-        db,
-        actor=caller.actor,
-        user=caller.identity,
-        workspace_id=workspace_id,
-        limit=page.limit,
-        offset=page.offset,
+        db, actor=caller.actor, user=caller.identity, workspace_id=workspace_id, page=page
     )
     return DatasetList(items=_datasets_out(db, caller.identity, items), total=total)
 
@@ -305,9 +298,7 @@ def get_catalog(
     kind: DatasetKind | None = None,
 ) -> DatasetList:
     """Metadata of the datasets their owners made discoverable, to request access to."""
-    entries, total = datasets.catalog(
-        db, viewer_id=caller.user_id, q=q, kind=kind, limit=page.limit, offset=page.offset
-    )
+    entries, total = datasets.catalog(db, viewer_id=caller.user_id, q=q, kind=kind, page=page)
     items = [
         out.model_copy(
             update={"owner_display_name": entry.owner_display_name, "sha256": entry.sha256}

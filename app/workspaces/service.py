@@ -11,7 +11,7 @@ from app.accounts import quotas
 from app.accounts.models import Role, User
 from app.audit import service as audit
 from app.audit.service import Actor
-from app.db import NewestFirst, new_id
+from app.db import NewestFirst, Page, new_id
 from app.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from app.settings import Settings
 from app.workspaces import storage
@@ -66,11 +66,9 @@ def create(
 _OWNED = NewestFirst(Workspace, Workspace.owner_id == bindparam("owner_id"))
 
 
-def list_owned(
-    db: Session, *, owner_id: str, limit: int, offset: int
-) -> tuple[list[Workspace], int]:
+def list_owned(db: Session, *, owner_id: str, page: Page) -> tuple[list[Workspace], int]:
     """Workspaces of one owner, newest first."""
-    return _OWNED(db, owner_id=owner_id, limit=limit, offset=offset)
+    return _OWNED(db, owner_id=owner_id, page=page)
 
 
 def delete(db: Session, *, actor: Actor, workspace: Workspace) -> None:

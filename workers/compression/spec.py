@@ -5,32 +5,25 @@ objects are built here.
 from __future__ import annotations
 
 from contract import codec_spec as grammar
-from workers.compression.codecs import (
-    CastCodec,
-    Codec,
-    DenseCodec,
-    ErrorFeedback,
-    Int8Codec,
-    LowRankCodec,
-)
+from workers.compression import codecs
 from workers.compression.errors import SpecError
 from workers.compression.wire import Kind
 
 _CASTS = {"none": Kind.NONE, "fp16": Kind.FP16, "bf16": Kind.BF16}
 
 
-def _dense(spec: grammar.DenseSpec) -> DenseCodec:
+def _dense(spec: grammar.DenseSpec) -> codecs.DenseCodec:
     if isinstance(spec, grammar.Int8Spec):
-        return Int8Codec(stochastic=spec.stochastic, seed=spec.seed)
-    return CastCodec(_CASTS[spec.dtype])
+        return codecs.Int8Codec(stochastic=spec.stochastic, seed=spec.seed)
+    return codecs.CastCodec(_CASTS[spec.dtype])
 
 
-def build_codec(spec: grammar.CodecSpec) -> Codec:
+def build_codec(spec: grammar.CodecSpec) -> codecs.Codec:
     """A fresh codec for a parsed spec."""
     if isinstance(spec, grammar.ErrorFeedbackSpec):
-        return ErrorFeedback(build_codec(spec.inner))
+        return codecs.ErrorFeedback(build_codec(spec.inner))
     if isinstance(spec, grammar.LowRankSpec):
-        return LowRankCodec(
+        return codecs.LowRankCodec(
             spec.ratio,
             method=spec.method,
             inner=_dense(spec.inner),
@@ -46,7 +39,7 @@ def build_codec(spec: grammar.CodecSpec) -> Codec:
 PER_SAMPLE, PARAMETER = grammar.PER_SAMPLE, grammar.PARAMETER
 
 
-def check_stream_spec(spec: str, stream: str, kind: grammar.StreamKind) -> Codec:
+def check_stream_spec(spec: str, stream: str, kind: grammar.StreamKind) -> codecs.Codec:
     """A fresh codec for `spec`, refused (SpecError) where its stream's kind forbids it:
     error feedback on a per-sample stream (contract.codec_spec.check_stream_spec says why)."""
     try:
@@ -56,7 +49,7 @@ def check_stream_spec(spec: str, stream: str, kind: grammar.StreamKind) -> Codec
     return build_codec(parsed)
 
 
-def parse_spec(spec: str) -> Codec:
+def parse_spec(spec: str) -> codecs.Codec:
     """A fresh codec for `spec`; SpecError saying where and why when it does not parse."""
     try:
         parsed = grammar.parse_codec_spec(spec)
