@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -161,11 +162,17 @@ def switch_config(pki: Pki, cluster: str, **overrides: object) -> SwitchConfig:
 
 
 def start_pair(
-    pki: Pki, *, a_peer_address: Callable[[Switch], tuple[str, int]] | None = None, **kw: object
+    pki: Pki,
+    *,
+    a_peer_address: Callable[[Switch], tuple[str, int]] | None = None,
+    b_peer_address: Callable[[Switch], tuple[str, int]] | None = None,
+    **kw: object,
 ) -> Pair:
+    """Switches a and b; `a_peer_address(b)` is where a dials b (b's peer door unless
+    given: a proxy in front of it), `b_peer_address(a)` where b dials a."""
     a = Switch(switch_config(pki, "cluster-a", **kw)).start()
     b = Switch(switch_config(pki, "cluster-b", **kw)).start()
-    b.add_peer("cluster-a", a.peer_address)
+    b.add_peer("cluster-a", b_peer_address(a) if b_peer_address else a.peer_address)
     a.add_peer("cluster-b", a_peer_address(b) if a_peer_address else b.peer_address)
     return Pair(pki, a, b)
 
@@ -190,6 +197,23 @@ def pair(make_pair: Callable[..., Pair]) -> Pair:
     return make_pair()
 
 
+@dataclass(eq=False)
+class _Piped:
+    """One connection through a `CuttingProxy`: the two sockets and how they are pumped."""
+
+    client: socket.socket
+    upstream: socket.socket | None  # None: blackholed before its target answered
+    gate: threading.Event = field(default_factory=threading.Event)  # set: its pumps read
+    dead: bool = False  # blackholed: what its pumps read is discarded, for good
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    @property
+    def socks(self) -> list[socket.socket]:
+        return [s for s in (self.client, self.upstream) if s is not None]
+
+
 class CuttingProxy:
     """A TCP forwarder whose connections a test can cut at will (a flaky WAN).
 
@@ -198,6 +222,15 @@ class CuttingProxy:
     `down()` cuts and then refuses every new connection (reset as soon as it is
     accepted) until `up()`: the link is gone for a while. A connection whose target does
     not answer (a switch restarting behind the proxy) is refused the same way.
+    `hold()` stops reading the open connections: their senders fill up and block.
+    `blackhole()` makes the link fail silently until `up()`, as a dead path or a
+    middlebox that drops traffic does: every byte of the open connections, and of those
+    accepted meanwhile (connected to the target, or not if it does not answer), is read
+    and thrown away, so that each sender's TCP sees its bytes taken, with no end of
+    stream, no reset and no backpressure; an end closing its side is not passed on either.
+    Only bytes already read when it starts may still arrive. A blackholed connection
+    stays so after `up()` (what a dead path lost stays lost) until its ends close it or
+    a cut; connections made after `up()` forward again.
     """
 
     def __init__(self, target: tuple[str, int]) -> None:
@@ -205,13 +238,14 @@ class CuttingProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()[:2]
         self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._gates: list[threading.Event] = []  # set: the connection's pumps forward
-        self._all_gates: list[threading.Event] = []
-        self._down = False
+        self._open: list[_Piped] = []  # what a cut drops
+        self._all: list[_Piped] = []  # what `close()` releases
+        self._mode: Literal["up", "down", "black"] = "up"
         self.cuts = 0
         self.accepted = 0  # connections forwarded
         self.refused = 0  # connections reset while down or without a target
+        self.blackholed = 0  # connections that went silent, open or accepted while blackholed
+        self.discarded = 0  # bytes read from blackholed connections and thrown away
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -221,69 +255,89 @@ class CuttingProxy:
             except OSError:
                 return
             upstream = None
-            if not self._down:
+            if self._mode != "down":
                 with contextlib.suppress(OSError):
                     upstream = socket.create_connection(self.target, timeout=5)
                     upstream.settimeout(None)
             with self._lock:
-                if upstream is None or self._down:
+                black = self._mode == "black"
+                if self._mode == "down" or (upstream is None and not black):
                     self.refused += 1
                     _reset(client, upstream)
                     continue
-                self.accepted += 1
-                gate = threading.Event()
-                gate.set()
-                self._socks += [client, upstream]
-                self._gates.append(gate)
-                self._all_gates.append(gate)
+                piped = _Piped(client, upstream, dead=black)
+                if black:
+                    self.blackholed += 1
+                else:
+                    self.accepted += 1
+                self._open.append(piped)
+                self._all.append(piped)
             for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst, gate), daemon=True).start()
+                if src is not None:
+                    args = (piped, src, dst)
+                    threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, gate: threading.Event) -> None:
+    def _pump(self, piped: _Piped, src: socket.socket, dst: socket.socket | None) -> None:
         buf = bytearray(1 << 20)
         try:
-            while gate.wait() and (n := src.recv_into(buf)):
+            while piped.gate.wait() and (n := src.recv_into(buf)):
+                if piped.dead or dst is None:
+                    with self._lock:
+                        self.discarded += n
+                    continue
                 dst.sendall(memoryview(buf)[:n])
         except OSError:
             pass
-        for s in (src, dst):
+        # an end that closes a blackholed connection closes its own side only: the
+        # other end hears nothing of it, as nothing else crosses a dead path
+        for s in (src,) if piped.dead or dst is None else (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
     def hold(self) -> None:
         """Stop reading the open connections (new ones still flow): their senders fill up."""
         with self._lock:
-            for gate in self._gates:
-                gate.clear()
+            for piped in self._open:
+                piped.gate.clear()
+
+    def blackhole(self) -> None:
+        """Drop every byte of the open connections and of new ones, silently, until `up()`;
+        the open ones (held ones too: they are read again) stay silent for good."""
+        with self._lock:
+            self._mode = "black"
+            for piped in self._open:
+                if not piped.dead:
+                    piped.dead = True
+                    self.blackholed += 1
+                piped.gate.set()
 
     def cut(self) -> None:
         """Drop every open connection mid-stream."""
         with self._lock:
-            socks, self._socks = self._socks, []
-            self._gates = []
+            dropped, self._open = self._open, []
             self.cuts += 1
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        for piped in dropped:
+            for s in piped.socks:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
 
     def down(self) -> None:
         """Drop every open connection and refuse new ones until `up()`."""
         with self._lock:
-            self._down = True
+            self._mode = "down"
         self.cut()
 
     def up(self) -> None:
-        """Forward new connections again."""
+        """Forward new connections again (a blackholed connection stays silent)."""
         with self._lock:
-            self._down = False
+            self._mode = "up"
 
     def close(self) -> None:
         self.listener.close()
         self.cut()
         with self._lock:
-            for gate in self._all_gates:
-                gate.set()
+            for piped in self._all:
+                piped.gate.set()
 
 
 def _reset(*socks: socket.socket | None) -> None:

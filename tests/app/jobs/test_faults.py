@@ -5,7 +5,8 @@ plane's database restarts, then the broker restarts (the roles' cluster API call
 retried within the heartbeat grace); one switch is SIGKILLed and started again (the
 roles dial it again and resend what their peer did not acknowledge); the link between
 the switches is cut for 30 s (each switch keeps what it sent until the other took it,
-and dials again). The job succeeds in its first attempt, no metric point is applied
+and dials again), then goes silent for 30 s (every byte dropped, with no end of stream and
+no reset: each switch tells by its pings left unanswered). The job succeeds in its first attempt, no metric point is applied
 twice, and the audit chain verifies. And the data disk fills up. The switches run as
 processes of their own, with the link between them through proxies the tests cut.
 Servers of the test's own mean a failing test never leaves the machine's services down.
@@ -248,6 +249,41 @@ def test_a_30_second_cut_between_the_switches_and_the_job_succeeds(
     assert _job(user, job)["status"] == "running"
     assert all(link.refused > before for link, before in zip(links, refused, strict=True))
     _succeeds(platform, user, job, attempt=1)
+
+
+def test_a_30_second_silent_cut_between_the_switches_and_the_job_succeeds(
+    own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
+) -> None:
+    platform, _postgres, _redis = own
+    links = list(platform.peer_links.values())
+    before = [(link.blackholed, link.discarded) for link in links]
+    stalls = [_stalls(platform, name) for name in platform.switches]
+    user, job = _electra_running(platform, corpus, "wren")
+
+    def go_silent() -> None:
+        for link in links:
+            link.blackhole()
+
+    def restore() -> None:
+        for link in links:
+            link.up()
+
+    _outage(go_silent, restore, 30.0)
+    assert _job(user, job)["status"] == "running"
+    # each switch's bytes were taken and lost; it noticed by itself, and dialled again into
+    # the silence (a connection the blackhole took in, beside the one it caught open)
+    for link, (blackholed, discarded) in zip(links, before, strict=True):
+        assert link.discarded > discarded and link.blackholed >= blackholed + 2
+    assert all(
+        _stalls(platform, name) > stalled
+        for name, stalled in zip(platform.switches, stalls, strict=True)
+    )
+    _succeeds(platform, user, job, attempt=1)
+
+
+def _stalls(platform: RunningPlatform, cluster: str) -> int:
+    """How often the switch of `cluster` has dropped its link for a ping left unanswered."""
+    return platform.switches[cluster].log.read_text().count("no answer to a ping")
 
 
 @pytest.fixture

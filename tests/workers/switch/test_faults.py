@@ -1,16 +1,19 @@
 """Faults under a running stream, at the switch level: a switch restarts, a role's
-connections drop, a peer stops reading, one job's role reads slowly; and the link
-measured under the shaper. Real TLS on loopback; every wait has a deadline."""
+connections drop, a peer stops reading, the link between the switches goes silent, one
+job's role reads slowly; and the link measured under the shaper. Real TLS on loopback;
+every wait has a deadline."""
 
 from __future__ import annotations
 
 import hashlib
+import select
+import socket
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
-from switch_support import Pair
+from switch_support import CuttingProxy, Pair
 
 from workers.switch.client import SwitchLink
 from workers.switch.server import Switch
@@ -19,10 +22,14 @@ from workers.switch.shaper import ShaperConfig
 KIB = 1024
 
 
-def _stream(link: SwitchLink, frames: int, size: int) -> str:
-    """Send `frames` numbered frames of `size` bytes; the digest of what was sent."""
+def _stream(
+    link: SwitchLink, frames: int, size: int, before: Callable[[int], None] = lambda i: None
+) -> str:
+    """Send `frames` numbered frames of `size` bytes, calling `before(i)` ahead of frame
+    `i`; the digest of what was sent."""
     digest = hashlib.sha256()
     for i in range(frames):
+        before(i)
         body = i.to_bytes(4, "big") + bytes([i % 251]) * (size - 4)
         digest.update(body)
         link.send("s", body)
@@ -139,6 +146,122 @@ def test_a_peer_that_stops_reading_is_cut_within_seconds(
         g.send("c", b"after")  # on a new connection
         assert d.recv("c", timeout=20) == b"after"
     assert pair.a.peer_connections("cluster-b") >= 2
+
+
+def test_a_blackholed_proxy_drops_every_byte_silently_until_up_and_its_connections_for_good(
+    cutting_proxy,
+) -> None:  # type: ignore[no-untyped-def]
+    """The fault itself, on plain TCP: what either end sends is taken (no backpressure)
+    and lost, nobody hears of a close, and nothing lost turns up after `up()`."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+    proxy: CuttingProxy = cutting_proxy(server.getsockname()[:2])
+    big = bytes(32 * 1024 * 1024)  # far more than the sockets buffer: a held link blocks
+
+    def connect() -> tuple[socket.socket, socket.socket]:
+        near = socket.create_connection(proxy.address, timeout=10)
+        far, _ = server.accept()
+        far.settimeout(10)
+        return near, far
+
+    def silent(*socks: socket.socket) -> None:
+        """Neither a byte nor an end of stream nor a reset comes to any of `socks`."""
+        readable, _, _ = select.select(socks, [], [], 0.5)
+        assert readable == []
+
+    near, far = connect()
+    near.sendall(b"before")
+    assert far.recv(16) == b"before"
+    proxy.blackhole()
+    near.sendall(big)  # taken, though nobody will ever read it
+    far.sendall(big)
+    late_near, late_far = connect()  # accepted and connected on, while black
+    late_near.sendall(b"lost")
+    _wait(lambda: proxy.discarded == 2 * len(big) + 4, "the proxy to throw it all away")
+    silent(near, far, late_near, late_far)
+    proxy.up()
+    new_near, new_far = connect()
+    new_near.sendall(b"after")
+    assert new_far.recv(16) == b"after"
+    new_far.sendall(b"back")
+    assert new_near.recv(16) == b"back"
+    near.sendall(b"stale")
+    late_near.sendall(b"stale")
+    near.close()  # its far end hears nothing of it
+    _wait(lambda: proxy.discarded == 2 * len(big) + 14, "the stale bytes to be thrown away")
+    silent(far, late_near, late_far)
+    assert (proxy.accepted, proxy.blackholed, proxy.refused, proxy.cuts) == (2, 2, 0, 0)
+    for sock in (far, late_near, late_far, new_near, new_far, server):
+        sock.close()
+
+
+def test_a_silent_link_between_the_switches_is_noticed_within_seconds_and_the_stream_resumes(
+    make_pair: Callable[..., Pair], cutting_proxy, switch_log
+) -> None:  # type: ignore[no-untyped-def]
+    """Both ways of the link go black mid-stream: bytes are taken and lost, with no end of
+    stream, no reset and no backpressure, so only the pings left unanswered tell. Each
+    switch drops its connection within the io timeout, dials again into the silence, and
+    once the path is back the stream goes on, on new connections: nothing lost, nothing
+    twice."""
+    proxies: dict[str, CuttingProxy] = {}
+
+    def via_proxy(name: str) -> Callable[[Switch], tuple[str, int]]:
+        def address(switch: Switch) -> tuple[str, int]:
+            proxies[name] = cutting_proxy(switch.peer_address)
+            return proxies[name].address
+
+        return address
+
+    io_timeout, ping_interval = 2.0, 0.5
+    pair = make_pair(
+        a_peer_address=via_proxy("to b"),
+        b_peer_address=via_proxy("to a"),
+        io_timeout_s=io_timeout,
+        ping_interval_s=ping_interval,
+        handshake_timeout_s=2.0,  # a dial into the silence gives up this soon
+    )
+    assert pair.a.wait_connected("cluster-b", 10) and pair.b.wait_connected("cluster-a", 10)
+    frames, size = 120, 64 * KIB
+    went_black = threading.Event()
+
+    def blackhole(i: int) -> None:
+        if i == 60:  # the frames from here on leave into the silence
+            for proxy in proxies.values():
+                proxy.blackhole()
+            went_black.set()
+
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        sent: list[str] = []
+        received: list[str] = []
+        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size, blackhole)))
+        receiver = threading.Thread(target=lambda: received.append(_receive(d, frames, id)))
+        sender.start()
+        receiver.start()
+        assert went_black.wait(30)
+        black_at = time.monotonic()
+        for line in ("link to cluster-b dropped", "link to cluster-a dropped"):
+            switch_log.wait_for(line, "stalled: no answer to a ping", timeout=15)
+            noticed = time.monotonic() - black_at
+            assert noticed < io_timeout + ping_interval + 3.0, f"{line} after {noticed:.1f} s"
+        # frames lost on the way to b, their receipts and pings' answers on the way back
+        assert proxies["to b"].discarded > size and proxies["to a"].discarded > 0
+        for proxy in proxies.values():  # each switch dials again, into the silence
+            _wait(lambda p=proxy: p.blackholed >= 2, "a dial while black", 10)
+        assert all(p.accepted == 1 and p.refused == 0 for p in proxies.values())
+        for proxy in proxies.values():
+            proxy.up()
+        up_at = time.monotonic()
+        _wait(lambda: pair.a.peer_connections("cluster-b") >= 2, "a to dial b again", 15)
+        _wait(lambda: pair.b.peer_connections("cluster-a") >= 2, "b to dial a again", 15)
+        resumed = time.monotonic() - up_at
+        sender.join(timeout=60)
+        receiver.join(timeout=60)
+        assert received and sent and received == sent
+        _wait(lambda: g.unacknowledged() == 0, "the last receipt to come back")
+    # a dial caught in the silence gives up after the handshake timeout, the next one works
+    assert resumed < 2.0 + 3.0, f"resumed {resumed:.1f} s after the path came back"
+    switch_log.wait_for("peer cluster-a sent nothing")
+    switch_log.wait_for("peer cluster-b sent nothing")
 
 
 def test_a_job_whose_role_reads_slowly_holds_up_no_other_job(pair: Pair) -> None:
