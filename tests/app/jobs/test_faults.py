@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import service_unavailable
 from sqlalchemy import select, text
+from switch_support import CuttingProxy
 
 from app.audit import service as audit
 from app.db import make_engine
@@ -187,6 +188,18 @@ def _outage(stop: Callable[[], None], start: Callable[[], None], seconds: float)
     start()
 
 
+def _link_outage(
+    links: list[CuttingProxy], fail: Callable[[CuttingProxy], None], seconds: float
+) -> None:
+    """Every link between the switches fails (`CuttingProxy.down`, `.blackhole`) for
+    `seconds`, then is up again."""
+    _outage(
+        lambda: [fail(link) for link in links],
+        lambda: [link.up() for link in links],
+        seconds,
+    )
+
+
 def test_the_database_restarts_mid_job_and_the_job_succeeds(
     own: tuple[RunningPlatform, OwnPostgres, OwnRedis], corpus: dict[str, Path]
 ) -> None:
@@ -235,16 +248,7 @@ def test_a_30_second_cut_between_the_switches_and_the_job_succeeds(
     links = list(platform.peer_links.values())
     refused = [link.refused for link in links]
     user, job = _electra_running(platform, corpus, "vera")
-
-    def cut() -> None:
-        for link in links:
-            link.down()
-
-    def restore() -> None:
-        for link in links:
-            link.up()
-
-    _outage(cut, restore, 30.0)
+    _link_outage(links, CuttingProxy.down, 30.0)
     # the cut came mid-job, and the switches kept dialling each other through it, refused
     assert _job(user, job)["status"] == "running"
     assert all(link.refused > before for link, before in zip(links, refused, strict=True))
@@ -259,16 +263,7 @@ def test_a_30_second_silent_cut_between_the_switches_and_the_job_succeeds(
     before = [(link.blackholed, link.discarded) for link in links]
     stalls = [_stalls(platform, name) for name in platform.switches]
     user, job = _electra_running(platform, corpus, "wren")
-
-    def go_silent() -> None:
-        for link in links:
-            link.blackhole()
-
-    def restore() -> None:
-        for link in links:
-            link.up()
-
-    _outage(go_silent, restore, 30.0)
+    _link_outage(links, CuttingProxy.blackhole, 30.0)
     assert _job(user, job)["status"] == "running"
     # each switch's bytes were taken and lost; it noticed by itself, and dialled again into
     # the silence (a connection the blackhole took in, beside the one it caught open)
