@@ -9,6 +9,8 @@ clocks, so that each rule is tested by calling it (tests/workers/switch/test_rul
   come again after a switch restarts or a connection drops).
 - `admit_worker`: whether a worker whose job token verified may take a role's
   connection.
+- `Heartbeat`: when a role's link pings its switch on a connection, and when it gives
+  the switch up for gone (a path that drops every byte silently).
 """
 
 from __future__ import annotations
@@ -195,3 +197,51 @@ class LinkMeter:
         if self.bandwidth is None or rtt is None:
             return None
         return self.bandwidth, rtt, self.samples
+
+
+class Heartbeat:
+    """When one end of a connection pings the other, and when it gives the other up.
+
+    A ping goes each `interval_s`, whatever else the connection carries, so that the
+    far end always hears something and can cut a connection that went silent. The far
+    end is gone once a ping has had nothing back for `timeout_s`: neither its answer nor
+    any other byte. Anything heard counts, not the answer alone: a far end busy writing
+    a long frame answers after it, and its bytes show it is there meanwhile. The caller
+    tells it when bytes last came (`heard`), asks for the pings due (`ping_due`), and
+    checks only while nothing is left to read (`gone`), so that time spent away from the
+    connection (a reader waiting on a slow consumer) is never held against the far end.
+    """
+
+    def __init__(self, *, interval_s: float, timeout_s: float, now: float) -> None:
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError("a heartbeat needs a positive interval and timeout")
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.pings = 0  # the id of the last ping made
+        self._last_ping_at = now
+        self._waiting_since: float | None = None  # the first ping since bytes last came
+
+    def heard(self, at: float) -> None:
+        """Bytes came from the far end at `at`."""
+        if self._waiting_since is not None and at >= self._waiting_since:
+            self._waiting_since = None
+
+    def ping_due(self, now: float) -> int | None:
+        """The id of a ping to send now, or None before the interval is up."""
+        if now - self._last_ping_at < self.interval_s:
+            return None
+        self.pings += 1
+        self._last_ping_at = now
+        if self._waiting_since is None:
+            self._waiting_since = now
+        return self.pings
+
+    def gone(self, now: float) -> bool:
+        """Whether a ping has had nothing back for `timeout_s`."""
+        return self._waiting_since is not None and now - self._waiting_since > self.timeout_s
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until the next ping is due or the far end is to be given up."""
+        due = self._last_ping_at + self.interval_s
+        if self._waiting_since is not None:
+            due = min(due, self._waiting_since + self.timeout_s)
+        return max(0.0, due - now)

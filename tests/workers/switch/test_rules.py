@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from contract.jobtoken import JobClaims
 from workers.switch import protocol as p
 from workers.switch.rules import (
+    Heartbeat,
     LinkMeter,
     ResendWindow,
     WindowError,
@@ -196,3 +197,28 @@ def test_the_meter_reads_the_rate_of_busy_spans_and_the_least_delayed_round_trip
     meter.acknowledged(60.0, 125_000, unacked=1)  # after a minute idle: not a slow link
     meter.acknowledged(60.1, 125_000, unacked=1)
     assert meter.bandwidth == pytest.approx(1_250_000)
+
+
+def test_a_heartbeat_pings_each_interval_and_gives_up_a_ping_with_nothing_back() -> None:
+    beat = Heartbeat(interval_s=1.0, timeout_s=3.0, now=0.0)
+    assert beat.ping_due(0.5) is None and beat.wait_s(0.5) == 0.5
+    assert beat.ping_due(1.0) == 1
+    assert beat.ping_due(1.5) is None  # one an interval, answered or not
+    assert beat.ping_due(2.0) == 2
+    assert not beat.gone(4.0)  # 3 s since the first ping without an answer, not more
+    assert beat.wait_s(2.5) == 0.5  # the next ping (before the give-up at 4.0)
+    assert beat.ping_due(4.0) == 3 and beat.wait_s(4.0) == 0.0
+    assert beat.gone(4.01)  # the first ping counts, not the latest
+
+
+def test_a_heartbeat_counts_any_byte_heard_after_a_ping_as_an_answer() -> None:
+    beat = Heartbeat(interval_s=1.0, timeout_s=3.0, now=0.0)
+    assert beat.ping_due(1.0) == 1
+    beat.heard(0.9)  # before the ping: no answer to it
+    assert beat.gone(4.5)
+    beat.heard(1.0)  # a frame's bytes, or the answer
+    assert not beat.gone(100.0)  # and nothing is out until the next ping
+    assert beat.ping_due(100.0) == 2
+    assert not beat.gone(103.0) and beat.gone(103.5)
+    with pytest.raises(ValueError):
+        Heartbeat(interval_s=0, timeout_s=1, now=0)
