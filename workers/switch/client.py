@@ -10,7 +10,12 @@ it arrived. When a connection drops, or the switch restarts, the link dials
 again with its job token; its writer sends every unacknowledged frame again,
 its reader asks the far role to do the same (a RECEIPT with `resend`), and
 each end drops by sequence number what it already has. A switch restart or a
-dropped connection thus loses nothing and delivers nothing twice. Frames
+dropped connection thus loses nothing and delivers nothing twice. A path that
+drops every byte silently (no end of stream, no reset, no backpressure) is found by
+pings: each connection pings the switch every `ping_interval_s` and is dialled again
+once a ping has had nothing back for `io_timeout_s` (a `Heartbeat`); the switch, for
+its part, cuts a worker connection it has heard nothing on for its own `io_timeout_s`,
+so the link's ping interval must stay below the switch's timeout. Frames
 arrive as tensors over the received buffer, without another copy. The switch
 also tells the link what it measured of the link to the peer switch
 (`link_estimate()`).
@@ -36,6 +41,7 @@ from workers.switch.protocol import (
     CLOSED,
     DEFAULT_MAX_BODY_BYTES,
     DTYPE_SIZES,
+    Ack,
     Buffer,
     Connection,
     Data,
@@ -43,13 +49,14 @@ from workers.switch.protocol import (
     Error,
     Hello,
     LinkReport,
+    Ping,
     ProtocolError,
     Receipt,
     Side,
     TensorSpec,
     Welcome,
 )
-from workers.switch.rules import ResendWindow
+from workers.switch.rules import Heartbeat, ResendWindow
 from workers.switch.stream import FrameStream, cut, tune
 from workers.switch.tls import PeerRejected, check_peer, client_context
 
@@ -102,6 +109,8 @@ class SwitchLink:
         window_bytes: int = 256 * 1024 * 1024,
         resume_timeout_s: float = 120.0,
         resend_after_s: float = 15.0,
+        ping_interval_s: float = 1.0,
+        io_timeout_s: float = 5.0,
     ) -> None:
         self.job_id, self.role, self.peer_role = str(job_id), role, peer_role
         # the switch must prove it serves the cluster the token was issued for
@@ -110,6 +119,8 @@ class SwitchLink:
         self._context = client_context(ca_path=ca_path)
         self._max_frame = max_frame_bytes
         self.resume_timeout_s, self.resend_after_s = resume_timeout_s, resend_after_s
+        # the switch's settings of the same names, for its link to a peer switch
+        self.ping_interval_s, self.io_timeout_s = ping_interval_s, io_timeout_s
         self._sent: defaultdict[str, int] = defaultdict(int)
         self._estimate: LinkEstimate | None = None
         # the state below is the writer's and the reader's, under `_cond`
@@ -129,6 +140,7 @@ class SwitchLink:
             lambda: queue.Queue(recv_queue_frames)
         )
         self._queues_lock = threading.Lock()
+        self._out_beat = self._in_beat = self._heartbeat()
         self._out = self._open(Direction.SEND)
         try:
             self._in = self._open(Direction.RECV)
@@ -143,6 +155,23 @@ class SwitchLink:
         self._writer.start()
 
     # connections
+
+    def _heartbeat(self) -> Heartbeat:
+        return Heartbeat(
+            interval_s=self.ping_interval_s, timeout_s=self.io_timeout_s, now=time.monotonic()
+        )
+
+    def _hear(self, stream: FrameStream, beat: Heartbeat) -> None:
+        """Note the bytes heard on `stream`; OSError when its pings went unanswered."""
+        beat.heard(stream.last_read_at)
+        if beat.gone(time.monotonic()):
+            raise TimeoutError(f"no answer to a ping in {self.io_timeout_s:.0f} s")
+
+    def _ping_if_due(self, stream: FrameStream, beat: Heartbeat) -> None:
+        """Ping the switch when the interval is up (by the connection's own thread)."""
+        ping = beat.ping_due(time.monotonic())
+        if ping is not None:
+            stream.write(Ping(ping))
 
     def _open(self, direction: Direction) -> FrameStream:
         raw = socket.create_connection(self._address, timeout=self._timeout)
@@ -213,7 +242,8 @@ class SwitchLink:
             while not self._closed.is_set() and self._failure is None:
                 lost: Exception | None = None
                 try:
-                    event = self._in.read_event()
+                    self._ping_if_due(self._in, self._in_beat)
+                    event = self._in.read_event(idle=self._reader_idle)
                 except (OSError, ProtocolError) as exc:
                     if self._closed.is_set():
                         return
@@ -228,7 +258,7 @@ class SwitchLink:
                     stream = self._reopen(Direction.RECV, lost or "end of stream")
                     if stream is None:
                         return
-                    self._in = stream
+                    self._in, self._in_beat = stream, self._heartbeat()
                     with self._cond:  # what was on its way to us may be gone: ask for it
                         self._ask_resend = self._receipt_due = True
                         self._cond.notify_all()
@@ -240,6 +270,8 @@ class SwitchLink:
                     self._estimate = LinkEstimate(
                         event.bandwidth_bytes_per_s, event.rtt_s, event.samples
                     )
+                elif isinstance(event, Ack):
+                    pass  # a ping's answer: heard, as every byte is
                 else:
                     raise ProtocolError(f"the switch sent a {type(event).__name__} frame")
         except ProtocolError as exc:
@@ -247,15 +279,25 @@ class SwitchLink:
         finally:
             self._wake_receivers()
 
+    def _reader_idle(self) -> float:
+        """While nothing is left to read: ping when due, give up a silent switch; the
+        seconds to wait for bytes before asking again."""
+        self._hear(self._in, self._in_beat)
+        self._ping_if_due(self._in, self._in_beat)
+        return self._in_beat.wait_s(time.monotonic())
+
     def _take(self, frame: Data) -> None:
         """Deliver the next frame in order; drop a duplicate; ask again after a gap."""
         if frame.seq == self._expected:
             q = self._queue(frame.channel)
             while not self._closed.is_set():
                 try:
-                    q.put(frame, timeout=1.0)
+                    q.put(frame, timeout=min(1.0, self.ping_interval_s))
                     break
                 except queue.Full:
+                    # the switch hears from us meanwhile: it would cut a silent connection
+                    with contextlib.suppress(OSError, ProtocolError):
+                        self._ping_if_due(self._in, self._in_beat)
                     # the role reads slowly: tell the sender we are here, not gone
                     with self._cond:
                         self._receipt_due = True
@@ -301,8 +343,10 @@ class SwitchLink:
 
     # sending
 
-    def _next_to_write(self) -> tuple[Receipt | None, Data | None] | None:
-        """What the writer sends next (waiting for it); None when the link is done."""
+    def _next_to_write(self, timeout: float) -> tuple[Receipt | None, Data | None] | None:
+        """What the writer sends next, waiting for it at most `timeout` seconds (then
+        nothing: (None, None)); None when the link is done."""
+        deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._failure is not None:
@@ -324,7 +368,10 @@ class SwitchLink:
                     break
                 if self._closed.is_set():
                     return None
-                self._cond.wait(timeout=1.0)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None, None
+                self._cond.wait(timeout=min(1.0, left))
             receipt = None
             if self._receipt_due:
                 resend = self._ask_resend
@@ -339,23 +386,54 @@ class SwitchLink:
             return receipt, frame
 
     def _write_loop(self) -> None:
-        while (work := self._next_to_write()) is not None:
+        while True:
+            try:
+                self._tend_out()
+            except (OSError, ProtocolError) as exc:
+                if not self._resume_sending(exc):
+                    return
+                continue
+            work = self._next_to_write(self._out_beat.wait_s(time.monotonic()))
+            if work is None:
+                return
             for frame in work:
                 while frame is not None:
                     try:
-                        self._out.write(frame)
+                        self._out.write(frame, while_blocked=self._hear_out, poll_s=0.2)
                         break
                     except (OSError, ProtocolError) as exc:
-                        self._out.close()
-                        stream = self._reopen(Direction.SEND, exc)
-                        if stream is None:
+                        if not self._resume_sending(exc):
                             return
-                        self._out = stream
-                        with self._cond:  # the new connection starts with all unacknowledged
-                            self._write_from = self._window.acked
-                            self._receipt_due = True
                         if isinstance(frame, Data):
                             break  # it is among those
+
+    def _hear_out(self) -> None:
+        """Take what the switch sent on the sending connection (its pings' answers, or
+        word that it is there while it waits on the link beyond), without writing."""
+        while (event := self._out.read_event(block=False)) is not None:
+            if event is CLOSED or isinstance(event, Error):
+                raise OSError(f"the switch closed: {getattr(event, 'reason', 'end of stream')}")
+            if not isinstance(event, Ack):
+                raise ProtocolError(f"the switch sent a {type(event).__name__} frame")
+        self._hear(self._out, self._out_beat)
+
+    def _tend_out(self) -> None:
+        """Between frames: hear the switch, ping it when due."""
+        self._hear_out()
+        self._ping_if_due(self._out, self._out_beat)
+
+    def _resume_sending(self, why: object) -> bool:
+        """Dial the sending connection again; the new one starts with every unacknowledged
+        frame and a receipt. False when the link cannot go on."""
+        self._out.close()
+        stream = self._reopen(Direction.SEND, why)
+        if stream is None:
+            return False
+        self._out, self._out_beat = stream, self._heartbeat()
+        with self._cond:
+            self._write_from = self._window.acked
+            self._receipt_due = True
+        return True
 
     def send(self, channel: str, payload: Payload) -> None:
         """Send a payload to the peer on `channel`; returns once it is kept for resending

@@ -7,7 +7,10 @@ TLS here, and OpenSSL releases the GIL while it encrypts). Two listeners:
   opens one connection to send and one to receive, so that no TLS socket is
   ever read and written by two threads at once. A role whose connections drop
   without its goodbye may come back within `resume_grace_s` with the same token
-  (its `SwitchLink` resends what the far role has not acknowledged, end to end);
+  (its `SwitchLink` resends what the far role has not acknowledged, end to end).
+  The link pings on both connections; the switch answers each ping (and says it is
+  there while it waits on the link beyond), and cuts a worker connection it has
+  heard nothing on for `io_timeout_s`: a path gone silent;
 - peer switches connect with mutual TLS; each switch dials every peer and
   sends its frames on the connection it dialled, and reads acknowledgements
   back on it. Unacknowledged frames stay in a bounded `ResendWindow` and go
@@ -793,8 +796,27 @@ class Switch:
         self, stream: FrameStream, claims: JobClaims, hello: Hello, address: Address
     ) -> None:
         target = self._route(claims, hello.peer_role)
+        stall = self.config.io_timeout_s
+        count = 0  # frames taken on this connection
+        said_at = time.monotonic()
+
+        def idle() -> float:
+            """Reading waits: cut a worker that sends nothing, not even its pings."""
+            silent = time.monotonic() - stream.last_read_at
+            if silent > stall:
+                raise TimeoutError(f"the worker sent nothing for {stall:.0f} s")
+            return stall - silent
+
+        def here() -> bool:
+            """Waiting on room for a frame, the worker's pings go unread: say we are here."""
+            nonlocal said_at
+            if time.monotonic() - said_at >= self.config.ping_interval_s:
+                stream.write(Ack(count))
+                said_at = time.monotonic()
+            return not self._stop.is_set()
+
         while not self._stop.is_set():
-            frame = stream.read_event()
+            frame = stream.read_event(idle=idle)
             if frame is CLOSED:
                 return
             if isinstance(frame, Error):  # the role's goodbye: it is done, no resume
@@ -803,8 +825,11 @@ class Switch:
                     if role is not None:
                         role.goodbye = True
                 return
+            if isinstance(frame, Ping):
+                stream.write(Ack(count, ping=frame.id))
+                continue
             if not isinstance(frame, Data | Receipt):
-                raise ProtocolError("workers send only data frames and receipts")
+                raise ProtocolError("workers send only data frames, receipts and pings")
             if (frame.job_id, frame.src_role, frame.dst_role) != (
                 claims.job_id,
                 claims.role,
@@ -816,18 +841,20 @@ class Switch:
                 )
                 self._refuse(stream.sock, "worker frame", address, reason, "channel", stream)
                 return
+            count += 1
             # sequence numbers are the roles' own, end to end: a role resending after a
             # switch restart repeats them, and its peer drops what it already has
             self._meters.count(frame, "from_worker")
+            said_at = time.monotonic()
             if target == self.cluster:
-                self._deliver(frame, lambda: not self._stop.is_set())
+                self._deliver(frame, here)
                 continue
             outbound = self._outbound.get(target)
             if outbound is None:
                 raise ProtocolError(f"no peer switch for cluster {target!r}")
             item = (frame, time.monotonic())
             while not outbound.queue.put(frame.job_id, item, timeout=POLL_S):
-                if self._stop.is_set():
+                if not here():
                     raise OSError("switch stopping")
 
     def _mailbox_locked(self, key: RoleKey) -> queue.Queue[Routed] | None:
@@ -875,6 +902,27 @@ class Switch:
             raise ProtocolError("too many mailboxes")
         peer = self._peer_of(claims, hello.peer_role)
         outbound = self._outbound.get(peer) if peer is not None else None
+        stall = self.config.io_timeout_s
+        answers: list[Ack] = []  # pings read, to answer between frames
+
+        def hear() -> bool:
+            """Take the worker's pings (it sends nothing else here); False once it has
+            closed; cut a worker that sends nothing, not even them. Writes nothing: it
+            may run in the middle of a frame."""
+            while (event := stream.read_event(block=False)) is not None:
+                if event is CLOSED or isinstance(event, Error):
+                    return False
+                if not isinstance(event, Ping):
+                    raise ProtocolError("a receiving worker sends only pings")
+                answers.append(Ack(0, ping=event.id))
+            if time.monotonic() - stream.last_read_at > stall:
+                raise TimeoutError(f"the worker sent nothing for {stall:.0f} s")
+            return True
+
+        def hear_while_blocked() -> None:
+            if not hear():
+                raise OSError("the worker closed the connection")
+
         reported = -1
         while not self._stop.is_set():
             if outbound is not None and outbound.meter.version != reported:
@@ -883,11 +931,15 @@ class Switch:
             try:
                 frame = box.get(timeout=POLL_S)
             except queue.Empty:
-                if stream.read_event(block=False) is CLOSED:
-                    return
-                continue
-            stream.write(frame)
-            self._meters.count(frame, "to_worker")
+                frame = None
+            if frame is not None:
+                stream.write(frame, while_blocked=hear_while_blocked, poll_s=POLL_S)
+                self._meters.count(frame, "to_worker")
+            if not hear():
+                return
+            for ack in answers:
+                stream.write(ack)
+            answers.clear()
 
     def _report_link(self, stream: FrameStream, job_id: str, out: _Outbound) -> None:
         """Tell a role what was measured of the link its own frames leave on (and /metrics)."""

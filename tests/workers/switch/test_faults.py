@@ -122,6 +122,65 @@ def test_a_dropped_worker_connection_resumes_with_its_token(
     switch_log.wait_for("link j/G: send connection resumed")
 
 
+def test_a_silent_path_to_the_workers_switch_is_noticed_within_seconds_and_the_link_resumes(
+    make_pair: Callable[..., Pair], cutting_proxy, switch_log
+) -> None:  # type: ignore[no-untyped-def]
+    """Both connections of a role to its switch go black mid-stream (bytes taken and
+    lost, no end of stream, no reset, no backpressure): only pings left unanswered tell.
+    The link drops each connection within the io timeout, dials again into the silence,
+    the switch cuts its ends of the dead ones, and once the path is back the stream goes
+    on: nothing lost, nothing twice."""
+    io_timeout, ping_interval = 2.0, 0.5
+    pair = make_pair(io_timeout_s=io_timeout, ping_interval_s=ping_interval)
+    proxy: CuttingProxy = cutting_proxy(pair.a.worker_address)
+    g = SwitchLink(
+        proxy.address,
+        ca_path=pair.pki.ca_path,
+        token=pair.pki.token("j", "G", "cluster-a"),
+        job_id="j",
+        role="G",
+        peer_role="D",
+        cluster="cluster-a",
+        timeout=2.0,  # a dial into the silence gives up this soon
+        io_timeout_s=io_timeout,
+        ping_interval_s=ping_interval,
+    )
+    frames, size = 120, 64 * KIB
+    went_black = threading.Event()
+
+    def blackhole(i: int) -> None:
+        if i == 60:  # the frames from here on, and the receipts back, go into the silence
+            proxy.blackhole()
+            went_black.set()
+
+    with g, pair.link("b", "j", "D", "G") as d:
+        sent: list[str] = []
+        received: list[str] = []
+        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size, blackhole)))
+        receiver = threading.Thread(target=lambda: received.append(_receive(d, frames, id)))
+        sender.start()
+        receiver.start()
+        assert went_black.wait(30)
+        black_at = time.monotonic()
+        for direction in ("send", "recv"):
+            switch_log.wait_for(f"link j/G: {direction} connection lost", "no answer to a ping")
+            noticed = time.monotonic() - black_at
+            assert noticed < io_timeout + ping_interval + 2.0, f"{direction}: {noticed:.1f} s"
+        # the switch gives up its ends of the dead connections too
+        switch_log.wait_for("worker connection", "the worker sent nothing")
+        assert proxy.discarded > 0 and proxy.accepted == 2
+        proxy.up()
+        sender.join(timeout=60)
+        receiver.join(timeout=60)
+        assert received and sent and received == sent
+        _wait(lambda: g.unacknowledged() == 0, "the last receipt to come back")
+        d.send("back", b"ok")  # and the other way, through the connection that came back
+        assert g.recv("back", timeout=30) == b"ok"
+    assert proxy.accepted >= 4
+    switch_log.wait_for("link j/G: send connection resumed")
+    switch_log.wait_for("link j/G: recv connection resumed")
+
+
 def test_a_peer_that_stops_reading_is_cut_within_seconds(
     make_pair: Callable[..., Pair], cutting_proxy, switch_log
 ) -> None:  # type: ignore[no-untyped-def]
