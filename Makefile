@@ -1,6 +1,8 @@
 # Nebula — `make up` runs the platform, `make test` tests it.
 PYTHON ?= python3
-# pytest-xdist workers: tests wait on servers, switches and outages as much as they compute
+# pytest-xdist workers: tests wait on servers, switches and outages as much as they compute;
+# --dist loadfile keeps a file's tests on one worker (their module fixtures, a whole
+# platform say, are made once, and the browser tests' story runs in order)
 PYTEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
@@ -66,7 +68,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy app cli contract workers
 
 pytest: $(STAMP)
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck frontend-test frontend pytest
 

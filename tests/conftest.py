@@ -27,16 +27,6 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 REDIS_URL = os.environ.get("NEBULA_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - _WORKER % 8}")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n` (--dist loadgroup): a file's tests run on one worker, so that its
-    module fixtures (a whole platform, say) are made once; the slow tests sharing the
-    session's trained tiny ELECTRA run on one worker, so that it is trained once."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        group = "tiny-electra" if "tiny_electra" in fixtures else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def service_unavailable(what: str, exc: Exception) -> None:
     """Skip with a clear reason, or fail when CI requires the services."""
     message = f"{what} is not reachable ({type(exc).__name__}: {exc})"
