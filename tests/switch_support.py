@@ -130,10 +130,21 @@ class Pair:
     a: Switch
     b: Switch
 
-    def link(self, side: str, job: str, role: str, peer: str, **kw: object) -> SwitchLink:
+    def link(
+        self,
+        side: str,
+        job: str,
+        role: str,
+        peer: str,
+        *,
+        via: tuple[str, int] | None = None,
+        **kw: object,
+    ) -> SwitchLink:
+        """A role's link to the switch of `side`, dialling `via` (a proxy in front of that
+        switch's worker door) when given."""
         switch = self.a if side == "a" else self.b
         return SwitchLink(
-            switch.worker_address,
+            via or switch.worker_address,
             ca_path=self.pki.ca_path,
             token=self.pki.token(job, role, switch.cluster),
             job_id=job,

@@ -49,6 +49,35 @@ def _receive(link: SwitchLink, frames: int, on_frame: Callable[[int], None]) -> 
     return digest.hexdigest()
 
 
+def _transfer(
+    g: SwitchLink,
+    d: SwitchLink,
+    frames: int,
+    size: int,
+    *,
+    before: Callable[[int], None] = lambda i: None,
+    on_frame: Callable[[int], None] = lambda i: None,
+) -> Callable[[], None]:
+    """Stream `frames` frames from `g` to `d` on threads of their own, `before(i)` called
+    ahead of sending frame `i` and `on_frame(i)` once it arrived; the returned `finish()`
+    waits for both ends and checks that `d` took exactly what `g` sent, in order, once each."""
+    sent: list[str] = []
+    received: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: sent.append(_stream(g, frames, size, before))),
+        threading.Thread(target=lambda: received.append(_receive(d, frames, on_frame))),
+    ]
+    for thread in threads:
+        thread.start()
+
+    def finish() -> None:
+        for thread in threads:
+            thread.join(timeout=60)
+        assert received and sent and received == sent
+
+    return finish
+
+
 def _restart(switch: Switch) -> Switch:
     """Stop a switch (every connection cut, everything it held gone) and start a new one
     on the same ports, as a supervisor does after a crash."""
@@ -83,12 +112,7 @@ def test_a_switch_restart_mid_stream_loses_nothing_and_repeats_nothing(
                 restarted.append(pair.b)
 
     with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
-        sent: list[str] = []
-        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size)))
-        sender.start()
-        received = _receive(d, frames, restart)
-        sender.join(timeout=60)
-        assert received == sent[0]
+        _transfer(g, d, frames, size, on_frame=restart)()
         _wait(lambda: g.unacknowledged() == 0, "the last receipt to come back")
     assert restarted
     switch_log.wait_for("connection resumed")
@@ -98,23 +122,10 @@ def test_a_dropped_worker_connection_resumes_with_its_token(
     pair: Pair, cutting_proxy, switch_log
 ) -> None:  # type: ignore[no-untyped-def]
     proxy = cutting_proxy(pair.a.worker_address)
-    g = SwitchLink(
-        proxy.address,
-        ca_path=pair.pki.ca_path,
-        token=pair.pki.token("j", "G", "cluster-a"),
-        job_id="j",
-        role="G",
-        peer_role="D",
-        cluster="cluster-a",
-    )
+    g = pair.link("a", "j", "G", "D", via=proxy.address, cluster="cluster-a")
     frames, size = 150, 64 * KIB
     with g, pair.link("b", "j", "D", "G") as d:
-        sent: list[str] = []
-        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size)))
-        sender.start()
-        received = _receive(d, frames, lambda i: proxy.cut() if i in (30, 90) else None)
-        sender.join(timeout=60)
-        assert received == sent[0]
+        _transfer(g, d, frames, size, on_frame=lambda i: proxy.cut() if i in (30, 90) else None)()
         # and the other way, through the connection that came back
         d.send("back", b"ok")
         assert g.recv("back", timeout=30) == b"ok"
@@ -133,13 +144,12 @@ def test_a_silent_path_to_the_workers_switch_is_noticed_within_seconds_and_the_l
     io_timeout, ping_interval = 2.0, 0.5
     pair = make_pair(io_timeout_s=io_timeout, ping_interval_s=ping_interval)
     proxy: CuttingProxy = cutting_proxy(pair.a.worker_address)
-    g = SwitchLink(
-        proxy.address,
-        ca_path=pair.pki.ca_path,
-        token=pair.pki.token("j", "G", "cluster-a"),
-        job_id="j",
-        role="G",
-        peer_role="D",
+    g = pair.link(
+        "a",
+        "j",
+        "G",
+        "D",
+        via=proxy.address,
         cluster="cluster-a",
         timeout=2.0,  # a dial into the silence gives up this soon
         io_timeout_s=io_timeout,
@@ -154,12 +164,7 @@ def test_a_silent_path_to_the_workers_switch_is_noticed_within_seconds_and_the_l
             went_black.set()
 
     with g, pair.link("b", "j", "D", "G") as d:
-        sent: list[str] = []
-        received: list[str] = []
-        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size, blackhole)))
-        receiver = threading.Thread(target=lambda: received.append(_receive(d, frames, id)))
-        sender.start()
-        receiver.start()
+        finish = _transfer(g, d, frames, size, before=blackhole)
         assert went_black.wait(30)
         black_at = time.monotonic()
         for direction in ("send", "recv"):
@@ -170,9 +175,7 @@ def test_a_silent_path_to_the_workers_switch_is_noticed_within_seconds_and_the_l
         switch_log.wait_for("worker connection", "the worker sent nothing")
         assert proxy.discarded > 0 and proxy.accepted == 2
         proxy.up()
-        sender.join(timeout=60)
-        receiver.join(timeout=60)
-        assert received and sent and received == sent
+        finish()
         _wait(lambda: g.unacknowledged() == 0, "the last receipt to come back")
         d.send("back", b"ok")  # and the other way, through the connection that came back
         assert g.recv("back", timeout=30) == b"ok"
@@ -290,12 +293,7 @@ def test_a_silent_link_between_the_switches_is_noticed_within_seconds_and_the_st
             went_black.set()
 
     with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
-        sent: list[str] = []
-        received: list[str] = []
-        sender = threading.Thread(target=lambda: sent.append(_stream(g, frames, size, blackhole)))
-        receiver = threading.Thread(target=lambda: received.append(_receive(d, frames, id)))
-        sender.start()
-        receiver.start()
+        finish = _transfer(g, d, frames, size, before=blackhole)
         assert went_black.wait(30)
         black_at = time.monotonic()
         for line in ("link to cluster-b dropped", "link to cluster-a dropped"):
@@ -313,9 +311,7 @@ def test_a_silent_link_between_the_switches_is_noticed_within_seconds_and_the_st
         _wait(lambda: pair.a.peer_connections("cluster-b") >= 2, "a to dial b again", 15)
         _wait(lambda: pair.b.peer_connections("cluster-a") >= 2, "b to dial a again", 15)
         resumed = time.monotonic() - up_at
-        sender.join(timeout=60)
-        receiver.join(timeout=60)
-        assert received and sent and received == sent
+        finish()
         _wait(lambda: g.unacknowledged() == 0, "the last receipt to come back")
     # a dial caught in the silence gives up after the handshake timeout, the next one works
     assert resumed < 2.0 + 3.0, f"resumed {resumed:.1f} s after the path came back"
