@@ -140,7 +140,8 @@ class SwitchLink:
             lambda: queue.Queue(recv_queue_frames)
         )
         self._queues_lock = threading.Lock()
-        self._out_beat = self._in_beat = self._heartbeat()
+        # one each: a connection's silence is its own, whatever the other one hears
+        self._out_beat, self._in_beat = self._heartbeat(), self._heartbeat()
         self._out = self._open(Direction.SEND)
         try:
             self._in = self._open(Direction.RECV)
