@@ -128,7 +128,10 @@ def database(kind: str, folder: Path) -> Iterator[str]:
 class Server:
     """`nebula serve --workers N` in a process of its own, with production settings."""
 
-    def __init__(self, folder: Path, database_url: str, workers: int) -> None:
+    def __init__(
+        self, folder: Path, database_url: str, workers: int, threads: int | None = None
+    ) -> None:
+        """`threads`: request threads a process (NEBULA_THREAD_POOL_SIZE), the default if None."""
         self.folder = folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -140,6 +143,8 @@ class Server:
             NEBULA_SECRET_KEY=SECRET,
             PYTHONPATH=str(HERE.parent),
         )
+        if threads is not None:
+            self.env["NEBULA_THREAD_POOL_SIZE"] = str(threads)
         self.settings = Settings(
             var_dir=folder / "var",
             database_url=database_url,
