@@ -385,12 +385,23 @@ class LowRankCodec(Codec):
         width = min(k + self.oversample, m, n)
         if self._warm is None or tuple(self._warm.shape) != (b, n, width):
             self._warm = torch.randn((b, n, width), generator=self._generator)
-        p, q, warm = lowrank.power_factors(x, k, self.iters, self._warm.to(x.device))
+        start = lowrank.refill_warm(self._warm, self._generator)
+        p, q, warm = lowrank.power_factors(x, k, self.iters, start.to(x.device))
         if all_finite(warm):
             self._warm = warm.cpu()
         else:
             self._warm = None
         return p, q
+
+    @property
+    def warm_start(self) -> torch.Tensor | None:
+        """The power-iteration start the next encode uses (b, n, width), None when cold."""
+        return self._warm
+
+    def warm_from(self, other: LowRankCodec) -> None:
+        """Start where `other` (a codec of the same stream's kind, e.g. the training stream
+        of the same tensor) stands: its warm basis, when it has one; cold otherwise."""
+        self._warm = None if other._warm is None else other._warm.clone()
 
     def encode(self, x: torch.Tensor) -> bytes:
         """The factor blob, or the nested dense blob past the break-even rank."""

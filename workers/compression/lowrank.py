@@ -23,18 +23,81 @@ def low_rank_pays(k: int, m: int, n: int) -> bool:
     return k > 0 and k * (m + n) < m * n
 
 
-def orthonormalize(y: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis of the column space of each (..., m, q) matrix (q <= m)."""
-    # Cholesky QR with the Gram matrix in float64: one (m, q) product instead of a
-    # Householder QR, several times faster; Householder only when y is rank deficient.
-    yd = y.double()
-    gram = yd.mT @ yd
+ORTHO_TOL = 1e-6
+"""Largest max|Q^T Q - I| (measured in float64) that `orthonormalize` accepts from Cholesky
+QR; the float32 result is then orthonormal to about 1e-6, well inside the promised 1e-5."""
+ORTHONORMAL = 1e-5
+"""What `orthonormalize` promises: max|Q^T Q - I| <= 1e-5 for any finite input."""
+_SAFE_MAX = 2.0**40
+_SAFE_MIN = 2.0**-40
+"""Where the float32 products overflow, X is scaled by a power of two that brings its
+largest entry into [2^-40, 2^40] and the factorisation runs again."""
+
+
+def orthogonality_error(q: torch.Tensor) -> torch.Tensor:
+    """max|Q^T Q - I| of each (..., m, q) matrix, computed in float64 (NaN stays NaN)."""
+    qd = q.double()
+    gram = qd.mT @ qd
+    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+    return (gram - eye).abs().amax(dim=(-2, -1))
+
+
+def _cholesky_pass(y: torch.Tensor, gram: torch.Tensor) -> torch.Tensor | None:
+    """y R^{-1} with R^T R = gram, or None where the factorisation breaks down."""
     r, info = torch.linalg.cholesky_ex(gram, upper=True)
-    if bool((info == 0).all()) and bool(torch.isfinite(r).all()):
-        eye = torch.eye(r.shape[-1], dtype=r.dtype, device=r.device)
-        r_inv = torch.linalg.solve_triangular(r, eye, upper=True)
-        return y @ r_inv.to(y.dtype)
-    return torch.linalg.qr(y).Q
+    if not bool((info == 0).all()) or not bool(torch.isfinite(r).all()):
+        return None
+    eye = torch.eye(r.shape[-1], dtype=r.dtype, device=r.device)
+    r_inv = torch.linalg.solve_triangular(r, eye, upper=True)
+    return y @ r_inv  # NaN or Inf here fails the orthogonality measurement
+
+
+def _within(error: torch.Tensor) -> bool:
+    return bool((error <= ORTHO_TOL).all())  # NaN compares false: refused
+
+
+def orthonormalize(y: torch.Tensor) -> torch.Tensor:
+    """An orthonormal basis (max|Q^T Q - I| <= 1e-5) spanning the columns of each
+    (..., m, q) matrix (q <= m), of y's dtype, for any finite input.
+
+    Cholesky QR in float64 first (one Gram matrix instead of a Householder QR, several
+    times faster), repeated once (Cholesky QR2) where one pass is not orthonormal enough;
+    the result is kept only if its measured orthogonality passes ORTHO_TOL. Otherwise
+    (a rank-deficient, zero or badly conditioned y, where Cholesky "succeeds" on a Gram
+    matrix that is singular in floating point) Householder QR, whose Q is orthonormal
+    whatever y is and whose span contains y's columns: in y's dtype, and again in
+    float64 if that one measures past ORTHONORMAL. Cholesky's success flag never
+    accepts a basis: it is satisfied by Gram matrices that are singular in floating
+    point, whose "factor" gave max|P^T P - I| of about 5 on a rank-16 input.
+    """
+    return _orthonormalize(y)[0]
+
+
+def _orthonormalize(y: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """`orthonormalize(y)` and whether one pass of Cholesky QR sufficed (then y had full
+    column rank, well conditioned)."""
+    yd = y.double()
+    q1 = _cholesky_pass(yd, yd.mT @ yd)
+    if q1 is not None:
+        gram = q1.mT @ q1
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        if _within((gram - eye).abs().amax(dim=(-2, -1))):
+            return q1.to(y.dtype), True
+        q2 = _cholesky_pass(q1, gram)
+        if q2 is not None and _within(orthogonality_error(q2)):
+            return q2.to(y.dtype), False
+    q = torch.linalg.qr(y).Q  # in y's dtype: float32 Householder is about 10x faster
+    if y.dtype != torch.float64 and not bool((orthogonality_error(q) <= ORTHONORMAL).all()):
+        q = torch.linalg.qr(yd).Q.to(y.dtype)
+    return q, False
+
+
+def _scale_of(x: torch.Tensor) -> float:
+    """A power of two s with max|x / s| in [2^-40, 2^40] (1.0 when already so, or x == 0)."""
+    top = float(torch.linalg.vector_norm(x, ord=math.inf)) if x.numel() else 0.0
+    if top == 0.0 or _SAFE_MIN <= top <= _SAFE_MAX:
+        return 1.0
+    return 2.0 ** math.frexp(top)[1]
 
 
 def balance(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,9 +113,15 @@ def truncate(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[torch.Tensor, to
     """Best rank-k approximation of P Q^T when P has orthonormal columns (q x q eigenproblem)."""
     if p.shape[-1] <= k:
         return p, q
-    _, vecs = torch.linalg.eigh(q.mT @ q)
-    top = vecs[..., -k:]
+    top = _eigenvectors(q)[..., -k:]
     return p @ top, q @ top
+
+
+def _eigenvectors(q: torch.Tensor) -> torch.Tensor:
+    """Eigenvectors of Q^T Q, ascending eigenvalues, solved in float64, in q's dtype."""
+    qd = q.double()
+    _, vecs = torch.linalg.eigh(qd.mT @ qd)
+    return vecs.to(q.dtype)
 
 
 def svd_factors(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +141,22 @@ def subspace_iteration(
     """
     if passes < 2:
         raise ValueError("subspace iteration needs at least two passes")
+    p, q = _subspace_iteration(x, start, passes, k)
+    if _finite(p, q):
+        return p, q
+    scale = _scale_of(x)  # float32 products overflowed: redo on X / s (s a power of two)
+    if scale == 1.0:
+        return p, q
+    return _rescaled(*_subspace_iteration(x / scale, start, passes, k), scale)
+
+
+def _finite(*tensors: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def _subspace_iteration(
+    x: torch.Tensor, start: torch.Tensor, passes: int, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     y = x @ start
     y_is_left = True  # y holds columns of the column space (..., m, q)
     basis = start
@@ -84,6 +169,14 @@ def subspace_iteration(
     else:
         p, q = truncate(basis, y, k)
     return balance(p, q)
+
+
+def _rescaled(p: torch.Tensor, q: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Factors of s X from balanced factors of X: each takes sqrt(s) (exact for s = 4^j)."""
+    if scale == 1.0:
+        return p, q
+    root = math.sqrt(scale)
+    return p * root, q * root
 
 
 def rsvd_factors(
@@ -104,16 +197,61 @@ def power_factors(
     """PowerSGD-style power iteration from the right factor of the previous step.
 
     `warm` is (..., n, q) with q >= k (q > k oversamples and truncates to k). Returns
-    P, Q and the next warm start (the unbalanced right factor, at the data's scale).
+    P, Q and the next warm start: the right factor rotated to orthogonal columns and
+    normalised, with the columns the data left empty (a rank-deficient or zero X)
+    marked as zero for the caller to refill.
     """
     if iters < 1:
         raise ValueError("power iteration needs at least one iteration per step")
+    p, q, next_warm = _power(x, k, iters, warm)
+    if _finite(p, q, next_warm):
+        return p, q, next_warm
+    scale = _scale_of(x)  # float32 products overflowed: redo on X / s (s a power of two)
+    if scale == 1.0:
+        return p, q, next_warm
+    p, q, next_warm = _power(x / scale, k, iters, warm)
+    p, q = _rescaled(p, q, scale)
+    return p, q, next_warm
+
+
+def _power(
+    x: torch.Tensor, k: int, iters: int, warm: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q = warm
-    p = orthonormalize(x @ q)
-    q = x.mT @ p
-    for _ in range(iters - 1):
-        p = orthonormalize(x @ q)
+    for _ in range(iters):
+        p, full_rank = _orthonormalize(x @ q)
         q = x.mT @ p
-    pk, qk = truncate(p, q, k)
-    pb, qb = balance(pk, qk)
-    return pb, qb, q
+    if full_rank and q.shape[-1] <= k:
+        # X @ warm had full column rank and P lies in X's column space, so X^T P has full
+        # column rank too: no empty direction to find, nothing to truncate
+        norms = torch.linalg.vector_norm(q, dim=-2, keepdim=True)
+        pb, qb = balance(p, q)
+        return pb, qb, q / norms
+    vecs = _eigenvectors(q)
+    q_all = q @ vecs  # orthogonal columns, ascending norms: the empty ones come first
+    if q.shape[-1] > k:
+        pb, qb = balance(p @ vecs[..., -k:], q_all[..., -k:])
+    else:
+        pb, qb = balance(p, q)  # the same product P Q^T, no rotation needed
+    norms = torch.linalg.vector_norm(q_all, dim=-2, keepdim=True)
+    top = norms.amax(dim=-1, keepdim=True)
+    live = norms > EMPTY_COLUMN * top
+    next_warm = torch.where(live, q_all / torch.where(live, norms, 1.0), 0.0)
+    return pb, qb, next_warm
+
+
+EMPTY_COLUMN = 1e-6
+"""A warm column whose norm is below this fraction of the largest carries no direction of
+the data (X had lower rank than the width); `refill_warm` replaces it with a random one."""
+
+
+def refill_warm(warm: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """`warm` with its all-zero columns replaced by random unit columns, so that the next
+    step searches every direction again (a stream that was of low rank, or zero, and is not
+    any more is caught in one step instead of never)."""
+    empty = torch.linalg.vector_norm(warm, dim=-2, keepdim=True) == 0
+    if not bool(empty.any()):
+        return warm
+    fresh = torch.randn(warm.shape, generator=generator, dtype=warm.dtype)
+    fresh = fresh / torch.linalg.vector_norm(fresh, dim=-2, keepdim=True).clamp_min(1e-30)
+    return torch.where(empty, fresh.to(warm.device), warm)
