@@ -92,3 +92,48 @@ def test_error_feedback_is_refused_on_per_sample_streams_only() -> None:
     assert check_stream_spec("int8", "forward_codec", "per-sample").spec == "int8"
     with pytest.raises(SpecError, match="unknown codec"):
         check_stream_spec("int9", "forward_codec", "parameter")
+
+
+def _rank(m: int, n: int, r: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, r, generator=g) @ torch.randn(r, n, generator=g)
+
+
+def test_auto_switches_when_the_stream_turns_full_rank_and_keeps_its_bound() -> None:
+    bound = 0.01
+    lowrank = parse_spec("fp16(lowrank(0.2,method=power))").spec
+    policy = AdaptivePolicy(
+        candidates=["none", "fp16", "int8", lowrank], max_rel_error=bound, remeasure_every=6
+    )
+    # steps 0-9 of rank 8 (k = 20), then full rank, then rank 8 again
+    stream = (
+        [_rank(200, 100, 8, seed) for seed in range(10)]
+        + [torch.randn(200, 100, generator=torch.Generator().manual_seed(s)) for s in range(10)]
+        + [_rank(200, 100, 8, 100 + seed) for seed in range(10)]
+    )
+    specs, errors = [], []
+    for x in stream:
+        out = policy.encode("act", x, bandwidth_bps=None)
+        y = parse_spec(out.spec).decode(out.blob)  # what a fresh receiver decodes
+        specs.append(out.spec)
+        errors.append(relative_error(x, y))
+        assert out.measured_error == pytest.approx(errors[-1])
+    assert max(errors) <= bound, errors
+    assert specs[:10] == [lowrank] * 10  # the fewest bytes while it is of low rank
+    assert specs[10] == "int8"  # the first full-rank tensor is caught, not sent at 80% error
+    assert set(specs[10:20]) == {"int8"}
+    assert specs[-1] == lowrank  # a periodic re-profile finds the low rank again
+    state = policy.state("act")
+    assert state.over_bound == 1
+    assert state.profiles >= 4 and state.measured_error is not None
+    assert state.choice is not None and state.choice.spec == lowrank
+
+
+def test_auto_without_checks_on_every_tensor_still_reprofiles() -> None:
+    policy = AdaptivePolicy(candidates=["fp16", "int8"], remeasure_every=3, check_every=2)
+    x = torch.randn(40, 30)
+    results = [policy.encode("s", x, None) for _ in range(7)]
+    assert [r.measured_error is not None for r in results] == [i % 2 == 1 for i in range(7)]
+    assert policy.state("s").profiles == 3  # tensors 0, 3 and 6
+    with pytest.raises(ValueError):
+        AdaptivePolicy(remeasure_every=0)

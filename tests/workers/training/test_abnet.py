@@ -185,6 +185,8 @@ def test_auto_codecs_choose_within_the_error_bound_and_report_the_choice(
         chosen = AUTO_CANDIDATES[int(last[f"auto.{stream}.choice"])]
         assert chosen != "none"  # float32 is the most bytes of all
         assert 0 < last[f"auto.{stream}.rel_error"] <= 0.05
+        assert 0 < last[f"auto.{stream}.measured_error"] <= 0.05  # on the live tensor
+        assert last[f"auto.{stream}.profiles"] >= 1
         assert last[f"auto.{stream}.measured"] == 0.0
     # a slow measured link: transfer dominates, so the same fewest-bytes choice, now measured
     slow = LinkEstimate(bandwidth_bytes_per_s=1000.0, rtt_s=0.04, samples=5)

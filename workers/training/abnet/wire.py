@@ -203,10 +203,10 @@ class StreamEncoder:
         if spec == AUTO:
             est = self.estimate()
             bandwidth = 8.0 * est.bandwidth_bytes_per_s if est and est.samples > 0 else None
-            codec, choice = self.policy.codec(self.stream, x, bandwidth)
-            self.last_choice, self.last_bandwidth_bps = choice, bandwidth
-        else:
-            codec = self.book.get(self.stream, spec)
+            encoded = self.policy.encode(self.stream, x, bandwidth)
+            self.last_choice, self.last_bandwidth_bps = encoded.choice, bandwidth
+            return Coded(encoded.spec, step, encoded.blob, encoded.choice)
+        codec = self.book.get(self.stream, spec)
         return Coded(codec.spec, step, codec.encode(x), choice)
 
 
@@ -264,16 +264,23 @@ class ByteCount:
 
 
 def auto_metrics(stream: str, encoder: StreamEncoder) -> dict[str, float]:
-    """What `auto` chose on a stream, as metrics: the candidate's index, its error, the link."""
+    """What `auto` uses on a stream, as metrics: the codec in use (its index in
+    AUTO_CANDIDATES), the error measured on the live tensors and the one profiled, how
+    often it profiled the stream and how often a live tensor passed the bound, the link."""
     choice = encoder.last_choice
     if choice is None:
         return {}
+    state = encoder.policy.state(encoder.stream)
     out = {
         f"auto.{stream}.choice": float(AUTO_CANDIDATES.index(choice.spec)),
         f"auto.{stream}.rel_error": choice.rel_error,
         f"auto.{stream}.wire_bytes": float(choice.wire_nbytes),
         f"auto.{stream}.measured": float(encoder.last_bandwidth_bps is not None),
+        f"auto.{stream}.profiles": float(state.profiles),
+        f"auto.{stream}.over_bound": float(state.over_bound),
     }
+    if state.measured_error is not None:
+        out[f"auto.{stream}.measured_error"] = state.measured_error
     if encoder.last_bandwidth_bps is not None:
         out[f"auto.{stream}.bandwidth_mbit"] = encoder.last_bandwidth_bps / 1e6
     return out
