@@ -42,14 +42,33 @@ def orthogonality_error(q: torch.Tensor) -> torch.Tensor:
     return (gram - eye).abs().amax(dim=(-2, -1))
 
 
-def _cholesky_pass(y: torch.Tensor, gram: torch.Tensor) -> torch.Tensor | None:
-    """y R^{-1} with R^T R = gram, or None where the factorisation breaks down."""
+def _inverse_factor(gram: torch.Tensor) -> torch.Tensor | None:
+    """R^{-1} with R^T R = gram (upper R), or None where the factorisation breaks down."""
     r, info = torch.linalg.cholesky_ex(gram, upper=True)
     if not bool((info == 0).all()) or not bool(torch.isfinite(r).all()):
         return None
     eye = torch.eye(r.shape[-1], dtype=r.dtype, device=r.device)
-    r_inv = torch.linalg.solve_triangular(r, eye, upper=True)
-    return y @ r_inv  # NaN or Inf here fails the orthogonality measurement
+    return torch.linalg.solve_triangular(r, eye, upper=True)
+
+
+def _certified(gram: torch.Tensor, r_inv: torch.Tensor, m: int) -> bool:
+    """Whether Y R^{-1}, formed in float64, is orthonormal to ORTHO_TOL, from q x q figures.
+
+    (Y R^{-1})^T (Y R^{-1}) = R^{-T} G R^{-1} + R^{-T} dG R^{-1} + (rounding of the product),
+    where G is the computed Gram matrix and |dG| <= m u |Y|^T |Y| its rounding error. The
+    first term is measured here; the other two are bounded by m u ||Y||_F^2 ||R^{-1}||_F^2
+    and 2 q u ||Y||_F ||R^{-1}||_F (u = 2^-53), read off trace(G) and R^{-1}. Where the
+    measurement plus the bounds pass, the m x q Gram of the basis need not be formed.
+    """
+    q = gram.shape[-1]
+    residual = r_inv.mT @ gram @ r_inv
+    residual.diagonal(dim1=-2, dim2=-1).sub_(1.0)
+    y_norm2 = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    inv_norm2 = torch.linalg.vector_norm(r_inv, dim=(-2, -1)).square()
+    u = torch.finfo(torch.float64).eps / 2
+    kappa2 = y_norm2 * inv_norm2
+    bound = (m + 1) * u * kappa2 + 2 * q * u * kappa2.sqrt()
+    return _within(torch.linalg.vector_norm(residual, ord=math.inf, dim=(-2, -1)) + bound)
 
 
 def _within(error: torch.Tensor) -> bool:
@@ -62,7 +81,9 @@ def orthonormalize(y: torch.Tensor) -> torch.Tensor:
 
     Cholesky QR in float64 first (one Gram matrix instead of a Householder QR, several
     times faster), repeated once (Cholesky QR2) where one pass is not orthonormal enough;
-    the result is kept only if its measured orthogonality passes ORTHO_TOL. Otherwise
+    the result is kept only if its measured orthogonality passes ORTHO_TOL (for the first
+    pass, measured in q x q space with certified rounding bounds, see `_certified`, and
+    where those do not suffice, measured on the basis itself). Otherwise
     (a rank-deficient, zero or badly conditioned y, where Cholesky "succeeds" on a Gram
     matrix that is singular in floating point) Householder QR, whose Q is orthonormal
     whatever y is and whose span contains y's columns: in y's dtype, and again in
@@ -77,15 +98,21 @@ def _orthonormalize(y: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """`orthonormalize(y)` and whether one pass of Cholesky QR sufficed (then y had full
     column rank, well conditioned)."""
     yd = y.double()
-    q1 = _cholesky_pass(yd, yd.mT @ yd)
-    if q1 is not None:
-        gram = q1.mT @ q1
-        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
-        if _within((gram - eye).abs().amax(dim=(-2, -1))):
+    gram = yd.mT @ yd
+    r_inv = _inverse_factor(gram)
+    if r_inv is not None:
+        q1 = yd @ r_inv
+        if _certified(gram, r_inv, y.shape[-2]):
             return q1.to(y.dtype), True
-        q2 = _cholesky_pass(q1, gram)
-        if q2 is not None and _within(orthogonality_error(q2)):
-            return q2.to(y.dtype), False
+        gram1 = q1.mT @ q1  # measured: the input of the second pass, too
+        eye = torch.eye(gram1.shape[-1], dtype=gram1.dtype, device=gram1.device)
+        if _within((gram1 - eye).abs().amax(dim=(-2, -1))):
+            return q1.to(y.dtype), True
+        r_inv2 = _inverse_factor(gram1)
+        if r_inv2 is not None:
+            q2 = q1 @ r_inv2
+            if _within(orthogonality_error(q2)):
+                return q2.to(y.dtype), False
     q = torch.linalg.qr(y).Q  # in y's dtype: float32 Householder is about 10x faster
     if y.dtype != torch.float64 and not bool((orthogonality_error(q) <= ORTHONORMAL).all()):
         q = torch.linalg.qr(yd).Q.to(y.dtype)
@@ -151,7 +178,8 @@ def subspace_iteration(
 
 
 def _finite(*tensors: torch.Tensor) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
+    # a sum is finite only if every term is (or overflows: then the full check decides)
+    return all(bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _subspace_iteration(
@@ -225,8 +253,9 @@ def _power(
         # X @ warm had full column rank and P lies in X's column space, so X^T P has full
         # column rank too: no empty direction to find, nothing to truncate
         norms = torch.linalg.vector_norm(q, dim=-2, keepdim=True)
-        pb, qb = balance(p, q)
-        return pb, qb, q / norms
+        # P's columns have unit norm: balancing takes sqrt(|q_j|) from each Q column to P
+        root = norms.sqrt()
+        return p * root, q / root, q / norms
     vecs = _eigenvectors(q)
     q_all = q @ vecs  # orthogonal columns, ascending norms: the empty ones come first
     if q.shape[-1] > k:
