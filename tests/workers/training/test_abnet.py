@@ -372,3 +372,32 @@ def test_tiny_preset_translates_the_demo_test_split(
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:5]) / 5
     assert t.extra["bleu"] > 5.0
     assert s.extra["bleu"] == pytest.approx(t.extra["bleu"], abs=1e-3)
+
+
+def test_the_eval_stream_starts_from_the_training_streams_basis() -> None:
+    from workers.compression import LowRankCodec, relative_error
+    from workers.training.abnet.wire import FORWARD, StreamDecoder, StreamEncoder
+
+    spec = "fp16(lowrank(0.2,method=power))"
+    cfg = small(forward_codec=spec)
+    train = StreamEncoder(cfg, "forward", FORWARD)
+    warm = StreamEncoder(cfg, "eval", FORWARD, warm_source=train)
+    cold = StreamEncoder(cfg, "eval", FORWARD)
+    decoder = StreamDecoder(cfg, "eval", FORWARD)
+    gen = torch.Generator().manual_seed(3)
+    # activations of one slowly moving spectrum: 1/i over 64 directions, width 64 (k = 13)
+    u = torch.linalg.qr(torch.randn(64, 64, generator=gen)).Q / torch.arange(1, 65)
+
+    def batch() -> torch.Tensor:
+        return (torch.randn(8, 24, 64, generator=gen) @ u.T).contiguous()
+
+    for step in range(1, 9):
+        train.encode(step, batch())
+    x = batch()
+    shape = tuple(x.shape)
+    err_warm = relative_error(x, decoder.decode(warm.encode(8, x), shape, x.numel()))
+    err_cold = relative_error(x, decoder.decode(cold.encode(8, x), shape, x.numel()))
+    source = train.book.get("forward", spec)
+    target = warm.book.get("eval", spec)
+    assert isinstance(source, LowRankCodec) and isinstance(target, LowRankCodec)
+    assert err_warm < 0.9 * err_cold

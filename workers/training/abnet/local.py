@@ -66,7 +66,10 @@ def train_abnet_local(
         history.append(step_metrics(stats))
     score = None
     if eval_source_lines is not None and eval_target_lines is not None:
-        evaluation = _stream(cfg, "eval", FORWARD)
+        evaluation = (
+            StreamEncoder(cfg, "eval", FORWARD, warm_source=forward[0]),
+            StreamDecoder(cfg, "eval", FORWARD),
+        )
         src_ids = encode_lines(src_plm.tokenizer, list(eval_source_lines), cfg.src_len)
         hyps: list[str] = []
         for lo in range(0, len(src_ids), cfg.eval_batch_size):

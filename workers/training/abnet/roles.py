@@ -129,9 +129,12 @@ class _Encoder:
         self.cfg, self.side, self.loop, self.link = cfg, side, loop, loop.link
         self.eval_ids = eval_ids
         self.max_index = max(len(side.data), len(eval_ids) if eval_ids is not None else 0)
+        train = StreamEncoder(cfg, "forward", FORWARD, self.link.link_estimate)
         self.encoders = {
-            Kind.TRAIN: StreamEncoder(cfg, "forward", FORWARD, self.link.link_estimate),
-            Kind.EVAL: StreamEncoder(cfg, "eval", FORWARD, self.link.link_estimate),
+            Kind.TRAIN: train,
+            Kind.EVAL: StreamEncoder(
+                cfg, "eval", FORWARD, self.link.link_estimate, warm_source=train
+            ),
         }
         self.grad_decoder = StreamDecoder(cfg, "backward", BACKWARD)
         self.sent = ByteCount()

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.compression import AdaptivePolicy, Choice, Codec
+from workers.compression import AdaptivePolicy, Choice, Codec, LowRankCodec
 from workers.switch.link import LinkEstimate
 from workers.training.abnet.config import AUTO, AUTO_CANDIDATES, AbnetConfig
 from workers.training.runtime import (
@@ -178,7 +178,8 @@ class StreamEncoder:
     codecs (power iteration's warm start) carry from one tensor to the next. `auto`
     asks `estimate` for the link's measurement; until there is one (None, or no samples)
     the link is taken to be the bottleneck and the fewest bytes within
-    `cfg.auto_max_error` win.
+    `cfg.auto_max_error` win. With a `warm_source` (the eval stream's, the training
+    stream's encoder), a power-iteration codec starts each step from the source's basis.
     """
 
     def __init__(
@@ -187,8 +188,11 @@ class StreamEncoder:
         stream: str,
         which: int,
         estimate: Callable[[], LinkEstimate | None] = lambda: None,
+        warm_source: StreamEncoder | None = None,
     ) -> None:
         self.cfg, self.stream, self.which, self.estimate = cfg, stream, which, estimate
+        self.warm_source = warm_source
+        self._warmed_at: int | None = None
         self.book = CodecBook()
         self.policy = AdaptivePolicy(candidates=AUTO_CANDIDATES, max_rel_error=cfg.auto_max_error)
         self.last_choice: Choice | None = None
@@ -207,7 +211,23 @@ class StreamEncoder:
             self.last_choice, self.last_bandwidth_bps = encoded.choice, bandwidth
             return Coded(encoded.spec, step, encoded.blob, encoded.choice)
         codec = self.book.get(self.stream, spec)
+        if self.warm_source is not None and step != self._warmed_at:
+            self._warmed_at = step
+            self._warm(codec, spec)
         return Coded(codec.spec, step, codec.encode(x), choice)
+
+    def _warm(self, codec: Codec, spec: str) -> None:
+        """Start a power-iteration codec from the warm source's basis of the same spec
+        (the training stream's, for the eval stream), so that the first chunk of an
+        evaluation is not coded from a random start."""
+        assert self.warm_source is not None
+        source = self.warm_source.book.get(self.warm_source.stream, spec)
+        if (
+            isinstance(codec, LowRankCodec)
+            and isinstance(source, LowRankCodec)
+            and source.warm_start is not None
+        ):
+            codec.warm_from(source)
 
 
 class StreamDecoder:
