@@ -29,6 +29,7 @@ to try it out (the figures are not comparable with the committed ones).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -73,6 +74,24 @@ SEED = 3
 RATE_MBIT = 60.0  # the paper's slow link
 DELAY_MS = 25.0  # one way, on both switches' outgoing link
 N_DISCRIMINATORS = (1, 2)
+D_CPUS, G_CPUS = {0}, {1}
+"""In both runs (split and d-only) D and its replicas are pinned to CPU 0 and everything
+else, G, both switches and this bench's own process, to CPU 1 (os.sched_setaffinity), so
+that the ratio measures what crosses the link and not who shares D's core. Other builds
+on the machine are not pinned: the load average stands beside the figures."""
+
+
+def pin(cpus: set[int] | None) -> None:
+    """Pin the calling process (and the processes it starts later) to `cpus`."""
+    if cpus is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+@functools.cache
+def pinning() -> bool:
+    """Whether the roles are pinned: a Linux machine with both CPUs (asked once, before
+    the bench pins itself)."""
+    return hasattr(os, "sched_setaffinity") and os.sched_getaffinity(0) >= (D_CPUS | G_CPUS)
 
 
 # ---------------------------------------------------------------- two switches
@@ -97,11 +116,11 @@ class SwitchProcess:
     them waits for that, so that two switches start side by side.
     """
 
-    def __init__(self, config: SwitchConfig) -> None:
+    def __init__(self, config: SwitchConfig, cpus: set[int] | None = None) -> None:
         self.cluster = config.cluster
         self._conn, child = multiprocessing.get_context("spawn").Pipe()
         self._proc = multiprocessing.get_context("spawn").Process(
-            target=_switch_main, args=(config, child), daemon=True
+            target=_switch_main, args=(config, child, cpus), daemon=True
         )
         self._proc.start()
         self._addresses: tuple[tuple[str, int], tuple[str, int]] | None = None
@@ -143,8 +162,9 @@ class SwitchProcess:
             self._proc.kill()
 
 
-def _switch_main(config: SwitchConfig, conn: Connection) -> None:
+def _switch_main(config: SwitchConfig, conn: Connection, cpus: set[int] | None) -> None:
     os.setsid()  # a CPU share of its own (see `_role_process`)
+    pin(cpus)
     switch = Switch(config).start()
     conn.send((switch.worker_address, switch.peer_address))
     while (message := conn.recv())[0] != "stop":
@@ -164,7 +184,12 @@ class SwitchPair:
     """
 
     def __init__(
-        self, root: Path, shaper: ShaperConfig | None = None, *, own_processes: bool = False
+        self,
+        root: Path,
+        shaper: ShaperConfig | None = None,
+        *,
+        own_processes: bool = False,
+        cpus: set[int] | None = None,
     ) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.ca_key, self.ca_cert = ca.create_root_ca("Bench CA")
@@ -189,7 +214,9 @@ class SwitchPair:
                 job_token_public_key=ca.job_token_public_key_pem(self.token_key),
                 shaper=shaper,
             )
-            self.switches.append(SwitchProcess(config) if own_processes else Switch(config).start())
+            self.switches.append(
+                SwitchProcess(config, cpus) if own_processes else Switch(config).start()
+            )
         a, b = self.switches
         a.add_peer("cluster-b", b.peer_address)
         b.add_peer("cluster-a", a.peer_address)
@@ -248,7 +275,11 @@ RoleTarget = Callable[..., Any]
 
 
 def _role_process(
-    target: RoleTarget, args: tuple[Any, ...], conn: Connection, own_session: bool
+    target: RoleTarget,
+    args: tuple[Any, ...],
+    conn: Connection,
+    own_session: bool,
+    cpus: set[int] | None = None,
 ) -> None:
     """Child: one intra-op thread (roles share 2 cores), run the role, send its result.
 
@@ -258,6 +289,7 @@ def _role_process(
     """
     if own_session:
         os.setsid()
+    pin(cpus)  # before anything starts: D's replicas inherit it
     torch.set_num_threads(1)
     try:
         conn.send(("result", target(conn, *args)))
@@ -271,18 +303,21 @@ def run_processes(
     on_event: Callable[[Any], None],
     *,
     own_sessions: bool = False,
+    cpus: Sequence[set[int] | None] | None = None,
 ) -> list[Any]:
     """Each role in a process of its own, as clusters run them; events and results come back.
 
     A target is called as target(conn, *args); it may conn.send(("event", x)) as it
     goes (handed to on_event) and returns its result. `own_sessions`: see `_role_process`.
+    `cpus`: per role, the CPUs its process (and those it starts) is pinned to.
     """
     spawn = multiprocessing.get_context("spawn")
     procs, conns = [], []
-    for target, args in roles:
+    for slot, (target, args) in enumerate(roles):
         parent, child = spawn.Pipe()
+        role_cpus = cpus[slot] if cpus is not None else None
         proc = spawn.Process(  # not a daemon: it may start replicas
-            target=_role_process, args=(target, args, child, own_sessions)
+            target=_role_process, args=(target, args, child, own_sessions, role_cpus)
         )
         proc.start()
         procs.append(proc)
@@ -516,7 +551,8 @@ def split(
     (root / "g").mkdir(parents=True)
     tokenizer.save(str(root / "g" / "tokenizer.json"))  # G uses it instead of training its own
     shaper = ShaperConfig(rate_mbit=RATE_MBIT, delay_ms=DELAY_MS)
-    switches = SwitchPair(root / "pki", shaper, own_processes=True)
+    pinned = pinning()
+    switches = SwitchPair(root / "pki", shaper, own_processes=True, cpus=G_CPUS if pinned else None)
     g_ticket, d_ticket = switches.tickets("electra-bench", "generator", "discriminator")
     switch_cpu: dict[int, float] = {}
 
@@ -533,6 +569,7 @@ def split(
             ],
             on_step,
             own_sessions=own_sessions,
+            cpus=[G_CPUS, D_CPUS] if pinned else None,
         )
     finally:
         switches.stop()
@@ -562,6 +599,7 @@ def d_only(
         [(discriminator_role, (cfg, None, transcript, root))],
         lambda _step: advance(),
         own_sessions=True,
+        cpus=[D_CPUS] if pinning() else None,
     )
     return Run(**_measured(d, tokens))
 
@@ -591,6 +629,8 @@ def main() -> None:
     console = Console(width=150)
     load_before = load_average()
     torch.set_num_threads(1)
+    if pinning():
+        pin(G_CPUS)  # this process reads the events; it keeps off D's core
     rounds: list[dict[str, Run]] = []
     loads: list[list[float]] = []
     started = time.perf_counter()
@@ -644,7 +684,12 @@ def main() -> None:
         title=(
             f"ELECTRA tiny, discriminator tokens/s, steps {SKIP + 1}-{STEPS - 1} of {STEPS}, "
             f"{ROUNDS} rounds, link {RATE_MBIT:g} Mbit/s + {DELAY_MS:g} ms one way, "
-            f"{os.cpu_count()} CPUs, load {load_before[0]:.1f} -> {loads[-1][0]:.1f}"
+            f"{os.cpu_count()} CPUs, load {load_before[0]:.1f} -> {loads[-1][0]:.1f}, "
+            + (
+                "D pinned to CPU 0, G + switches + bench to CPU 1 in both runs"
+                if pinning()
+                else "not pinned"
+            )
         )
     )
     columns = (
@@ -735,6 +780,10 @@ def main() -> None:
         "target_split_vs_d_only": 0.9,
         "by_n_discriminators": per_n,
         "per_round": [{key: round(run.tokens_per_s, 1) for key, run in r.items()} for r in rounds],
+        "pinned": pinning(),
+        "pinning": "D (and its replica) on CPU 0; G, both switches and the bench process on "
+        "CPU 1, in the split and the d-only runs alike (os.sched_setaffinity); other builds "
+        "on the machine are not pinned (see the load averages)",
         "notes": (
             "split: G, D (and D's replica) and both switches each in a process of their own, "
             "each in a session of its own (the kernel's autogroup scheduling then gives each "
