@@ -11,6 +11,7 @@ clocks, so that each rule is tested by calling it (tests/workers/switch/test_rul
   connection.
 - `Heartbeat`: when a role's link pings its switch on a connection, and when it gives
   the switch up for gone (a path that drops every byte silently).
+- `StreamTracker`: sequence numbers per stream, each delivered once and in order.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Collection, Iterator
 from typing import Generic, TypeVar
 
 from contract.jobtoken import JobClaims
-from workers.switch.protocol import Direction, Hello
+from workers.switch.frames import Direction, Hello, ProtocolError
 
 T = TypeVar("T")
 
@@ -245,3 +246,46 @@ class Heartbeat:
         if self._waiting_since is not None:
             due = min(due, self._waiting_since + self.timeout_s)
         return max(0.0, due - now)
+
+
+class StreamTracker:
+    """Sequence numbers per stream: delivers each once and in order, drops replays, spots gaps."""
+
+    def __init__(self, *, max_streams: int = 65536) -> None:
+        self.max_streams = max_streams
+        self._next: dict[tuple[str, ...], int] = {}
+
+    def is_new(self, stream: tuple[str, ...], seq: int) -> bool:
+        """True if `seq` is the next on `stream`, False for a duplicate; ProtocolError on a gap."""
+        expected = self._next.get(stream, 0)
+        if seq < expected:
+            return False
+        if seq > expected:
+            raise ProtocolError(f"sequence gap on {stream}: expected {expected}, got {seq}")
+        if stream not in self._next and len(self._next) >= self.max_streams:
+            raise ProtocolError(f"more than {self.max_streams} streams")
+        return True
+
+    def admit(self, stream: tuple[str, ...], seq: int) -> bool:
+        """Like `is_new`, and a new `seq` counts as delivered."""
+        if not self.is_new(stream, seq):
+            return False
+        self._next[stream] = seq + 1
+        return True
+
+    def forget(self, job_id: str, dst_role: str | None = None) -> int:
+        """Drop the streams of a finished job (only those to `dst_role` when given).
+
+        Keys are (job, src, dst, channel); returns how many were dropped.
+        """
+        doomed = [
+            k
+            for k in self._next
+            if k and k[0] == job_id and (dst_role is None or (len(k) > 2 and k[2] == dst_role))
+        ]
+        for key in doomed:
+            del self._next[key]
+        return len(doomed)
+
+    def __len__(self) -> int:
+        return len(self._next)
