@@ -72,6 +72,10 @@ class SwitchConfig:
     resend_frames: int = 64
     resend_bytes: int = 256 * 1024 * 1024
     max_mailboxes: int = 4096
+    # mailboxes a peer's frames make for roles not connected here (finding 27.5): at most
+    # so many per peer, given up when no role claims them in so long
+    unclaimed_mailboxes_per_peer: int = 64
+    unclaimed_mailbox_s: float = 60.0
     # accepted connections, both doors together: in all, and from one source address
     max_connections: int = 1024
     max_connections_per_source: int = 64
@@ -166,10 +170,12 @@ class SwitchCore:
         self._threads.append(thread)
         thread.start()
 
-    def _deliver(self, frame: Routed, alive: Callable[[], bool] | None) -> bool:
+    def _deliver(
+        self, frame: Routed, alive: Callable[[], bool] | None, *, peer: str | None = None
+    ) -> bool:
         raise NotImplementedError  # roles.py
 
-    def _end_detached(self, now: float) -> None:
+    def _housekeeping(self, now: float) -> None:
         raise NotImplementedError  # roles.py
 
 

@@ -108,7 +108,7 @@ class Doors(SwitchCore):
         step = min(0.25, self.config.auth_timeout_s / 4)
         while not self._stop.wait(step):
             now = time.monotonic()
-            self._end_detached(now)
+            self._housekeeping(now)
             with self._lock:
                 pending = self._doors.unauthenticated
                 late = [k for k, (deadline, _) in pending.items() if deadline < now]

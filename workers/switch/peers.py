@@ -33,7 +33,14 @@ from workers.switch.protocol import (
     Side,
     Welcome,
 )
-from workers.switch.rules import LinkMeter, ResendWindow, WindowError
+from workers.switch.rules import (
+    LinkMeter,
+    ResendWindow,
+    Verdict,
+    WindowError,
+    peer_frame_is_fresh,
+    peer_frame_verdict,
+)
 from workers.switch.shaper import Shaper
 from workers.switch.stream import FrameStream, cut, tune
 from workers.switch.tls import (
@@ -228,8 +235,7 @@ class Peers(Doors):
             if not isinstance(frame, Data | Receipt):
                 raise ProtocolError("peers send only data frames, receipts and pings")
             with self._lock:
-                taken = self._peers_in.taken.get(key, first)
-                fresh = first + count >= taken
+                fresh = peer_frame_is_fresh(first, count, self._peers_in.taken.get(key))
                 if fresh:
                     self._peers_in.taken[key] = first + count + 1
             count += 1
@@ -239,11 +245,17 @@ class Peers(Doors):
             flush()
 
     def _take_from_peer(self, frame: Routed, cluster: str) -> None:
+        key = (frame.job_id, frame.dst_role)
         with self._lock:
-            role = self._jobs.roles.get((frame.job_id, frame.dst_role))
-            ended = (frame.job_id, frame.dst_role) in self._jobs.ended
-        placed = role.claims.placement.get(frame.src_role) if role is not None else None
-        if ended:
+            verdict, why = peer_frame_verdict(
+                frame,
+                cluster,
+                self.cluster,
+                self._jobs.placement.get(frame.job_id),
+                connected=key in self._jobs.roles,
+                ended=key in self._jobs.ended,
+            )
+        if verdict is Verdict.ENDED:
             # late or resent frames of an attempt that is over here: acknowledged, dropped
             log.info(
                 "switch %s: dropped a late frame of job %s for %s: its attempt has ended",
@@ -252,17 +264,16 @@ class Peers(Doors):
                 frame.dst_role,
             )
             self._meters.refused.labels("ended").inc()
-        elif placed is not None and placed != cluster:
+        elif verdict is Verdict.PLACEMENT:
             log.warning(
-                "switch %s: dropped a frame of job %s from cluster %s: role %s runs on %s",
+                "switch %s: dropped a frame of job %s from cluster %s: %s",
                 self.cluster,
                 frame.job_id,
                 cluster,
-                frame.src_role,
-                placed,
+                why,
             )
             self._meters.refused.labels("placement").inc()
-        elif self._deliver(frame, None):
+        elif self._deliver(frame, None, peer=None if verdict is Verdict.DELIVER else cluster):
             self._meters.count(frame, "from_peer")
 
     # peers: sending

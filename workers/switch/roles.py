@@ -39,7 +39,11 @@ from workers.switch.protocol import (
     Side,
     Welcome,
 )
-from workers.switch.rules import admit_worker
+from workers.switch.rules import (
+    UnclaimedMailboxes,
+    admit_worker,
+    channel_refusal,
+)
 from workers.switch.stream import FrameStream
 
 
@@ -58,8 +62,12 @@ class Role:
 class Jobs:
     """What the switch holds per job attempt: roles, mailboxes, and the attempts over."""
 
+    # mailboxes a peer's frames made for roles that have not connected here
+    unclaimed: UnclaimedMailboxes[RoleKey]
     roles: dict[RoleKey, Role] = field(default_factory=dict)
     mailboxes: dict[RoleKey, queue.Queue[Routed]] = field(default_factory=dict)
+    # job -> role -> cluster, learned from the job tokens of its roles that connected here
+    placement: dict[str, dict[str, str]] = field(default_factory=dict)
     # (job, role)s whose attempt ended here, oldest first: their late frames are dropped
     ended: collections.OrderedDict[RoleKey, None] = field(default_factory=collections.OrderedDict)
 
@@ -118,6 +126,9 @@ class Roles(Doors):
                     if role.detached_at is not None:
                         log.info("switch %s: role %s of job %s resumes", self.cluster, *key[::-1])
                     role.connections[hello.direction] = stream
+                    placed = self._jobs.placement.setdefault(claims.job_id, {})
+                    placed.update(claims.placement)
+                    placed[claims.role] = self.cluster
                     role.detached_at = None
                     admitted = key, hello.direction
             if refusal is not None:
@@ -158,6 +169,26 @@ class Roles(Doors):
                 return
         self._end_role(key)
 
+    def _housekeeping(self, now: float) -> None:
+        self._end_detached(now)
+        self._expire_unclaimed(now)
+
+    def _expire_unclaimed(self, now: float) -> None:
+        """Give up the mailboxes a peer's frames made for roles that never connected."""
+        with self._lock:
+            late = self._jobs.unclaimed.expired(now)
+            for key in late:
+                self._jobs.mailboxes.pop(key, None)
+        for job_id, role in late:
+            log.info(
+                "switch %s: gave up the mailbox of job %s for %s: no role claimed it in %.0f s",
+                self.cluster,
+                job_id,
+                role,
+                self.config.unclaimed_mailbox_s,
+            )
+            self._meters.refused.labels("unclaimed_expired").inc()
+
     def _end_detached(self, now: float) -> None:
         """End the attempts whose roles left without a goodbye and did not come back."""
         grace = self.config.resume_grace_s
@@ -180,6 +211,9 @@ class Roles(Doors):
                 return
             del self._jobs.roles[key]
             self._jobs.mailboxes.pop(key, None)
+            self._jobs.unclaimed.claim(key)
+            if not any(job == key[0] for job, _ in self._jobs.roles):
+                self._jobs.placement.pop(key[0], None)
             self._jobs.ended[key] = None
             while len(self._jobs.ended) > self.config.ended_roles_kept:
                 self._jobs.ended.popitem(last=False)
@@ -242,15 +276,8 @@ class Roles(Doors):
                 continue
             if not isinstance(frame, Data | Receipt):
                 raise ProtocolError("workers send only data frames, receipts and pings")
-            if (frame.job_id, frame.src_role, frame.dst_role) != (
-                claims.job_id,
-                claims.role,
-                hello.peer_role,
-            ):
-                reason = (
-                    f"frame for job {frame.job_id!r} {frame.src_role}->{frame.dst_role} outside"
-                    f" its token's job {claims.job_id!r} {claims.role}->{hello.peer_role}"
-                )
+            reason = channel_refusal(frame, claims, hello.peer_role)
+            if reason is not None:
                 self._refuse(stream.sock, "worker frame", address, reason, "channel", stream)
                 return
             count += 1
@@ -269,31 +296,53 @@ class Roles(Doors):
                 if not here():
                     raise OSError("switch stopping")
 
-    def _mailbox_locked(self, key: RoleKey) -> queue.Queue[Routed] | None:
-        """The mailbox of (job, role), made if there is room; the caller holds the lock."""
-        box = self._jobs.mailboxes.get(key)
-        if box is None and len(self._jobs.mailboxes) < self.config.max_mailboxes:
-            box = self._jobs.mailboxes[key] = queue.Queue(self.config.mailbox_frames)
+    def _mailbox_locked(self, key: RoleKey, peer: str | None = None) -> queue.Queue[Routed] | str:
+        """The mailbox of (job, role), made if there is room, or why there is none; the
+        caller holds the lock. With `peer`, a peer's frame asks for the mailbox of a role
+        not connected here: it is made on probation (`Jobs.unclaimed`), within the peer's
+        share. Without, the role (or one of its job on this cluster) asks: it claims the
+        mailbox, and takes the place of the oldest on probation when the table is full."""
+        jobs = self._jobs
+        box = jobs.mailboxes.get(key)
+        if box is not None:
+            if peer is None:
+                jobs.unclaimed.claim(key)
+            return box
+        if peer is not None and not jobs.unclaimed.may_open(peer):
+            return f"{jobs.unclaimed.per_peer} unclaimed mailboxes of {peer} in use"
+        if len(jobs.mailboxes) >= self.config.max_mailboxes:
+            evicted = jobs.unclaimed.oldest() if peer is None else None
+            if evicted is None:
+                return f"{self.config.max_mailboxes} mailboxes in use"
+            del jobs.mailboxes[evicted]
+            log.info(
+                "switch %s: the unclaimed mailbox of %s for %s made way for a role",
+                self.cluster,
+                *evicted,
+            )
+        box = jobs.mailboxes[key] = queue.Queue(self.config.mailbox_frames)
+        if peer is not None:
+            jobs.unclaimed.open(key, peer, time.monotonic())
         return box
 
-    def _deliver(self, frame: Routed, alive: Callable[[], bool] | None) -> bool:
+    def _deliver(
+        self, frame: Routed, alive: Callable[[], bool] | None, *, peer: str | None = None
+    ) -> bool:
         """Put `frame` in its role's mailbox; False when dropped: that attempt has ended
         here, no mailbox is left for a new one, or (with `alive` None, for frames from a
         peer, which never wait on one job) the mailbox is full. The roles' end-to-end
         resend makes good a dropped frame. With `alive`, waits for room (OSError when
-        stopping or `alive()` turns false)."""
+        stopping or `alive()` turns false). With `peer`, the frame came from that peer for
+        a role not connected here (`_mailbox_locked`)."""
         key = (frame.job_id, frame.dst_role)
         while not self._stop.is_set() and (alive is None or alive()):
             with self._lock:
                 if key in self._jobs.ended:
                     return False
-                box = self._mailbox_locked(key)
-            if box is None:
+                box = self._mailbox_locked(key, peer)
+            if isinstance(box, str):
                 log.warning(
-                    "switch %s: dropped a frame of job %s: %d mailboxes in use",
-                    self.cluster,
-                    frame.job_id,
-                    self.config.max_mailboxes,
+                    "switch %s: dropped a frame of job %s: %s", self.cluster, frame.job_id, box
                 )
                 self._meters.refused.labels("mailboxes").inc()
                 return False
@@ -310,8 +359,8 @@ class Roles(Doors):
     def _worker_receives(self, stream: FrameStream, claims: JobClaims, hello: Hello) -> None:
         with self._lock:
             box = self._mailbox_locked((claims.job_id, claims.role))
-        if box is None:
-            raise ProtocolError("too many mailboxes")
+        if isinstance(box, str):
+            raise ProtocolError(f"no mailbox: {box}")
         peer = self._peer_of(claims, hello.peer_role)
         outbound = self._outbound.get(peer) if peer is not None else None
         stall = self.config.io_timeout_s

@@ -52,7 +52,7 @@ from workers.switch.credentials import Credentials, Revocation
 from workers.switch.doors import DoorState
 from workers.switch.peers import FairQueue, Outbound, Peers, PeersIn
 from workers.switch.roles import Jobs, Roles
-from workers.switch.rules import admit_worker
+from workers.switch.rules import UnclaimedMailboxes, admit_worker
 from workers.switch.stream import cut
 from workers.switch.tls import (
     validate_cluster_name,
@@ -87,7 +87,12 @@ class Switch(Roles, Peers, Credentials):
         self._changed = threading.Condition(self._lock)
         self._doors = DoorState()
         self._revocation = Revocation()
-        self._jobs = Jobs()
+        self._jobs = Jobs(
+            UnclaimedMailboxes(
+                per_peer=config.unclaimed_mailboxes_per_peer,
+                expiry_s=config.unclaimed_mailbox_s,
+            )
+        )
         self._peers_in = PeersIn()
         self._outbound: dict[str, Outbound] = {}
         self._meters = Meters()
