@@ -14,6 +14,7 @@ import enum
 from collections.abc import Mapping
 from typing import Final
 
+from workers.switch import frames
 from workers.switch.decoder import CLOSED, NEED_DATA, Event, FrameDecoder, _Sentinel
 from workers.switch.frames import (
     DEFAULT_MAX_BODY_BYTES,
@@ -24,10 +25,8 @@ from workers.switch.frames import (
     Data,
     Error,
     Frame,
-    Hello,
     Kind,
     LinkReport,
-    PeerHello,
     Ping,
     ProtocolError,
     Receipt,
@@ -59,6 +58,7 @@ _OPEN_KINDS: Final = frozenset(
     {Kind.DATA, Kind.ACK, Kind.ERROR, Kind.RECEIPT, Kind.PING, Kind.LINK}
 )
 _OPEN_FRAMES: Final = (Data, Ack, Receipt, Ping, LinkReport)
+_HELLOS: Final = (frames.Hello, frames.PeerHello)
 
 
 class Connection:
@@ -117,7 +117,7 @@ class Connection:
         if self.state is ConnState.CLOSED:
             raise ProtocolError("frame after the connection closed")
         if self.state is ConnState.HANDSHAKE:
-            if self.side is Side.SERVER and isinstance(frame, Hello | PeerHello):
+            if self.side is Side.SERVER and isinstance(frame, _HELLOS):
                 return
             if self.side is Side.CLIENT and isinstance(frame, Welcome):
                 self._open()
@@ -133,7 +133,7 @@ class Connection:
         if isinstance(frame, Error):
             self.state = ConnState.CLOSED
         elif self.state is ConnState.HANDSHAKE:
-            if self.side is Side.CLIENT and isinstance(frame, Hello | PeerHello):
+            if self.side is Side.CLIENT and isinstance(frame, _HELLOS):
                 if self._hello_sent:
                     raise ProtocolError("hello already sent")
                 self._hello_sent = True

@@ -42,6 +42,7 @@ POLL_S = 0.2
 PING_POLL_S = 0.002
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+M = TypeVar("M", Counter, Gauge)
 
 
 def crl_from_file(path: str | Path) -> Callable[[], bytes]:
@@ -98,38 +99,25 @@ class Meters:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        labels = ["job", "direction"]
-        self.bytes = Counter(
-            "nebula_switch_bytes",
-            "Payload bytes through the switch",
-            labels,
-            registry=self.registry,
-        )
-        self.frames = Counter(
-            "nebula_switch_frames",
-            "Data frames through the switch",
-            labels,
-            registry=self.registry,
-        )
-        self.refused = Counter(
-            "nebula_switch_refused",
-            "Connections or frames refused",
-            ["reason"],
-            registry=self.registry,
-        )
-        link = ["job", "peer"]
-        self.bandwidth = Gauge(
-            "nebula_switch_link_bandwidth_bytes_per_second",
+        traffic, link = ["job", "direction"], ["job", "peer"]
+        self.bytes = self._new(Counter, "bytes", "Payload bytes through the switch", traffic)
+        self.frames = self._new(Counter, "frames", "Data frames through the switch", traffic)
+        self.refused = self._new(Counter, "refused", "Connections or frames refused", ["reason"])
+        self.bandwidth = self._new(
+            Gauge,
+            "link_bandwidth_bytes_per_second",
             "Measured rate of the link a job's frames leave on, from acknowledged bytes",
             link,
-            registry=self.registry,
         )
-        self.rtt = Gauge(
-            "nebula_switch_link_rtt_seconds",
+        self.rtt = self._new(
+            Gauge,
+            "link_rtt_seconds",
             "Measured round trip of the link a job's frames leave on",
             link,
-            registry=self.registry,
         )
+
+    def _new(self, kind: type[M], name: str, doc: str, labels: list[str]) -> M:
+        return kind(f"nebula_switch_{name}", doc, labels, registry=self.registry)
 
     def count(self, frame: Routed, direction: str) -> None:
         if isinstance(frame, Data):

@@ -11,16 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from workers.switch.connection import Connection, Side
 from workers.switch.core import (
     Address,
     SwitchCore,
     log,
     shutdown_socket,
 )
-from workers.switch.protocol import (
-    Error,
-    ProtocolError,
-)
+from workers.switch.frames import Error, ProtocolError
 from workers.switch.stream import FrameStream, tune
 from workers.switch.tls import (
     PeerIdentity,
@@ -126,6 +124,16 @@ class Doors(SwitchCore):
             return self._changed.wait_for(
                 lambda: sum(self._doors.open_by_source.values()) <= at_most, timeout
             )
+
+    def _open_door(self, raw: socket.socket, what: str, address: Address) -> FrameStream | None:
+        """The TLS handshake of a connection to the door `what` ("worker" or "peer"), and
+        the server end of a frame stream on it; None when refused."""
+        with self._lock:
+            context = self._worker_ctx if what == "worker" else self._peer_server_ctx
+        sock = self._handshake(raw, context, what, address)
+        if sock is None:
+            return None
+        return FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
 
     def _handshake(
         self, raw: socket.socket, context: ssl.SSLContext, what: str, address: Address

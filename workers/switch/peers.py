@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -152,12 +153,11 @@ class Peers(Doors):
         return self._outbound[cluster].meter.estimate()
 
     def _serve_peer(self, raw: socket.socket, address: Address) -> None:
-        with self._lock:
-            context = self._peer_server_ctx
-        sock = self._handshake(raw, context, "peer", address)
-        if sock is None:
+        stream = self._open_door(raw, "peer", address)
+        if stream is None:
             return
-        stream = FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
+        sock = stream.sock
+        assert isinstance(sock, ssl.SSLSocket)
         try:
             hello = stream.read_event()
             if not isinstance(hello, PeerHello):

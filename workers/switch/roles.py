@@ -15,6 +15,7 @@ from contract.jobtoken import (
     JobTokenError,
     verify_job_token,
 )
+from workers.switch import frames
 from workers.switch.core import (
     POLL_S,
     Address,
@@ -26,17 +27,13 @@ from workers.switch.peers import Outbound
 from workers.switch.protocol import (
     CLOSED,
     Ack,
-    Connection,
     Data,
     Direction,
     Error,
-    Hello,
     LinkReport,
-    Ping,
     ProtocolError,
     Receipt,
     Routed,
-    Side,
     Welcome,
 )
 from workers.switch.rules import (
@@ -94,18 +91,16 @@ class Roles(Doors):
             return self._changed.wait_for(lambda: (job_id, role) not in self._jobs.roles, timeout)
 
     def _serve_worker(self, raw: socket.socket, address: Address) -> None:
-        with self._lock:
-            context = self._worker_ctx
-        sock = self._handshake(raw, context, "worker", address)
-        if sock is None:
+        stream = self._open_door(raw, "worker", address)
+        if stream is None:
             return
-        stream = FrameStream(sock, Connection(Side.SERVER, max_body=self.config.max_frame_bytes))
+        sock = stream.sock
         with self._lock:
             self._doors.workers.add(stream)
         admitted: tuple[RoleKey, Direction] | None = None
         try:
             hello = stream.read_event()
-            if not isinstance(hello, Hello):
+            if not isinstance(hello, frames.Hello):
                 self._refuse(sock, "worker", address, "expected a hello", "protocol", stream)
                 return
             try:
@@ -239,7 +234,7 @@ class Roles(Doors):
         return target
 
     def _worker_sends(
-        self, stream: FrameStream, claims: JobClaims, hello: Hello, address: Address
+        self, stream: FrameStream, claims: JobClaims, hello: frames.Hello, address: Address
     ) -> None:
         target = self._route(claims, hello.peer_role)
         stall = self.config.io_timeout_s
@@ -271,7 +266,7 @@ class Roles(Doors):
                     if role is not None:
                         role.goodbye = True
                 return
-            if isinstance(frame, Ping):
+            if isinstance(frame, frames.Ping):
                 stream.write(Ack(count, ping=frame.id))
                 continue
             if not isinstance(frame, Data | Receipt):
@@ -356,7 +351,7 @@ class Roles(Doors):
                     return False
         raise OSError("switch stopping or connection closed")
 
-    def _worker_receives(self, stream: FrameStream, claims: JobClaims, hello: Hello) -> None:
+    def _worker_receives(self, stream: FrameStream, claims: JobClaims, hello: frames.Hello) -> None:
         with self._lock:
             box = self._mailbox_locked((claims.job_id, claims.role))
         if isinstance(box, str):
@@ -373,7 +368,7 @@ class Roles(Doors):
             while (event := stream.read_event(block=False)) is not None:
                 if event is CLOSED or isinstance(event, Error):
                     return False
-                if not isinstance(event, Ping):
+                if not isinstance(event, frames.Ping):
                     raise ProtocolError("a receiving worker sends only pings")
                 answers.append(Ack(0, ping=event.id))
             if time.monotonic() - stream.last_read_at > stall:
