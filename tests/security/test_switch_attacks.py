@@ -236,3 +236,66 @@ def test_late_frames_of_an_ended_attempt_are_dropped(pair: Pair, switch_log) -> 
         switch_log.wait_for("dropped a late frame of job j.late for D")
     assert pair.b.held_state()["mailboxes"] == 0
     still_serves(pair)
+
+
+# -- mailboxes for roles that never connect (finding 27.5)
+
+
+def ghost_frames(pair: Pair, jobs: list[str]) -> None:
+    """Generators on a, all connected at once, send a frame each to a discriminator that
+    never connects on b, and leave."""
+    ghosts = [pair.link("a", job, "G", "D") for job in jobs]
+    for g in ghosts:
+        g.send("c", b"for nobody")
+    for g in ghosts:
+        g.close(timeout=0.5)  # a ghost waits for no answer
+    for job in jobs:
+        assert pair.a.wait_role_ended(job, "G", timeout=10)
+
+
+def test_finding_27_5_unplaced_mailboxes_expire_and_a_real_job_still_starts(  # type: ignore[no-untyped-def]
+    make_pair, switch_log
+) -> None:
+    pair = make_pair(max_mailboxes=3, unclaimed_mailboxes_per_peer=2, unclaimed_mailbox_s=10.0)
+    ghost_frames(pair, ["j.ghost.0", "j.ghost.1", "j.ghost.2"])
+    # the peer's share is two mailboxes for roles no token placed here: the third is refused
+    switch_log.wait_for("dropped a frame of job j.ghost.", "2 unclaimed mailboxes of cluster-a")
+    assert pair.b.held_state()["mailboxes"] == 2, switch_log.lines
+    # with the ghosts' mailboxes still held, a real job starts and runs both ways
+    with attempt(pair, "j.real") as (g, d):
+        g.send("c", b"real")
+        assert d.recv("c", timeout=10) == b"real"
+        d.send("back", b"ok")
+        assert g.recv("back", timeout=10) == b"ok"
+    # never claimed, the ghosts' mailboxes are given up
+    deadline = time.monotonic() + 30
+    while pair.b.held_state()["mailboxes"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pair.b.held_state()["mailboxes"] == 0
+    gave_up = [ln for ln in switch_log.lines if "gave up the mailbox of job j.ghost." in ln]
+    assert len(gave_up) == 2
+    still_serves(pair, "j.after")
+
+
+def test_a_role_with_a_token_takes_the_place_of_unclaimed_mailboxes(  # type: ignore[no-untyped-def]
+    make_pair, switch_log
+) -> None:
+    pair = make_pair(max_mailboxes=2, unclaimed_mailboxes_per_peer=8, unclaimed_mailbox_s=600)
+    ghost_frames(pair, ["j.ghost.0", "j.ghost.1"])
+    deadline = time.monotonic() + 10
+    while pair.b.held_state()["mailboxes"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pair.b.held_state()["mailboxes"] == 2  # full, all of it on probation
+    still_serves(pair, "j.real")
+    switch_log.wait_for("the unclaimed mailbox of j.ghost.", "made way for a role")
+
+
+def test_a_frame_that_comes_before_its_role_waits_for_it(pair: Pair) -> None:
+    with pair.link("a", "j.early", "G", "D") as g:
+        g.send("c", b"early")
+        deadline = time.monotonic() + 10
+        while pair.b.held_state()["mailboxes"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pair.b.held_state()["mailboxes"] == 1
+        with pair.link("b", "j.early", "D", "G") as d:
+            assert d.recv("c", timeout=10) == b"early"

@@ -35,31 +35,27 @@ from workers.switch.tls import make_switch_key_and_csr, write_private_file
 log = logging.getLogger("nebula.switch")
 
 
+class _InFolder:
+    """A file of the switch's folder, by name: `SwitchFiles.key` is `folder / "switch.key"`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, files: SwitchFiles, owner: type | None = None) -> Path:
+        return files.folder / self.name
+
+
 @dataclass(frozen=True)
 class SwitchFiles:
     """Where a switch keeps its identity: one folder, files of mode 0600."""
 
     folder: Path
 
-    @property
-    def key(self) -> Path:
-        return self.folder / "switch.key"
-
-    @property
-    def cert(self) -> Path:
-        return self.folder / "switch.crt"
-
-    @property
-    def ca(self) -> Path:
-        return self.folder / "ca.pem"
-
-    @property
-    def job_key(self) -> Path:
-        return self.folder / "job-token-key.pem"
-
-    @property
-    def state(self) -> Path:
-        return self.folder / "switch.json"
+    key = _InFolder("switch.key")
+    cert = _InFolder("switch.crt")
+    ca = _InFolder("ca.pem")
+    job_key = _InFolder("job-token-key.pem")
+    state = _InFolder("switch.json")
 
     def enrolled(self) -> bool:
         return all(p.exists() for p in (self.key, self.cert, self.ca, self.job_key))

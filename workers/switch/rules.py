@@ -11,18 +11,27 @@ clocks, so that each rule is tested by calling it (tests/workers/switch/test_rul
   connection.
 - `Heartbeat`: when a role's link pings its switch on a connection, and when it gives
   the switch up for gone (a path that drops every byte silently).
+- `StreamTracker`: sequence numbers per stream, each delivered once and in order.
+- `channel_refusal`: whether a worker's frame stays on the channel its token allows.
+- `peer_frame_is_fresh` and `peer_frame_verdict`: what a switch does with a frame a
+  peer sent (a duplicate after a reconnection, a late frame, a frame from the wrong
+  cluster or for a role placed elsewhere, one for a role not placed here yet).
+- `UnclaimedMailboxes`: the mailboxes a peer's frames made for roles that have not
+  connected here: at most so many per peer, and expired when never claimed.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Collection, Iterator
+import enum
+from collections.abc import Collection, Hashable, Iterator, Mapping
 from typing import Generic, TypeVar
 
 from contract.jobtoken import JobClaims
-from workers.switch.protocol import Direction, Hello
+from workers.switch.frames import Direction, Hello, ProtocolError, Routed
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 class WindowError(ValueError):
@@ -245,3 +254,166 @@ class Heartbeat:
         if self._waiting_since is not None:
             due = min(due, self._waiting_since + self.timeout_s)
         return max(0.0, due - now)
+
+
+class StreamTracker:
+    """Sequence numbers per stream: delivers each once and in order, drops replays, spots gaps."""
+
+    def __init__(self, *, max_streams: int = 65536) -> None:
+        self.max_streams = max_streams
+        self._next: dict[tuple[str, ...], int] = {}
+
+    def is_new(self, stream: tuple[str, ...], seq: int) -> bool:
+        """True if `seq` is the next on `stream`, False for a duplicate; ProtocolError on a gap."""
+        expected = self._next.get(stream, 0)
+        if seq < expected:
+            return False
+        if seq > expected:
+            raise ProtocolError(f"sequence gap on {stream}: expected {expected}, got {seq}")
+        if stream not in self._next and len(self._next) >= self.max_streams:
+            raise ProtocolError(f"more than {self.max_streams} streams")
+        return True
+
+    def admit(self, stream: tuple[str, ...], seq: int) -> bool:
+        """Like `is_new`, and a new `seq` counts as delivered."""
+        if not self.is_new(stream, seq):
+            return False
+        self._next[stream] = seq + 1
+        return True
+
+    def forget(self, job_id: str, dst_role: str | None = None) -> int:
+        """Drop the streams of a finished job (only those to `dst_role` when given).
+
+        Keys are (job, src, dst, channel); returns how many were dropped.
+        """
+        doomed = [
+            k
+            for k in self._next
+            if k and k[0] == job_id and (dst_role is None or (len(k) > 2 and k[2] == dst_role))
+        ]
+        for key in doomed:
+            del self._next[key]
+        return len(doomed)
+
+    def __len__(self) -> int:
+        return len(self._next)
+
+
+def channel_refusal(frame: Routed, claims: JobClaims, peer_role: str) -> str | None:
+    """Why a frame a worker sent leaves the one channel its token and hello allow, or None:
+    its own job, from its own role, to the peer role it named."""
+    if (frame.job_id, frame.src_role, frame.dst_role) == (claims.job_id, claims.role, peer_role):
+        return None
+    return (
+        f"frame for job {frame.job_id!r} {frame.src_role}->{frame.dst_role} outside"
+        f" its token's job {claims.job_id!r} {claims.role}->{peer_role}"
+    )
+
+
+def peer_frame_is_fresh(first: int, count: int, taken: int | None) -> bool:
+    """Whether the `count`-th frame (from 0) of a peer connection whose first frame is
+    numbered `first` in its session is new: the session's frames below `taken` (all of
+    those before `first` when `taken` is None) were delivered already."""
+    return first + count >= (first if taken is None else taken)
+
+
+class Verdict(enum.Enum):
+    """What a switch does with a frame from a peer."""
+
+    DELIVER = "deliver"  # to the mailbox of a role connected here
+    UNCLAIMED = "unclaimed"  # to a mailbox on probation for a role not connected yet
+    ENDED = "ended"  # that attempt is over here: acknowledged and dropped
+    PLACEMENT = "placement"  # from a cluster its role does not run on, or for a role
+    # placed on another cluster: dropped
+
+
+def peer_frame_verdict(
+    frame: Routed,
+    sender: str,
+    cluster: str,
+    placement: Mapping[str, str] | None,
+    *,
+    connected: bool,
+    ended: bool,
+) -> tuple[Verdict, str]:
+    """The verdict on `frame` from the peer `sender` at the switch of `cluster`, and why.
+
+    `placement` is what this switch knows of the job's placement (role -> cluster), from
+    the job tokens of its roles that connected here; None when none has. `connected`
+    says the destination role has connected here, `ended` that its attempt is over here.
+    """
+    if ended:
+        return Verdict.ENDED, f"its attempt has ended for {frame.dst_role}"
+    known = placement or {}
+    src_at, dst_at = known.get(frame.src_role), known.get(frame.dst_role)
+    if src_at is not None and src_at != sender:
+        return Verdict.PLACEMENT, f"role {frame.src_role} runs on {src_at}, not {sender}"
+    if dst_at is not None and dst_at != cluster:
+        return Verdict.PLACEMENT, f"role {frame.dst_role} runs on {dst_at}, not here"
+    if connected:
+        return Verdict.DELIVER, "connected here"
+    if dst_at == cluster:
+        return Verdict.UNCLAIMED, f"role {frame.dst_role} is placed here, not connected yet"
+    return Verdict.UNCLAIMED, f"role {frame.dst_role} is not known here yet"
+
+
+class UnclaimedMailboxes(Generic[K]):
+    """Mailboxes a peer's frames made for roles that have not connected here.
+
+    A peer may name any (job, role); until a worker of this cluster claims one with its
+    job token, the mailbox is on probation: each peer may hold `per_peer` of them, and
+    one not claimed within `expiry_s` is given up (`expired`). A role that connects
+    `claim`s its mailbox; when the table is full, the oldest unclaimed one makes way for
+    a claimed one (`oldest`).
+    """
+
+    def __init__(self, *, per_peer: int, expiry_s: float) -> None:
+        if per_peer < 0 or expiry_s <= 0:
+            raise ValueError("a non-negative cap and a positive expiry")
+        self.per_peer, self.expiry_s = per_peer, expiry_s
+        self._opened: collections.OrderedDict[K, tuple[str, float]] = collections.OrderedDict()
+        self._by_peer: collections.Counter[str] = collections.Counter()
+
+    def __len__(self) -> int:
+        return len(self._opened)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._opened
+
+    def may_open(self, peer: str) -> bool:
+        """Whether `peer` may have one more unclaimed mailbox made."""
+        return self._by_peer[peer] < self.per_peer
+
+    def open(self, key: K, peer: str, now: float) -> None:
+        """A mailbox was made for `key` by `peer`'s frame at `now`."""
+        if key in self._opened:
+            return
+        if not self.may_open(peer):
+            raise ValueError(f"peer {peer} holds {self.per_peer} unclaimed mailboxes")
+        self._opened[key] = (peer, now)
+        self._by_peer[peer] += 1
+
+    def claim(self, key: K) -> bool:
+        """A role connected for `key`: its mailbox is no longer on probation."""
+        entry = self._opened.pop(key, None)
+        if entry is None:
+            return False
+        self._by_peer[entry[0]] -= 1
+        if self._by_peer[entry[0]] <= 0:
+            del self._by_peer[entry[0]]
+        return True
+
+    def expired(self, now: float) -> list[K]:
+        """The mailboxes unclaimed for longer than `expiry_s`, forgotten here."""
+        late = [k for k, (_, at) in self._opened.items() if now - at > self.expiry_s]
+        for key in late:
+            self.claim(key)
+        return late
+
+    def oldest(self) -> K | None:
+        """The unclaimed mailbox opened first, forgotten here; None when there is none."""
+        if not self._opened:
+            return None
+        key = next(iter(self._opened))
+        self.claim(key)
+        return key

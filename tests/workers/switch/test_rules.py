@@ -16,9 +16,15 @@ from workers.switch.rules import (
     Heartbeat,
     LinkMeter,
     ResendWindow,
+    StreamTracker,
+    UnclaimedMailboxes,
+    Verdict,
     WindowError,
     WindowFull,
     admit_worker,
+    channel_refusal,
+    peer_frame_is_fresh,
+    peer_frame_verdict,
 )
 
 
@@ -222,3 +228,72 @@ def test_a_heartbeat_counts_any_byte_heard_after_a_ping_as_an_answer() -> None:
     assert not beat.gone(103.0) and beat.gone(103.5)
     with pytest.raises(ValueError):
         Heartbeat(interval_s=0, timeout_s=1, now=0)
+
+
+def frame(job: str = "j.1", src: str = "G", dst: str = "D") -> p.Data:
+    return p.Data(job, "c", 0, src, dst, b"x")
+
+
+def test_a_worker_frame_stays_on_its_tokens_channel() -> None:
+    claims = JobClaims(job_id="j.1", role="G", cluster="a", expires_at=0)
+    assert channel_refusal(frame(), claims, "D") is None
+    assert "outside its token's job 'j.1' G->D" in str(
+        channel_refusal(frame(job="j.2"), claims, "D")
+    )
+    assert channel_refusal(frame(src="D", dst="G"), claims, "D") is not None
+    assert channel_refusal(frame(dst="X"), claims, "D") is not None
+    receipt = p.Receipt("j.1", "G", "D", 3)
+    assert channel_refusal(receipt, claims, "D") is None
+
+
+def test_a_peer_frame_is_fresh_from_where_its_session_left_off() -> None:
+    assert peer_frame_is_fresh(first=0, count=0, taken=None)
+    # a reconnection resumes from 5 while 7 were taken: frames 5 and 6 are duplicates
+    assert not peer_frame_is_fresh(first=5, count=0, taken=7)
+    assert not peer_frame_is_fresh(first=5, count=1, taken=7)
+    assert peer_frame_is_fresh(first=5, count=2, taken=7)
+
+
+def test_the_peer_frame_verdict() -> None:
+    def verdict(
+        placement: dict[str, str] | None, *, connected: bool = False, ended: bool = False
+    ) -> Verdict:
+        return peer_frame_verdict(frame(), "b", "a", placement, connected=connected, ended=ended)[0]
+
+    assert verdict(None, connected=True) is Verdict.DELIVER
+    assert verdict({"G": "b", "D": "a"}, connected=True) is Verdict.DELIVER
+    # an attempt over here drops its late frames, whatever else holds
+    assert verdict({"G": "b", "D": "a"}, connected=True, ended=True) is Verdict.ENDED
+    # from a cluster its source role does not run on, or for a role placed elsewhere
+    assert verdict({"G": "c", "D": "a"}, connected=True) is Verdict.PLACEMENT
+    assert verdict({"G": "b", "D": "c"}) is Verdict.PLACEMENT
+    # a role not connected here: its mailbox is on probation, placed here or unknown
+    assert verdict({"G": "b", "D": "a"}) is Verdict.UNCLAIMED
+    assert verdict(None) is Verdict.UNCLAIMED
+    assert verdict({}) is Verdict.UNCLAIMED
+
+
+def test_unclaimed_mailboxes_are_capped_per_peer_and_expire() -> None:
+    boxes: UnclaimedMailboxes[tuple[str, str]] = UnclaimedMailboxes(per_peer=2, expiry_s=10)
+    boxes.open(("j.1", "D"), "b", now=0)
+    boxes.open(("j.2", "D"), "b", now=1)
+    assert not boxes.may_open("b")
+    assert boxes.may_open("c")  # another peer has its own share
+    with pytest.raises(ValueError, match="unclaimed"):
+        boxes.open(("j.3", "D"), "b", now=2)
+    boxes.open(("j.1", "D"), "b", now=3)  # the same mailbox again: no second place
+    # a role connects and claims its mailbox: off probation, and the peer's share frees
+    assert boxes.claim(("j.2", "D"))
+    assert not boxes.claim(("j.2", "D"))
+    assert boxes.may_open("b")
+    assert boxes.expired(now=10) == []
+    assert boxes.expired(now=10.5) == [("j.1", "D")]
+    assert len(boxes) == 0 and boxes.oldest() is None
+    boxes.open(("j.4", "D"), "c", now=20)
+    boxes.open(("j.5", "D"), "b", now=21)
+    assert boxes.oldest() == ("j.4", "D")
+    assert ("j.5", "D") in boxes and ("j.4", "D") not in boxes
+
+
+def test_the_stream_tracker_lives_with_the_rules() -> None:
+    assert p.StreamTracker is StreamTracker
