@@ -133,7 +133,9 @@ UPLOAD_BODY: dict[str, Any] = {
                         "file": {
                             **BINARY,
                             "description": "text: UTF-8 lines; parallel: UTF-8 source<TAB>target "
-                            "lines; model: a safetensors file",
+                            "lines; model: a Nebula safetensors checkpoint, or a tar (plain "
+                            "or gzip) of a Hugging Face folder (config.json, safetensors "
+                            "weights, tokenizer)",
                         },
                         "name": {
                             "type": "string",

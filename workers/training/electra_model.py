@@ -58,8 +58,9 @@ class Generator(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.body = Encoder(cfg)
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        E = cfg.d_embed or cfg.d_model  # the output embedding is the (maybe narrower) input one
+        self.dense = nn.Linear(cfg.d_model, E)
+        self.ln = nn.LayerNorm(E, eps=cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
