@@ -60,7 +60,7 @@ class JobConfig(StrictIn):
 class ElectraJobConfig(JobConfig):
     """Scenario-I: generator on one cluster, discriminators on another."""
 
-    OVERRIDES = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout")
+    OVERRIDES = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout", "post_ln")
     PRESETS = ELECTRA_PRESETS
 
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -70,6 +70,9 @@ class ElectraJobConfig(JobConfig):
     ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
     # When the discriminator's cluster may read the same text, only masked positions cross.
     discriminator_reads_text: bool = True
+    # BERT's post-LN body instead of Nebula's pre-LN one: the model then exports as a
+    # Hugging Face ELECTRA (GET /datasets/{id}/content?format=huggingface)
+    post_ln: bool | None = None
 
 
 class AbnetJobConfig(JobConfig):

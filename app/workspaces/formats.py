@@ -17,6 +17,7 @@ from app.workspaces.models import DatasetKind
 from contract.model_limits import ModelTooLarge, check_bert_config
 
 MAX_LINE_BYTES = 1024 * 1024
+NEBULA_ARCHITECTURES = frozenset({"electra-discriminator", "electra-generator"})
 MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
 # C0 controls other than TAB, LF and CR, and DEL: not text
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
@@ -178,7 +179,7 @@ class SafetensorsValidator:
         nebula = any(key == "nebula" or key.startswith("nebula.") for key in meta)
         if self.nebula_only and not nebula:
             raise Invalid("not a checkpoint written by Nebula: no nebula metadata")
-        if self.nebula_only and meta.get("nebula.architecture") == "electra-discriminator":
+        if self.nebula_only and meta.get("nebula.architecture") in NEBULA_ARCHITECTURES:
             _check_model_config(meta.get("config"))
         spans: list[tuple[int, int]] = []
         for name, info in header.items():

@@ -500,14 +500,15 @@ class ModelValidator:
 
 
 def _nebula_info(checkpoint: Any) -> dict[str, Any] | None:
-    """What a Nebula ELECTRA discriminator file says about itself (None for other files)."""
+    """What a Nebula ELECTRA model file says about itself (None for other files)."""
     meta: dict[str, str] = checkpoint.metadata
-    if meta.get("nebula.architecture") != "electra-discriminator":
+    architecture = meta.get("nebula.architecture")
+    if architecture not in ("electra-discriminator", "electra-generator"):
         return None
     config = check_nebula_config(json.loads(meta["config"]))
     return {
         "format": "nebula",
-        "architecture": "electra-discriminator",
+        "architecture": architecture,
         "parameters": sum(math.prod(shape) for _, shape in checkpoint.tensors.values()),
         "hidden_size": config["d_model"],
         "layers": config["n_layers"],

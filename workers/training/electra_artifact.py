@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from contract.model_limits import check_bert_config
 from workers.training.bert import BertConfig
-from workers.training.electra_model import Discriminator
+from workers.training.electra_model import Discriminator, Generator
 from workers.training.runtime import read_safetensors_metadata
 
 
@@ -33,13 +33,18 @@ class PretrainedModel:
 
 
 def export_pretrained(
-    model: Discriminator, tokenizer: Tokenizer, info: dict[str, Any] | None = None
+    model: Discriminator | Generator, tokenizer: Tokenizer, info: dict[str, Any] | None = None
 ) -> bytes:
-    """One safetensors file: weights, plus config and tokenizer JSON in its metadata."""
+    """One safetensors file: weights, plus config and tokenizer JSON in its metadata.
+
+    A discriminator (ABNet's pretrained model) or a generator (an ELECTRA job's other half);
+    both export to Hugging Face when trained `post_ln` (app/workspaces/hf_export.py).
+    """
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    kind = "generator" if isinstance(model, Generator) else "discriminator"
     metadata = {
         "nebula.kind": "model",
-        "nebula.architecture": "electra-discriminator",
+        "nebula.architecture": f"electra-{kind}",
         "nebula.format": "1",
         "config": json.dumps(asdict(model.cfg)),
         "tokenizer": tokenizer.to_str(),
