@@ -169,14 +169,14 @@ KINDS: dict[str, JobKindSpec] = {
         roles={
             "generator": RoleSpec(
                 peer="discriminator",
-                reads={"text": None},
+                reads={"text": None, "init_generator": None},
                 label="Generator",
                 hint="Masks tokens and proposes replacements.",
                 sees=_GENERATOR_SEES,
             ),
             "discriminator": RoleSpec(
                 peer="generator",
-                reads={"text": None},
+                reads={"text": None, "init_discriminator": None},
                 read_if={"text": "discriminator_reads_text"},
                 artifact="model",
                 label="Discriminator",
@@ -191,7 +191,21 @@ KINDS: dict[str, JobKindSpec] = {
             ),
         },
         inputs={"text": "text"},
-        input_text={"text": InputText(label="Text corpus")},
+        # continued pre-training, or the paper's trained generator: a Nebula model or an
+        # imported Hugging Face one, whose tokenizer then is the job's
+        optional_inputs={"init_generator": "model", "init_discriminator": "model"},
+        input_text={
+            "text": InputText(label="Text corpus"),
+            "init_generator": InputText(
+                label="Generator to start from",
+                hint="Optional: a model (Nebula's, or an imported ELECTRA or BERT); its "
+                "tokenizer is used",
+            ),
+            "init_discriminator": InputText(
+                label="Discriminator to start from",
+                hint="Optional: a model sharing the generator's tokenizer",
+            ),
+        },
         primary_role="discriminator",
     ),
     "abnet_finetune": JobKindSpec(

@@ -259,6 +259,9 @@ def train_tokenizer(
     return tok
 
 
+NEBULA_SPECIAL = SpecialIds(pad=0, cls=2, sep=3, mask=4, special=(0, 1, 2, 3, 4))
+
+
 def encode_lines(tok: Tokenizer, lines: Sequence[str], max_len: int) -> torch.Tensor:
     """Ids (N, max_len): [CLS] tokens [SEP], truncated, padded with [PAD] (or the
     tokenizer's own <s>, </s> and <pad>)."""

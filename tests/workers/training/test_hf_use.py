@@ -143,3 +143,104 @@ def test_abnet_from_two_imported_berts_equals_the_reference(
     for name, tensor in ref.decoder.model.plm.state_dict().items():
         assert torch.equal(tensor, pristine[name]), name
     assert all(not p.requires_grad for p in ref.encoder.model.plm.parameters())
+
+
+def electra_pair(lines: list[str], root: Path) -> tuple[bytes, bytes]:
+    """A random ElectraForMaskedLM (generator) and ElectraForPreTraining (discriminator)
+    sharing one vocabulary, as google's pairs do; each a gzip tar of its folder."""
+    nebula = train_tokenizer(lines, 600, 1)
+    words = [
+        t
+        for t, _ in sorted(nebula.get_vocab().items(), key=lambda kv: kv[1])
+        if t not in SPECIAL_TOKENS
+    ]
+    vocab = [
+        "[PAD]",
+        *[f"[unused{i}]" for i in range(5)],
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *words,
+    ]
+    out = []
+    for name, model_class, sizes in (
+        (
+            "generator",
+            transformers.ElectraForMaskedLM,
+            {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 1},
+        ),
+        (
+            "discriminator",
+            transformers.ElectraForPreTraining,
+            {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2},
+        ),
+    ):
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+        (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+        torch.manual_seed(len(name))
+        config = transformers.ElectraConfig(
+            vocab_size=len(vocab),
+            embedding_size=32,
+            num_hidden_layers=2,
+            max_position_embeddings=64,
+            **sizes,
+        )
+        model_class(config).save_pretrained(folder, safe_serialization=True)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            tar.add(folder, arcname=folder.name)
+        out.append(buffer.getvalue())
+    return out[0], out[1]
+
+
+def test_electra_continued_from_an_imported_pair_equals_the_reference(
+    link_pairs: LinkPairs, run_roles: RunRoles, text_lines: list[str], tmp_path: Path
+) -> None:
+    from workers.training.electra import (
+        DiscriminatorSide,
+        ElectraConfig,
+        initial_model,
+        load_pretrained,
+        run_electra_discriminator,
+        run_electra_generator,
+        train_electra_local,
+    )
+
+    lines = text_lines[:300]
+    generator, discriminator = electra_pair(lines, tmp_path / "pair")
+    cfg = ElectraConfig.tiny(steps=4, batch_size=8, ckpt_every=2, warmup_steps=1)
+    g_link, d_link = link_pairs("generator", "discriminator")
+    out = run_roles(
+        lambda: run_electra_generator(
+            cfg, g_link, lines, tmp_path / "g", seed=SEED, init_model=generator
+        ),
+        lambda: run_electra_discriminator(
+            cfg, d_link, None, tmp_path / "d", seed=SEED, init_model=discriminator
+        ),
+    )
+    g, d = out.a, out.b
+    assert (g.last_step, d.last_step) == (4, 4)
+    g_init, tok = initial_model(generator, cfg, "init_generator")
+    d_init, _ = initial_model(discriminator, cfg, "init_discriminator")
+    # the imported sizes, not the preset's; the imported tokenizer, not one trained here
+    assert g_init[0].d_model == 32 and d_init[0].d_model == 64
+    start = DiscriminatorSide(
+        cfg, tok.get_vocab_size(), SEED, "cpu", special=SpecialIds.of(tok), init=d_init
+    )
+    imported = load_pretrained(discriminator).discriminator.state_dict()
+    assert start.model.state_dict().keys() == imported.keys()
+    for name, tensor in start.model.state_dict().items():
+        assert torch.equal(tensor, imported[name]), name
+    ref = train_electra_local(
+        cfg, lines, seed=SEED, tokenizer=tok, init_generator=g_init, init_discriminator=d_init
+    )
+    for step, (r, hg, hd) in enumerate(zip(ref.history, g.history, d.history, strict=True), 1):
+        assert abs(r["mlm_loss"] - hg["mlm_loss"]) <= 1e-5, step
+        assert abs(r["rtd_loss"] - hd["rtd_loss"]) <= 1e-5, step
+    assert d.artifact is not None
+    trained = load_pretrained(d.artifact.read_bytes())
+    assert trained.tokenizer.get_vocab() == tok.get_vocab()  # the model's own, kept
+    assert trained.config.post_ln and trained.config.d_embed == 32
