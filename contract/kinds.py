@@ -60,7 +60,7 @@ class JobConfig(StrictIn):
 class ElectraJobConfig(JobConfig):
     """Scenario-I: generator on one cluster, discriminators on another."""
 
-    OVERRIDES = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout")
+    OVERRIDES = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout", "post_ln")
     PRESETS = ELECTRA_PRESETS
 
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -70,6 +70,9 @@ class ElectraJobConfig(JobConfig):
     ckpt_every: int | None = Field(default=None, ge=1, le=10_000_000)
     # When the discriminator's cluster may read the same text, only masked positions cross.
     discriminator_reads_text: bool = True
+    # BERT's post-LN body instead of Nebula's pre-LN one: the model then exports as a
+    # Hugging Face ELECTRA (GET /datasets/{id}/content?format=huggingface)
+    post_ln: bool | None = None
 
 
 class AbnetJobConfig(JobConfig):
@@ -166,14 +169,14 @@ KINDS: dict[str, JobKindSpec] = {
         roles={
             "generator": RoleSpec(
                 peer="discriminator",
-                reads={"text": None},
+                reads={"text": None, "init_generator": None},
                 label="Generator",
                 hint="Masks tokens and proposes replacements.",
                 sees=_GENERATOR_SEES,
             ),
             "discriminator": RoleSpec(
                 peer="generator",
-                reads={"text": None},
+                reads={"text": None, "init_discriminator": None},
                 read_if={"text": "discriminator_reads_text"},
                 artifact="model",
                 label="Discriminator",
@@ -188,7 +191,21 @@ KINDS: dict[str, JobKindSpec] = {
             ),
         },
         inputs={"text": "text"},
-        input_text={"text": InputText(label="Text corpus")},
+        # continued pre-training, or the paper's trained generator: a Nebula model or an
+        # imported Hugging Face one, whose tokenizer then is the job's
+        optional_inputs={"init_generator": "model", "init_discriminator": "model"},
+        input_text={
+            "text": InputText(label="Text corpus"),
+            "init_generator": InputText(
+                label="Generator to start from",
+                hint="Optional: a model (Nebula's, or an imported ELECTRA or BERT); its "
+                "tokenizer is used",
+            ),
+            "init_discriminator": InputText(
+                label="Discriminator to start from",
+                hint="Optional: a model sharing the generator's tokenizer",
+            ),
+        },
         primary_role="discriminator",
     ),
     "abnet_finetune": JobKindSpec(

@@ -34,6 +34,12 @@ class ModelLimits:
 DEFAULT_LIMITS = ModelLimits()
 _INT_FIELDS = ("vocab_size", "max_len", "d_model", "n_layers", "n_heads", "d_ff")
 _FLOAT_FIELDS = ("dropout", "layer_norm_eps")
+# BERT's own layout (imported models): absent from older files, which mean Nebula's defaults
+_LAYOUT_FIELDS = {
+    "type_vocab_size": (0, 16),
+    "d_embed": (0, 8192),
+    "position_pad_id": (-1, 1 << 18),
+}
 
 
 def bert_parameters(config: Mapping[str, int]) -> int:
@@ -48,7 +54,9 @@ def check_bert_config(config: Any, limits: ModelLimits = DEFAULT_LIMITS) -> dict
     """The config as given if it is a BERT body within `limits`; ModelTooLarge otherwise."""
     if not isinstance(config, dict):
         raise ModelTooLarge("the model config is not an object")
-    unknown = set(config) - set(_INT_FIELDS) - set(_FLOAT_FIELDS)
+    unknown = (
+        set(config) - set(_INT_FIELDS) - set(_FLOAT_FIELDS) - set(_LAYOUT_FIELDS) - {"post_ln"}
+    )
     if unknown:
         raise ModelTooLarge(f"unknown model config fields: {', '.join(sorted(unknown))[:200]}")
     sizes: dict[str, int] = {}
@@ -67,6 +75,12 @@ def check_bert_config(config: Any, limits: ModelLimits = DEFAULT_LIMITS) -> dict
             or not math.isfinite(value)
         ):
             raise ModelTooLarge(f"model config field {name!r} must be a number")
+    if not isinstance(config.get("post_ln", False), bool):
+        raise ModelTooLarge("model config field 'post_ln' must be true or false")
+    for name, (low, high) in _LAYOUT_FIELDS.items():
+        value = config.get(name, low)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ModelTooLarge(f"model config field {name!r} must be an integer in {low}..{high}")
     if sizes["d_model"] % sizes["n_heads"]:
         raise ModelTooLarge("model config d_model is not a multiple of n_heads")
     total = bert_parameters(sizes)

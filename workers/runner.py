@@ -226,7 +226,10 @@ def _electra_generator(
 ) -> RoleResult:
     from workers.training.electra import run_electra_generator
 
-    return run_electra_generator(cfg, link, inputs.text("text"), ckpt_dir, hooks, seed=seed)
+    init = inputs.files.get("init_generator")
+    return run_electra_generator(
+        cfg, link, inputs.text("text"), ckpt_dir, hooks, seed=seed, init_model=init
+    )
 
 
 def _electra_discriminator(
@@ -235,8 +238,8 @@ def _electra_discriminator(
     from workers.training.electra import run_electra_discriminator
 
     # without the text (discriminator_reads_text=false) whole sequences cross instead
-    text = inputs.lines.get("text")
-    return run_electra_discriminator(cfg, link, text, ckpt_dir, hooks, seed=seed)
+    text, init = inputs.lines.get("text"), inputs.files.get("init_discriminator")
+    return run_electra_discriminator(cfg, link, text, ckpt_dir, hooks, seed=seed, init_model=init)
 
 
 def _abnet_side(

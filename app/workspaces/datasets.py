@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
@@ -147,6 +147,7 @@ class IncomingFile:
         self._validated_kind: DatasetKind | None = None
         self._closed = False
         self.size = 0
+        self.model_info: dict[str, Any] | None = None  # a `model`'s description, once complete
 
     def validate_as(self, kind: DatasetKind) -> None:
         """Validate on the fly (the form sent `kind` before the file)."""
@@ -179,16 +180,17 @@ class IncomingFile:
             self._file.close()
         self._closed = True
         if self._validator is not None and self._validated_kind == kind:
-            self._validator.finish()
-            return
-        # `kind` came after the file: a second streaming pass over what was stored
-        validator = validator_for(kind)
-        with self.plan.tmp_path.open("rb") as src:
-            for chunk in decrypt_chunks(
-                src, data_key=self.plan.data_key, dataset_id=self.plan.dataset_id
-            ):
-                validator.feed(chunk)
+            validator = self._validator
+        else:
+            # `kind` came after the file: a second streaming pass over what was stored
+            validator = validator_for(kind)
+            with self.plan.tmp_path.open("rb") as src:
+                for chunk in decrypt_chunks(
+                    src, data_key=self.plan.data_key, dataset_id=self.plan.dataset_id
+                ):
+                    validator.feed(chunk)
         validator.finish()
+        self.model_info = getattr(validator, "model_info", None)
 
     def discard(self) -> None:
         """Remove the temporary file (a no-op once it has become the dataset's file)."""
@@ -274,6 +276,7 @@ def finish_upload(
         size_bytes=incoming.size,
         sha256=incoming.sha256,
         discoverable=fields.discoverable,
+        model_info=incoming.model_info,
     )
     db.add(dataset)
     db.flush()
@@ -289,6 +292,7 @@ def finish_upload(
             "kind": fields.kind.value,
             "size_bytes": incoming.size,
             "sha256": dataset.sha256,
+            **({"model": incoming.model_info} if incoming.model_info else {}),
         },
     )
     with disk_full_is_507():

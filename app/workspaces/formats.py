@@ -17,6 +17,7 @@ from app.workspaces.models import DatasetKind
 from contract.model_limits import ModelTooLarge, check_bert_config
 
 MAX_LINE_BYTES = 1024 * 1024
+NEBULA_ARCHITECTURES = frozenset({"electra-discriminator", "electra-generator"})
 MAX_SAFETENSORS_HEADER = 16 * 1024 * 1024
 # C0 controls other than TAB, LF and CR, and DEL: not text
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
@@ -129,9 +130,16 @@ class LinesValidator:
 
 
 class SafetensorsValidator:
-    """A safetensors file whose header is sound and whose metadata says Nebula wrote it."""
+    """A safetensors file whose header is sound and whose metadata says Nebula wrote it.
 
-    def __init__(self) -> None:
+    With `nebula_only=False` (a shard of a Hugging Face folder) any string metadata, or
+    none, is accepted. `tensors` holds each tensor's dtype and shape once the header came.
+    """
+
+    def __init__(self, *, nebula_only: bool = True) -> None:
+        self.nebula_only = nebula_only
+        self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.metadata: dict[str, str] = {}
         self._head = bytearray()
         self._header_len: int | None = None
         self._data_expected: int | None = None
@@ -162,18 +170,21 @@ class SafetensorsValidator:
             raise Invalid("not a safetensors file: the header is nested too deeply") from None
         if not isinstance(header, dict):
             raise Invalid("not a safetensors file: the header is not a JSON object")
-        meta = header.pop("__metadata__", None)
+        meta = header.pop("__metadata__", None if self.nebula_only else {})
         if not isinstance(meta, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
         ):
             raise Invalid("not a checkpoint written by Nebula: no string metadata")
-        if not any(key == "nebula" or key.startswith("nebula.") for key in meta):
+        self.metadata = meta
+        nebula = any(key == "nebula" or key.startswith("nebula.") for key in meta)
+        if self.nebula_only and not nebula:
             raise Invalid("not a checkpoint written by Nebula: no nebula metadata")
-        if meta.get("nebula.architecture") == "electra-discriminator":
+        if self.nebula_only and meta.get("nebula.architecture") in NEBULA_ARCHITECTURES:
             _check_model_config(meta.get("config"))
         spans: list[tuple[int, int]] = []
         for name, info in header.items():
             spans.append(self._check_tensor(name, info))
+            self.tensors[name] = (info["dtype"], tuple(info["shape"]))
         spans.sort()
         position = 0
         for begin, end in spans:
@@ -226,5 +237,7 @@ def _check_model_config(raw: str | None) -> None:
 def validator_for(kind: DatasetKind) -> Validator:
     """The streaming validator of one dataset kind."""
     if kind == DatasetKind.model:
-        return SafetensorsValidator()
+        from app.workspaces.hf_archive import ModelValidator  # it builds on this module
+
+        return ModelValidator()
     return LinesValidator(kind)

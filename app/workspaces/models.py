@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from sqlalchemy import BigInteger, ForeignKey, LargeBinary, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, CreatedAt, NewId
@@ -37,7 +37,7 @@ class DatasetKind(enum.StrEnum):
 
     text = "text"  # UTF-8, one sentence per line
     parallel = "parallel"  # UTF-8 TSV, source<TAB>target per line
-    model = "model"  # a safetensors checkpoint written by Nebula jobs
+    model = "model"  # a Nebula safetensors checkpoint, or a tar of a Hugging Face folder
 
 
 class Dataset(Base):
@@ -60,3 +60,6 @@ class Dataset(Base):
     discoverable: Mapped[bool] = mapped_column(default=False, index=True)
     created_at: Mapped[CreatedAt]
     deleted_at: Mapped[datetime | None]
+    # a `model`'s description as checked at upload: format, architecture, parameters,
+    # hidden_size, layers, vocab_size, tokenizer (app/workspaces/hf_archive.py)
+    model_info: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Query, Request, status
 from fastapi.responses import StreamingResponse
@@ -19,7 +19,7 @@ from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
 from app.jobs import service as jobs
 from app.releases import service as releases
 from app.routing import api_router
-from app.workspaces import datasets, service
+from app.workspaces import datasets, hf_export, service
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.schemas import (
     DatasetList,
@@ -133,7 +133,9 @@ UPLOAD_BODY: dict[str, Any] = {
                         "file": {
                             **BINARY,
                             "description": "text: UTF-8 lines; parallel: UTF-8 source<TAB>target "
-                            "lines; model: a safetensors file",
+                            "lines; model: a Nebula safetensors checkpoint, or a tar (plain "
+                            "or gzip) of a Hugging Face folder (config.json, safetensors "
+                            "weights, tokenizer)",
                         },
                         "name": {
                             "type": "string",
@@ -226,15 +228,38 @@ def get_dataset(dataset_id: DatasetIdPath, caller: CallerDep, db: SessionDep) ->
     response_class=StreamingResponse,
     responses={200: {"content": {"application/octet-stream": {"schema": BINARY}}}},
 )
-@raises(Forbidden)
+@raises(Forbidden, Conflict, Invalid)
 def get_dataset_content(
-    dataset_id: DatasetIdPath, caller: CallerDep, db: SessionDep, settings: SettingsDep
+    dataset_id: DatasetIdPath,
+    caller: CallerDep,
+    db: SessionDep,
+    settings: SettingsDep,
+    format: Annotated[
+        Literal["raw", "huggingface"],
+        Query(
+            description="raw: the bytes as uploaded or stored; huggingface: a Nebula-trained "
+            "ELECTRA model as a tar of a Hugging Face folder (409 for other models)"
+        ),
+    ] = "raw",
 ) -> StreamingResponse:
     """The bytes, decrypted as they stream, for the owner only: grants allow use, not download."""
     dataset = datasets.get_owned(
         db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.download"
     )
+    if format == "huggingface" and dataset.kind != DatasetKind.model:
+        raise Invalid("only a model dataset exports to Hugging Face")
     reader = datasets.open_for_download(db, actor=caller.actor, dataset=dataset, settings=settings)
+    if format == "huggingface":
+        export = hf_export.HfExport(reader.iter_chunks(), hf_export.folder_name(reader.name))
+        db.commit()  # audited, and known to convert, before the first byte leaves
+        return StreamingResponse(
+            export.chunks(),
+            media_type="application/x-tar",
+            headers={
+                "content-length": str(export.size),
+                "content-disposition": f'attachment; filename="{export.folder}.tar"',
+            },
+        )
     db.commit()  # the download is audited before the first byte leaves
     chunks = reader.iter_chunks()
     # Authenticate the first chunk before answering 200: a damaged header or first chunk

@@ -43,8 +43,20 @@ class WorkspaceList(BaseModel):
     total: int
 
 
+class ModelInfoOut(BaseModel):
+    """What a `model` dataset holds, as checked at upload."""
+
+    format: Literal["huggingface", "nebula"]
+    architecture: str
+    parameters: int
+    hidden_size: int
+    layers: int
+    vocab_size: int
+    tokenizer: str  # the tokenizer's kind: WordPiece, BPE, Unigram or WordLevel
+
+
 class DatasetOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
 
     id: str
     workspace_id: str | None
@@ -62,6 +74,7 @@ class DatasetOut(BaseModel):
     release: Literal["not_needed", "required", "pending", "released"] = "not_needed"
     derived_by_job_id: str | None = None
     derived_from_names: dict[str, str] = {}  # id -> name of each of `derived_from`
+    model: ModelInfoOut | None = Field(default=None, validation_alias="model_info")
 
 
 class DatasetList(BaseModel):

@@ -1,10 +1,12 @@
 """A BERT-style bidirectional transformer: the body of both ELECTRA models and of ABNet's PLMs.
 
-Pre-layer-norm blocks (x + f(LN(x)), one final norm), not BERT's post-LN:
+Nebula trains pre-layer-norm blocks (x + f(LN(x)), one final norm), not BERT's post-LN:
 trained from scratch at a high rate for a few hundred steps, post-LN bodies
 learnt the replaced-token rate by making every position's output alike, which
 left ABNet nothing to adapt; the pre-LN residual stream keeps each token's
-identity. Each block exposes its two sub-layers (`attention`,
+identity. Imported checkpoints (BERT, ELECTRA, RoBERTa: workers/training/hf_weights.py)
+bring BERT's own layout, which the config's `post_ln`, `type_vocab_size`, `d_embed`
+and `position_pad_id` describe. Each block exposes its two sub-layers (`attention`,
 `feed_forward`) so ABNet can insert adapters after them without copying the
 block.
 
@@ -37,6 +39,11 @@ class BertConfig:
     d_ff: int = 512  # 4 x d_model, as BERT
     dropout: float = 0.1  # BERT's and ELECTRA's
     layer_norm_eps: float = 1e-12  # BERT's
+    # BERT's own layout, for imported checkpoints; the defaults are Nebula's
+    post_ln: bool = False  # x = LN(x + f(x)) and no final norm, as BERT, ELECTRA, RoBERTa
+    type_vocab_size: int = 0  # 0: no token-type (segment) embeddings
+    d_embed: int = 0  # 0: embed at d_model; ELECTRA may embed narrower, then project
+    position_pad_id: int = -1  # >= 0: RoBERTa's positions, pad id + 1 on over real tokens
 
 
 class Dropout(nn.Module):
@@ -102,10 +109,12 @@ class MultiHeadAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-LN transformer block: x = x + attn(LN(x)); x = x + ffn(LN(x))."""
+    """One transformer block: pre-LN x = x + attn(LN(x)); x = x + ffn(LN(x)), or post-LN
+    x = LN(x + attn(x)); x = LN(x + ffn(x)) when `cfg.post_ln`."""
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
+        self.post_ln = cfg.post_ln
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads)
         self.attn_drop = Dropout(cfg.dropout)
         self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
@@ -123,24 +132,42 @@ class Block(nn.Module):
         return self.ff_drop(self.ff_out(F.gelu(self.ff_in(x))))
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        if self.post_ln:
+            x = self.ln1(x + self.attention(x, valid))  # (B, T, C)
+            return self.ln2(x + self.feed_forward(x))
         x = x + self.attention(self.ln1(x), valid)  # (B, T, C)
         return x + self.feed_forward(self.ln2(x))
 
 
 class Embeddings(nn.Module):
-    """Token + learned position embeddings, layer norm, dropout (no segment embeddings)."""
+    """Token + learned position (+ token-type) embeddings, layer norm, dropout, and a
+    projection to d_model when the embeddings are narrower (ELECTRA)."""
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = nn.Embedding(cfg.max_len, cfg.d_model)
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        E = cfg.d_embed or cfg.d_model
+        self.position_pad_id = cfg.position_pad_id
+        self.tok = nn.Embedding(cfg.vocab_size, E)
+        self.pos = nn.Embedding(cfg.max_len, E)
+        self.segment = nn.Embedding(cfg.type_vocab_size, E) if cfg.type_vocab_size else None
+        self.ln = nn.LayerNorm(E, eps=cfg.layer_norm_eps)
         self.drop = Dropout(cfg.dropout)
+        self.project = nn.Linear(E, cfg.d_model) if cfg.d_model != E else None
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        T = ids.shape[1]  # ids (B, T)
-        pos = torch.arange(T, device=ids.device)
-        return self.drop(self.ln(self.tok(ids) + self.pos(pos)))  # (B, T, C)
+    def positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Position ids (B, T) or (T,): 0..T-1, or RoBERTa's count over non-pad tokens."""
+        if self.position_pad_id < 0:
+            return torch.arange(ids.shape[1], device=ids.device)
+        real = (ids != self.position_pad_id).long()  # (B, T)
+        return torch.cumsum(real, dim=1) * real + self.position_pad_id
+
+    def forward(self, ids: torch.Tensor, token_types: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.tok(ids) + self.pos(self.positions(ids))  # ids (B, T) -> (B, T, E)
+        if self.segment is not None:
+            types = token_types if token_types is not None else torch.zeros_like(ids)
+            x = x + self.segment(types)
+        x = self.drop(self.ln(x))
+        return self.project(x) if self.project is not None else x  # (B, T, C)
 
 
 class Encoder(nn.Module):
@@ -151,14 +178,19 @@ class Encoder(nn.Module):
         self.cfg = cfg
         self.embed = Embeddings(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        # post-LN blocks end normed already
+        self.ln_f: nn.Module = (
+            nn.Identity() if cfg.post_ln else nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        )
 
     def layers(self) -> list[Block]:
         """The blocks, typed (ABNet wraps each one's sub-layers)."""
         return [cast(Block, b) for b in self.blocks]
 
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)  # (B, T, C)
+    def forward(
+        self, ids: torch.Tensor, valid: torch.Tensor, token_types: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = self.embed(ids, token_types)  # (B, T, C)
         for block in self.blocks:
             x = block(x, valid)
         return self.ln_f(x)

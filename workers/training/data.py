@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +19,47 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0..4 in every tokenizer trained here
+# the same roles in RoBERTa's and XLM-R's vocabularies (imported models bring their own)
+_ROLE_NAMES = {
+    "pad": (PAD, "<pad>"),
+    "cls": (CLS, "<s>"),
+    "sep": (SEP, "</s>"),
+    "mask": (MASK, "<mask>"),
+}
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Where a tokenizer keeps its special tokens: Nebula's at 0..4, an imported model's
+    wherever its vocabulary has them ([CLS] at 101 in BERT's, <s> at 0 in RoBERTa's)."""
+
+    pad: int
+    cls: int
+    sep: int
+    mask: int
+    special: tuple[int, ...]  # every special token's id: never masked, sampled or predicted
+
+    @classmethod
+    def of(cls, tok: Tokenizer) -> SpecialIds:
+        """The special ids of `tok` (ValueError if it lacks one of the four roles)."""
+        found: dict[str, int] = {}
+        for role, names in _ROLE_NAMES.items():
+            ids = [tok.token_to_id(name) for name in names]
+            hit = next((i for i in ids if i is not None), None)
+            if hit is None:
+                raise ValueError(f"the tokenizer has no {' or '.join(names)} token")
+            found[role] = hit
+        added = tok.get_added_tokens_decoder()
+        special = {i for i, token in added.items() if token.special}
+        special |= {i for name in SPECIAL_TOKENS if (i := tok.token_to_id(name)) is not None}
+        return cls(**found, special=tuple(sorted(special | set(found.values()))))
+
+    def is_special(self, ids: torch.Tensor) -> torch.Tensor:
+        """Bool (like `ids`): True at special tokens."""
+        table = torch.zeros(max(self.special) + 1, dtype=torch.bool, device=ids.device)
+        table[list(self.special)] = True
+        return table[ids.clamp(max=len(table) - 1)] & (ids < len(table))
+
 
 # ---------------------------------------------------------------- demo corpus
 
@@ -217,10 +259,15 @@ def train_tokenizer(
     return tok
 
 
+NEBULA_SPECIAL = SpecialIds(pad=0, cls=2, sep=3, mask=4, special=(0, 1, 2, 3, 4))
+
+
 def encode_lines(tok: Tokenizer, lines: Sequence[str], max_len: int) -> torch.Tensor:
-    """Ids (N, max_len): [CLS] tokens [SEP], truncated, padded with [PAD] (id 0)."""
-    cls, sep = tok.token_to_id(CLS), tok.token_to_id(SEP)
-    ids = torch.zeros(len(lines), max_len, dtype=torch.long)
+    """Ids (N, max_len): [CLS] tokens [SEP], truncated, padded with [PAD] (or the
+    tokenizer's own <s>, </s> and <pad>)."""
+    special = SpecialIds.of(tok)
+    cls, sep = special.cls, special.sep
+    ids = torch.full((len(lines), max_len), special.pad, dtype=torch.long)
     for i, enc in enumerate(tok.encode_batch(list(lines), add_special_tokens=False)):
         row = [cls, *enc.ids[: max_len - 2], sep]
         ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)

@@ -28,16 +28,16 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from workers.switch.link import Link
-from workers.training.data import clean_lines, encode_lines, lines_digest
+from workers.training.data import SpecialIds, clean_lines, encode_lines, lines_digest
 from workers.training.electra_artifact import PretrainedModel, export_pretrained, load_pretrained
 from workers.training.electra_config import ElectraConfig, electra_preset
 from workers.training.electra_model import (
-    PAD_ID,
     CorruptedBatch,
     Discriminator,
     DiscriminatorSide,
     Generator,
     GeneratorSide,
+    Initial,
     LocalElectraRun,
     job_tokenizer,
     parameter_counts,
@@ -87,6 +87,19 @@ __all__ = [
 GENERATOR, DISCRIMINATOR = "electra-generator", "electra-discriminator"
 
 
+# ---------------------------------------------------------------- pretrained starts
+
+
+def initial_model(blob: bytes, cfg: ElectraConfig, what: str) -> tuple[Initial, Tokenizer]:
+    """A `model` input (a Nebula model file or an imported Hugging Face folder) as the start
+    of one ELECTRA model, with the tokenizer it brings (never retrained)."""
+    plm = load_pretrained(blob)
+    positions = plm.config.max_len - max(plm.config.position_pad_id + 1, 0)
+    if cfg.seq_len > positions:
+        raise ValueError(f"seq_len {cfg.seq_len} exceeds {what}'s {positions} positions")
+    return (plm.config, plm.discriminator), plm.tokenizer
+
+
 # ---------------------------------------------------------------- the generator role
 
 
@@ -99,16 +112,26 @@ def run_electra_generator(
     *,
     seed: int = 0,
     device: str = "cpu",
+    init_model: bytes | None = None,
 ) -> RoleResult:
-    """Scenario-I, cluster G: train the generator and feed corrupted batches to D."""
+    """Scenario-I, cluster G: train the generator and feed corrupted batches to D.
+
+    `init_model` (the job's `init_generator`) starts G from a pretrained model, whose
+    tokenizer then is the job's.
+    """
     lines = clean_lines(text_lines)
     if len(lines) < cfg.batch_size:
         raise ValueError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
     loop = RoleLoop.of(GENERATOR, cfg, link, hooks or Hooks(), ckpt_dir, channel=HELLO)
-    tok = job_tokenizer(cfg, lines, loop.store)
+    init: Initial | None = None
+    if init_model is not None:
+        init, tok = initial_model(init_model, cfg, "init_generator")
+    else:
+        tok = job_tokenizer(cfg, lines, loop.store)
     V = tok.get_vocab_size()
     ids = encode_lines(tok, lines, cfg.seq_len)
-    side = GeneratorSide(cfg, ids, V, seed, device)
+    special = SpecialIds.of(tok)
+    side = GeneratorSide(cfg, ids, V, seed, device, special=special, init=init)
 
     digest = lines_digest(lines)
     mine = {"config": asdict(cfg), "seed": seed, "tokenizer": tok.to_str(), "text_digest": digest}
@@ -140,7 +163,7 @@ def run_electra_generator(
             blob = encode_batch(mode, k, m, index, original, batch, V, len(ids))
             sender.send(BATCH, blob)  # goes out while the next micro-batch computes
             mlm += loss / cfg.n_discriminators
-            tokens += int((original != PAD_ID).sum())
+            tokens += int((original != special.pad).sum())
             sent += len(blob)
         side.step(k)
         sent_total += sent
@@ -176,8 +199,12 @@ def run_electra_discriminator(
     *,
     seed: int = 0,
     device: str = "cpu",
+    init_model: bytes | None = None,
 ) -> RoleResult:
     """Scenario-I, cluster D: train the discriminator (n replicas) on what G sends.
+
+    `init_model` (the job's `init_discriminator`) starts D from a pretrained model; its
+    tokenizer must be the generator's (the job's), and there is one replica.
 
     `text_lines` is None when this cluster may not read the job's text (full
     mode). The result's `artifact` is `ckpt_dir / "model.safetensors"`, the
@@ -191,13 +218,24 @@ def run_electra_discriminator(
     peer = loop.hello(mine, peer_role=GENERATOR, what="ELECTRA roles")
     tok = Tokenizer.from_str(peer["tokenizer"])
     V = tok.get_vocab_size()
+    special = SpecialIds.of(tok)
+    init: Initial | None = None
+    if init_model is not None:
+        init, own = initial_model(init_model, cfg, "init_discriminator")
+        if own.get_vocab() != tok.get_vocab():
+            raise ValueError(
+                "init_discriminator's tokenizer is not the generator's: give init_generator "
+                "a model with the same vocabulary (an ELECTRA generator and discriminator pair)"
+            )
+        if cfg.n_discriminators != 1:
+            raise ValueError("init_discriminator needs n_discriminators = 1")
     shared = lines is not None and peer["text_digest"] == digest
     text_ids = encode_lines(tok, lines, cfg.seq_len) if shared and lines is not None else None
     start = loop.resume(lambda _t, _meta: None)  # restored below, once the replicas joined
     n = cfg.n_discriminators
 
     with discriminator_replicas(cfg, seed, device, loop.store, V, start, hooks) as group:
-        side = DiscriminatorSide(cfg, V, seed, group.device)
+        side = DiscriminatorSide(cfg, V, seed, group.device, special=special, init=init)
         if start:
             tensors, meta = loop.store.load(start)
             restore_training_state(tensors, meta, side.model, side.opt, side.generators())

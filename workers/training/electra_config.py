@@ -47,6 +47,9 @@ class ElectraConfig(PresetConfig):
     disc_heads: int = 2
     disc_d_ff: int = 512
     dropout: float = 0.1  # ELECTRA's
+    # BERT's post-LN layout instead of Nebula's pre-LN one: what a Hugging Face ELECTRA
+    # computes, so the models export (GET /datasets/{id}/content?format=huggingface)
+    post_ln: bool = False
     # optimisation (AdamW, linear warm-up then decay)
     steps: int = 600
     lr_generator: float = 1e-3  # small models on small data tolerate a high rate
@@ -95,6 +98,7 @@ class ElectraConfig(PresetConfig):
             n_heads=heads,
             d_ff=d_ff,
             dropout=self.dropout,
+            post_ln=self.post_ln,
         )
 
 

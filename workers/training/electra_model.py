@@ -34,8 +34,10 @@ from workers.training.bert import (
 )
 from workers.training.data import (
     MASK,
+    NEBULA_SPECIAL,
     PAD,
     SPECIAL_TOKENS,
+    SpecialIds,
     batch_indices,
     clean_lines,
     encode_lines,
@@ -58,8 +60,9 @@ class Generator(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.body = Encoder(cfg)
-        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
-        self.ln = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        E = cfg.d_embed or cfg.d_model  # the output embedding is the (maybe narrower) input one
+        self.dense = nn.Linear(cfg.d_model, E)
+        self.ln = nn.LayerNorm(E, eps=cfg.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
@@ -103,17 +106,45 @@ class CorruptedBatch:
     replaced: torch.Tensor  # (B, T) bool: True where G's sample differs from the original
 
 
+Initial = tuple[BertConfig, nn.Module]  # a pretrained body's config and module (imported)
+
+
+def load_initial(target: nn.Module, source: nn.Module) -> None:
+    """Start `target` (a Generator or Discriminator) from a pretrained model: all of it when
+    the model is of the same kind, else its body (a bare encoder, or the other head's)."""
+    if type(source) is type(target):
+        target.load_state_dict(source.state_dict())
+        return
+    body = source if isinstance(source, Encoder) else source.body
+    target.body.load_state_dict(body.state_dict())  # type: ignore[union-attr]
+
+
 class GeneratorSide:
-    """G's model, optimizer and random streams, and how it makes one micro-batch."""
+    """G's model, optimizer and random streams, and how it makes one micro-batch.
+
+    `init` starts it from a pretrained model (its size then, not the preset's); `special`
+    names the tokenizer's special ids (Nebula's own at 0..4 by default).
+    """
 
     def __init__(
-        self, cfg: ElectraConfig, ids: torch.Tensor, vocab_size: int, seed: int, device: str
+        self,
+        cfg: ElectraConfig,
+        ids: torch.Tensor,
+        vocab_size: int,
+        seed: int,
+        device: str,
+        *,
+        special: SpecialIds = NEBULA_SPECIAL,
+        init: Initial | None = None,
     ) -> None:
         self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
         self.data = ids  # (N, T) original ids of the whole text, on CPU
         self.vocab_size = vocab_size
-        self.model = Generator(cfg.generator_body(vocab_size))
+        self.special = special
+        self.model = Generator(init[0] if init else cfg.generator_body(vocab_size))
         init_weights(self.model, torch.Generator().manual_seed(seed))
+        if init is not None:
+            load_initial(self.model, init[1])
         self.model.to(self.device)
         self.rng_mask = torch.Generator(self.device).manual_seed(seed + 1)
         self.rng_dropout = torch.Generator(self.device).manual_seed(seed + 2)
@@ -138,18 +169,19 @@ class GeneratorSide:
         """
         index = self.indices(step, micro)
         ids = self.data[index].to(self.device)  # (B, T)
-        valid = ids != PAD_ID
-        maskable = ids >= N_SPECIAL
+        sp = self.special
+        valid = ids != sp.pad
+        maskable = ~sp.is_special(ids)
         draw = torch.rand(ids.shape, generator=self.rng_mask, device=self.device)
         masked = (draw < self.cfg.mask_prob) & maskable  # (B, T)
         if not bool(masked.any()):
             masked[0, 1] = True  # every sequence holds a token at 1; keeps the loss defined
-        logits = self.model(ids.masked_fill(masked, MASK_ID), valid, masked)  # (M, V)
+        logits = self.model(ids.masked_fill(masked, sp.mask), valid, masked)  # (M, V)
         loss = F.cross_entropy(logits, ids[masked])
         (loss / self.cfg.n_discriminators).backward()
         with torch.no_grad():
             logits = logits.detach().clone()
-            logits[:, :N_SPECIAL] = float("-inf")  # never sample [PAD], [MASK], ...
+            logits[:, list(sp.special)] = float("-inf")  # never sample [PAD], [MASK], ...
             probs = torch.softmax(logits, dim=-1)
             sampled = torch.multinomial(probs, 1, generator=self.rng_mask).squeeze(1)  # (M,)
             corrupted = ids.clone()
@@ -170,11 +202,22 @@ class DiscriminatorSide:
     """D's model, optimizer and random stream, and how it trains on one micro-batch."""
 
     def __init__(
-        self, cfg: ElectraConfig, vocab_size: int, seed: int, device: str, rank: int = 0
+        self,
+        cfg: ElectraConfig,
+        vocab_size: int,
+        seed: int,
+        device: str,
+        rank: int = 0,
+        *,
+        special: SpecialIds = NEBULA_SPECIAL,
+        init: Initial | None = None,
     ) -> None:
         self.cfg, self.device = cfg, torch.device(device)
-        self.model = Discriminator(cfg.discriminator_body(vocab_size))
+        self.special = special
+        self.model = Discriminator(init[0] if init else cfg.discriminator_body(vocab_size))
         init_weights(self.model, torch.Generator().manual_seed(seed + 100))  # same on every rank
+        if init is not None:
+            load_initial(self.model, init[1])
         self.model.to(self.device)
         self.rng_dropout = torch.Generator(self.device).manual_seed(seed + 200 + rank)
         set_dropout_generator(self.model, self.rng_dropout)
@@ -188,7 +231,7 @@ class DiscriminatorSide:
         """Accumulate the RTD gradient of one micro-batch; returns loss, accuracy, tokens."""
         ids = batch.ids.to(self.device)
         target = batch.replaced.to(self.device)
-        valid = ids != PAD_ID
+        valid = ids != self.special.pad
         logits = self.model(ids, valid)  # (B, T)
         loss = F.binary_cross_entropy_with_logits(logits[valid], target[valid].float())
         (loss * scale).backward()
@@ -243,19 +286,23 @@ def train_electra_local(
     device: str = "cpu",
     steps: int | None = None,
     tokenizer: Tokenizer | None = None,
+    init_generator: Initial | None = None,
+    init_discriminator: Initial | None = None,
 ) -> LocalElectraRun:
     """Both roles in one process, no link: the reference a split run must equal.
 
     Pass the split run's `tokenizer` (its generator's `tokenizer.json`) to
     compare: the `tokenizers` WordPiece trainer breaks ties in hash-map order,
-    so two trainings on the same text may differ.
+    so two trainings on the same text may differ. With pretrained models (`init_*`) pass
+    their tokenizer too.
     """
     lines = clean_lines(text_lines)
     tok = tokenizer or job_tokenizer(cfg, lines, None)
     V = tok.get_vocab_size()
     ids = encode_lines(tok, lines, cfg.seq_len)
-    g = GeneratorSide(cfg, ids, V, seed, device)
-    d = DiscriminatorSide(cfg, V, seed, device)
+    sp = SpecialIds.of(tok)
+    g = GeneratorSide(cfg, ids, V, seed, device, special=sp, init=init_generator)
+    d = DiscriminatorSide(cfg, V, seed, device, special=sp, init=init_discriminator)
     n = cfg.n_discriminators
     history = []
     for k in range(1, (steps or cfg.steps) + 1):

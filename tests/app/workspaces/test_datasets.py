@@ -350,6 +350,7 @@ def test_patch_switches_discoverable_and_the_catalog_shows_metadata_only(
         "release",
         "derived_by_job_id",
         "derived_from_names",
+        "model",  # a model's description (architecture, sizes); null for text
     }
     assert entry["derived_from"] == [] and entry["release"] == "not_needed"
     assert client.get(f"{API}/catalog?q=shared&kind=text", headers=bob.headers).json()["total"] == 1

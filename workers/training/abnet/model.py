@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.training.abnet.config import AbnetConfig
-from workers.training.bert import Dropout, Encoder, MultiHeadAttention
+from workers.training.bert import Block, Dropout, Encoder, MultiHeadAttention
 
 
 class Adapter(nn.Module):
@@ -72,6 +72,23 @@ def init_adapters(module: nn.Module, generator: torch.Generator) -> None:
             nn.init.zeros_(m.bias)
 
 
+def adapted_attention(
+    block: Block, adapter: nn.Module, x: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    """A frozen block's attention sub-layer with an adapter on its output, in the block's
+    own layout: inside the residual for pre-LN, before the norm for post-LN (Houlsby)."""
+    if block.post_ln:
+        return block.ln1(x + adapter(block.attention(x, valid)))
+    return x + adapter(block.attention(block.ln1(x), valid))
+
+
+def adapted_feed_forward(block: Block, adapter: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A frozen block's feed-forward sub-layer with an adapter on its output (as above)."""
+    if block.post_ln:
+        return block.ln2(x + adapter(block.feed_forward(x)))
+    return x + adapter(block.feed_forward(block.ln2(x)))
+
+
 class AdaptedEncoder(nn.Module):
     """Cluster S: the frozen source PLM with an adapter after each sub-layer."""
 
@@ -91,8 +108,8 @@ class AdaptedEncoder(nn.Module):
     def forward(self, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         x = self.plm.embed(ids)  # (B, S, C)
         for block, a1, a2 in zip(self.plm.layers(), self.after_attn, self.after_ffn, strict=True):
-            x = x + a1(block.attention(block.ln1(x), valid))
-            x = x + a2(block.feed_forward(block.ln2(x)))
+            x = adapted_attention(block, a1, x, valid)
+            x = adapted_feed_forward(block, a2, x)
         return self.plm.ln_f(x)  # (B, S, C): what crosses to cluster T
 
 
@@ -129,9 +146,9 @@ class AdaptedDecoder(nn.Module):
         x = self.plm.embed(ids)  # (B, T, C)
         layers = zip(self.plm.layers(), self.after_attn, self.cross, self.after_ffn, strict=True)
         for block, a1, cross, a2 in layers:
-            x = x + a1(block.attention(block.ln1(x), valid))
+            x = adapted_attention(block, a1, x, valid)
             x = cross(x, memory, memory_valid)  # memory (B, S, C_src)
-            x = x + a2(block.feed_forward(block.ln2(x)))
+            x = adapted_feed_forward(block, a2, x)
         h = self.head_ln(F.gelu(self.head_dense(self.plm.ln_f(x))))
         return self.head_out(h)  # (B, T, V)
 

@@ -23,12 +23,22 @@ from torch import nn
 from workers.training.abnet.config import AbnetConfig
 from workers.training.abnet.model import AdaptedDecoder, AdaptedEncoder, init_adapters
 from workers.training.bert import set_dropout_generator
-from workers.training.data import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, batch_indices, encode_lines
+from workers.training.data import (
+    CLS,
+    MASK,
+    PAD,
+    SEP,
+    SPECIAL_TOKENS,
+    SpecialIds,
+    batch_indices,
+    encode_lines,
+)
 from workers.training.electra import PretrainedModel
 from workers.training.runtime import linear_warmup_decay, set_lr
 
 N_SPECIAL = len(SPECIAL_TOKENS)
 PAD_ID, CLS_ID, SEP_ID, MASK_ID = (SPECIAL_TOKENS.index(t) for t in (PAD, CLS, SEP, MASK))
+# Nebula's own tokenizers; an imported model's tokenizer has its own (`SpecialIds.of`)
 
 
 def adamw(model: nn.Module, cfg: AbnetConfig) -> torch.optim.AdamW:
@@ -70,9 +80,10 @@ class EncoderSide:
     ) -> None:
         self.cfg, self.seed, self.device = cfg, seed, torch.device(device)
         self.tokenizer = plm.tokenizer
+        self.special = SpecialIds.of(plm.tokenizer)
         _check_length(cfg.src_len, plm)
         self.data = encode_lines(plm.tokenizer, lines, cfg.src_len)  # (N, S)
-        self.model = AdaptedEncoder(plm.discriminator.body, cfg)
+        self.model = AdaptedEncoder(plm.body, cfg)
         init_adapters(self.model, torch.Generator().manual_seed(seed + 10))
         self.model.to(self.device).train()
         self.rng_dropout = torch.Generator(self.device).manual_seed(seed + 11)
@@ -96,7 +107,7 @@ class EncoderSide:
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Encoder output (B, S, C) and source lengths (B,) of a batch of source ids."""
         ids = ids.to(self.device)
-        valid = ids != PAD_ID
+        valid = ids != self.special.pad
         return self.model(ids, valid), valid.sum(1)
 
     def step(self, step: int) -> None:
@@ -133,9 +144,10 @@ class DecoderSide:
     ) -> None:
         self.cfg, self.device = cfg, torch.device(device)
         self.tokenizer = plm.tokenizer
+        self.special = SpecialIds.of(plm.tokenizer)
         _check_length(cfg.tgt_len, plm)
         self.data = encode_lines(plm.tokenizer, lines, cfg.tgt_len)  # (N, T)
-        self.model = AdaptedDecoder(plm.discriminator.body, d_src, cfg)
+        self.model = AdaptedDecoder(plm.body, d_src, cfg)
         init_adapters(self.model, torch.Generator().manual_seed(seed + 20))
         self.model.to(self.device).train()
         self.rng_mask = torch.Generator(self.device).manual_seed(seed + 21)
@@ -154,8 +166,9 @@ class DecoderSide:
         ids = self.data[index.cpu()].to(self.device)  # (B, T)
         memory = memory.to(self.device).requires_grad_(True)  # (B, S, C_src)
         memory_valid = _prefix_mask(src_lengths.to(self.device), memory.shape[1])
-        valid = ids != PAD_ID
-        real = ids >= N_SPECIAL  # the target's own tokens
+        sp = self.special
+        valid = ids != sp.pad
+        real = ~sp.is_special(ids)  # the target's own tokens
         lengths = real.sum(1)  # (B,)
         # Mask-Predict: mask a uniform 1..L of the L target tokens, at random places
         u = torch.rand(ids.shape[0], generator=self.rng_mask, device=self.device)
@@ -164,7 +177,7 @@ class DecoderSide:
         scores = scores.masked_fill(~real, 2.0)
         ranks = scores.argsort(1).argsort(1)
         masked = ranks < n_mask.unsqueeze(1)  # (B, T)
-        logits = self.model(ids.masked_fill(masked, MASK_ID), valid, memory, memory_valid)
+        logits = self.model(ids.masked_fill(masked, sp.mask), valid, memory, memory_valid)
         token_loss = F.cross_entropy(logits[masked], ids[masked])
         length_loss = F.cross_entropy(self.model.predict_length(memory, memory_valid), lengths)
         loss = token_loss + self.cfg.length_loss_weight * length_loss
@@ -214,24 +227,25 @@ class DecoderSide:
         T = int(L.max()) + 2
         pos = torch.arange(T, device=self.device).unsqueeze(0)  # (1, T)
         real = (pos >= 1) & (pos <= L.unsqueeze(1))  # (BK, T)
-        ids = torch.full((B * K, T), PAD_ID, dtype=torch.long, device=self.device)
-        ids[:, 0] = CLS_ID
-        ids[real] = MASK_ID
-        ids[pos.expand_as(ids) == (L + 1).unsqueeze(1)] = SEP_ID
-        valid = ids != PAD_ID
+        sp = self.special
+        ids = torch.full((B * K, T), sp.pad, dtype=torch.long, device=self.device)
+        ids[:, 0] = sp.cls
+        ids[real] = sp.mask
+        ids[pos.expand_as(ids) == (L + 1).unsqueeze(1)] = sp.sep
+        valid = ids != sp.pad
         logp = torch.zeros(B * K, T, device=self.device)
         for it in range(rounds):
             logits = self.model(ids, valid, mem, mem_valid)  # (BK, T, V)
-            logits[..., :N_SPECIAL] = float("-inf")
+            logits[..., list(sp.special)] = float("-inf")
             best_logp, best = logits.log_softmax(-1).max(-1)
-            update = ids == MASK_ID
+            update = ids == sp.mask
             ids = torch.where(update, best, ids)
             logp = torch.where(update, best_logp, logp)
             if it == rounds - 1:
                 break
             n_remask = (L * (rounds - 1 - it) // rounds).unsqueeze(1)  # fewer each round
             ranks = logp.masked_fill(~real, float("inf")).argsort(1).argsort(1)
-            ids = ids.masked_fill(ranks < n_remask, MASK_ID)
+            ids = ids.masked_fill(ranks < n_remask, sp.mask)
         score = (logp * real).sum(1) / L  # mean log-probability per candidate
         choice = score.view(B, K).argmax(1)  # (B,)
         out = []
