@@ -273,7 +273,7 @@ def _worker_credential(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit.service import SYSTEM
     from app.clusters import service as clusters
     from app.db import make_sessionmaker
-    from workers.switch.tls import write_private_file
+    from workers.private_files import write_private_file
 
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
@@ -305,7 +305,7 @@ def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
     from app.clusters import broker
     from app.clusters.bundle import broker_url_for
     from app.db import make_sessionmaker
-    from workers.switch.tls import write_private_file
+    from workers.private_files import write_private_file
 
     if not broker.is_rabbitmq(settings.broker_url):
         raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")
@@ -335,6 +335,8 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
 
     control_plane = args.control_plane or settings.public_url
     control_plane_ca = args.control_plane_ca.read_bytes() if args.control_plane_ca else None
+    if args.out.exists() or args.out.is_symlink():
+        raise SystemExit(f"{args.out} already exists: name a new folder for the bundle")
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
         cluster = _cluster_named(db, args.name)
@@ -350,7 +352,14 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
             )
         except broker.BrokerError as exc:
             raise SystemExit(str(exc)) from None
-        bundles.write_bundle(bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca)
+        try:
+            bundles.write_bundle(
+                bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca
+            )
+        except FileExistsError:
+            raise SystemExit(
+                f"{args.out} already exists: name a new folder for the bundle"
+            ) from None
         db.commit()
     engine.dispose()
     print(f"bundle of {args.name} written to {args.out}: copy it to the cluster host, then")

@@ -60,6 +60,7 @@ from contract.jobtoken import (
     load_job_token_public_key,
     verify_job_token,
 )
+from workers.private_files import write_private_file
 from workers.switch.protocol import (
     CLOSED,
     DEFAULT_MAX_BODY_BYTES,
@@ -93,7 +94,6 @@ from workers.switch.tls import (
     read_crl,
     server_context,
     validate_cluster_name,
-    write_private_file,
 )
 
 __all__ = ["Address", "Switch", "SwitchConfig", "admit_worker", "crl_from_file"]
