@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING
 
 from app.settings import Settings, get_settings
 from workers import bundle as bundles
-from workers.settings import ClusterSettings, scrub_control_plane_secrets
+from workers.settings import (
+    ClusterSettings,
+    control_plane_secrets_set,
+    scrub_control_plane_secrets,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -541,7 +545,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings: Settings | ClusterSettings
     if getattr(args, "cluster_side", False):
-        # a cluster process never sees the control plane's database or secret
+        # a cluster process never sees the control plane's database or secret: once they
+        # are in its environment, /proc/PID/environ shows them whatever it deletes
+        found = control_plane_secrets_set()
+        if found:
+            print(
+                f"error: nebula {args.command} refuses to start with {' and '.join(found)} set:"
+                " a cluster process must never hold the control plane's secrets. Start it"
+                " without them (`env -u NAME ...`).",
+                file=sys.stderr,
+            )
+            return 2
         scrub_control_plane_secrets()
         settings = ClusterSettings()
     else:
