@@ -19,6 +19,7 @@ from app.jobs.dispatch import Reaper
 from app.middleware import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
+    IntakeMiddleware,
     MethodNotAllowedMiddleware,
     MetricsMiddleware,
     RejectNulMiddleware,
@@ -50,6 +51,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the pool has a connection for each of these threads (Settings.database_pool_size)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.thread_pool_size
         app.state.stream_limiter = anyio.CapacityLimiter(settings.stream_threads)
+        # /readyz checks on a thread of its own: it never waits behind tenants' requests
+        app.state.probe_limiter = anyio.CapacityLimiter(1)
         # first, so that the first anchor of an upgraded deployment pins its unkeyed events;
         # it only reads the table, so it never queues behind (or before) the writers
         anchorer = Anchorer(app.state.read_sessionmaker, settings).start()
@@ -87,7 +90,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_document(app)
     _mount_frontend(app)
 
-    app.add_middleware(AdmissionMiddleware, slots=settings.thread_pool_size)
+    app.add_middleware(
+        AdmissionMiddleware,
+        slots=settings.thread_pool_size,
+        per_address=settings.max_requests_per_address,
+    )
+    # outside admission: a slow body is read (or timed out) holding no slot
+    app.add_middleware(
+        IntakeMiddleware,
+        body_timeout_s=settings.request_body_timeout_s,
+        upload_idle_timeout_s=settings.upload_idle_timeout_s,
+    )
     # outside admission: a method the path lacks is answered without taking a slot
     app.add_middleware(MethodNotAllowedMiddleware, paths=lambda: route_methods(app))
     app.add_middleware(MetricsMiddleware)

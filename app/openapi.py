@@ -68,6 +68,7 @@ ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
 # Any request may meet these before it reaches a route (app.middleware).
 MIDDLEWARE_STATUSES = {400}  # a NUL byte in the URL
 BODY_LIMIT_STATUS = 413
+BODY_TIMEOUT_STATUS = 408  # a body that does not arrive in time (app/middleware.py)
 
 
 class PemResponse(Response):
@@ -129,7 +130,7 @@ def error_statuses(route: RouteContext, method: str) -> set[int]:
     if has_params:
         statuses.add(422)
     if route.body_field is not None or (route.openapi_extra or {}).get("requestBody"):
-        statuses.add(BODY_LIMIT_STATUS)
+        statuses.update((BODY_LIMIT_STATUS, BODY_TIMEOUT_STATUS))
     if "{" in str(route.path_format):
         statuses.add(404)  # every path id names something that may be missing or not the caller's
     for call in _calls(route):
