@@ -56,7 +56,10 @@ ERROR_RESPONSES: dict[int, tuple[str, str]] = {
         "Invalid",
         "Invalid input: a field the schema describes (listed in `errors`) or a rule it cannot",
     ),
-    429: ("TooManyAttempts", "Too many attempts; try again later"),
+    429: (
+        "TooManyAttempts",
+        "Too many attempts (or refused requests from this user or address); try again later",
+    ),
     507: ("InsufficientStorage", "The server's storage is full; nothing was stored"),
 }
 

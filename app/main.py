@@ -13,6 +13,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from app import registry
 from app.api_errors import install_error_handlers
 from app.audit.anchoring import Anchorer
+from app.audit.flushing import RefusalFlusher
 from app.audit.service import use_chain_key
 from app.db import make_engine, make_sessionmaker
 from app.jobs.dispatch import Reaper
@@ -58,11 +59,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         anchorer = Anchorer(app.state.read_sessionmaker, settings).start()
         ensure_platform_keys(app.state.sessionmaker, settings)
         reaper = Reaper(app.state.sessionmaker, settings).start() if settings.run_reaper else None
+        flusher = RefusalFlusher(app.state.sessionmaker).start()
         try:
             yield
         finally:
             if reaper is not None:
                 reaper.stop()
+            flusher.stop()  # before the last anchor, which then covers its rows
             anchorer.stop()
 
     app = FastAPI(

@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
     # newer than the last anchor could be deleted unseen by someone with database rights
     audit_anchor_interval_s: float = 1.0
+    # Refusals (denied lookups, locked-out logins): identical ones within a window are one
+    # counted row; each user and each address has this many distinct ones recorded per
+    # window, and past that a denied lookup answers 429 (app/audit/refusals.py)
+    audit_refusal_window_s: float = 60.0
+    audit_refusals_per_window: int = 30
     log_level: str = "INFO"
 
     @property
