@@ -20,8 +20,12 @@ _UPLOAD_PATH = re.compile(
 )
 # Uploads whose route waits for the body on the event loop holding no database connection
 # (it commits before streaming): they may give their slot back while they wait for data.
-# The artifact PUT reads its body from a worker thread, which it holds while it waits.
 _LOOP_UPLOAD_PATH = re.compile(r"^/api/v1/workspaces/[^/]+/datasets/?$")
+# The artifact PUT reads its body from a worker thread, which it holds (with its slot) while
+# it waits. It counts in no address's turns: a cluster host's roles share an address, and
+# their heartbeats must not wait behind its uploads. One per role and attempt, each with a
+# worker credential and a live job token, authenticated before the body.
+_ARTIFACT_PATH = re.compile(r"^/api/v1/cluster/jobs/[^/]+/roles/[^/]+/artifact/?$")
 # Liveness and readiness: answered without a slot, never behind tenants' requests.
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
@@ -256,6 +260,9 @@ async def _send_408(send: Send, detail: str) -> None:
 Loop = asyncio.AbstractEventLoop
 
 
+_UNCOUNTED = "(counted in no address's turns)"
+
+
 class _Turns:
     """One event loop's admission: the slots, and each client address's turns at them."""
 
@@ -267,7 +274,7 @@ class _Turns:
 
     async def enter(self, address: str) -> None:
         """Wait for one of the address's turns (when capped)."""
-        if self.per_address <= 0:
+        if self.per_address <= 0 or address is _UNCOUNTED:
             return
         semaphore, users = self._addresses.get(address, (None, 0))
         if semaphore is None:
@@ -281,7 +288,7 @@ class _Turns:
 
     def leave(self, address: str) -> None:
         """Give the address's turn back."""
-        if self.per_address <= 0:
+        if self.per_address <= 0 or address is _UNCOUNTED:
             return
         self._addresses[address][0].release()
         self._forget(address)
@@ -329,6 +336,8 @@ class AdmissionMiddleware(HttpMiddleware):
         turns = self._loop_turns()
         client = scope.get("client")
         address = str(client[0]) if client else ""
+        if _ARTIFACT_PATH.match(scope["path"]):
+            address = _UNCOUNTED
         await turns.enter(address)
         in_turn = True
         try:

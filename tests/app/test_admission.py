@@ -126,3 +126,20 @@ def test_an_upload_waits_for_its_data_holding_no_slot() -> None:
         await asyncio.gather(uploading, reading)
 
     asyncio.run(run())
+
+
+def test_a_cluster_hosts_artifact_uploads_take_none_of_its_turns() -> None:
+    async def run() -> None:
+        app = Held()
+        admission = AdmissionMiddleware(app, slots=4, per_address=1)
+        artifact = _scope("10.0.0.9", "/api/v1/cluster/jobs/j/roles/encoder/artifact", "PUT")
+        uploading = asyncio.create_task(admission(artifact, _nothing, _sink))
+        await _settle()
+        # the host's heartbeat still has its turn while the upload holds a slot
+        beating = asyncio.create_task(admission(_scope("10.0.0.9"), _nothing, _sink))
+        await _settle()
+        assert len(app.inside) == 2
+        app.release.set()
+        await asyncio.gather(uploading, beating)
+
+    asyncio.run(run())
