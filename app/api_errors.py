@@ -49,13 +49,17 @@ ERROR_RESPONSES: dict[int, tuple[str, str]] = {
         "Authenticated, but the role or a grant does not allow it (or the CSRF header is missing)",
     ),
     404: ("NotFound", "Not found, or belongs to another tenant (never revealed which)"),
+    408: ("RequestTimeout", "The request body did not arrive in time; the connection is closed"),
     409: ("Conflict", "Conflicts with the current state"),
     413: ("TooLarge", "Too large: the request body or a quota"),
     422: (
         "Invalid",
         "Invalid input: a field the schema describes (listed in `errors`) or a rule it cannot",
     ),
-    429: ("TooManyAttempts", "Too many attempts; try again later"),
+    429: (
+        "TooManyAttempts",
+        "Too many attempts (or refused requests from this user or address); try again later",
+    ),
     507: ("InsufficientStorage", "The server's storage is full; nothing was stored"),
 }
 

@@ -13,12 +13,14 @@ from fastapi.responses import FileResponse, JSONResponse
 from app import registry
 from app.api_errors import install_error_handlers
 from app.audit.anchoring import Anchorer
+from app.audit.flushing import RefusalFlusher
 from app.audit.service import use_chain_key
 from app.db import make_engine, make_sessionmaker
 from app.jobs.dispatch import Reaper
 from app.middleware import (
     AdmissionMiddleware,
     BodyLimitMiddleware,
+    IntakeMiddleware,
     MethodNotAllowedMiddleware,
     MetricsMiddleware,
     RejectNulMiddleware,
@@ -50,16 +52,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the pool has a connection for each of these threads (Settings.database_pool_size)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.thread_pool_size
         app.state.stream_limiter = anyio.CapacityLimiter(settings.stream_threads)
+        # /readyz checks on a thread of its own: it never waits behind tenants' requests
+        app.state.probe_limiter = anyio.CapacityLimiter(1)
         # first, so that the first anchor of an upgraded deployment pins its unkeyed events;
         # it only reads the table, so it never queues behind (or before) the writers
         anchorer = Anchorer(app.state.read_sessionmaker, settings).start()
         ensure_platform_keys(app.state.sessionmaker, settings)
         reaper = Reaper(app.state.sessionmaker, settings).start() if settings.run_reaper else None
+        flusher = RefusalFlusher(app.state.sessionmaker).start()
         try:
             yield
         finally:
             if reaper is not None:
                 reaper.stop()
+            flusher.stop()  # before the last anchor, which then covers its rows
             anchorer.stop()
 
     app = FastAPI(
@@ -87,7 +93,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_document(app)
     _mount_frontend(app)
 
-    app.add_middleware(AdmissionMiddleware, slots=settings.thread_pool_size)
+    app.add_middleware(
+        AdmissionMiddleware,
+        slots=settings.thread_pool_size,
+        per_address=settings.max_requests_per_address,
+    )
+    # outside admission: a slow body is read (or timed out) holding no slot
+    app.add_middleware(
+        IntakeMiddleware,
+        body_timeout_s=settings.request_body_timeout_s,
+        upload_idle_timeout_s=settings.upload_idle_timeout_s,
+    )
     # outside admission: a method the path lacks is answered without taking a slot
     app.add_middleware(MethodNotAllowedMiddleware, paths=lambda: route_methods(app))
     app.add_middleware(MetricsMiddleware)

@@ -18,6 +18,16 @@ from app.ops.metrics import HTTP_LATENCY, HTTP_REQUESTS
 _UPLOAD_PATH = re.compile(
     r"^/api/v1/(workspaces/[^/]+/datasets|cluster/jobs/[^/]+/roles/[^/]+/artifact)/?$"
 )
+# Uploads whose route waits for the body on the event loop holding no database connection
+# (it commits before streaming): they may give their slot back while they wait for data.
+_LOOP_UPLOAD_PATH = re.compile(r"^/api/v1/workspaces/[^/]+/datasets/?$")
+# The artifact PUT reads its body from a worker thread, which it holds (with its slot) while
+# it waits. It counts in no address's turns: a cluster host's roles share an address, and
+# their heartbeats must not wait behind its uploads. One per role and attempt, each with a
+# worker credential and a live job token, authenticated before the body.
+_ARTIFACT_PATH = re.compile(r"^/api/v1/cluster/jobs/[^/]+/roles/[^/]+/artifact/?$")
+# Liveness and readiness: answered without a slot, never behind tenants' requests.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
@@ -167,7 +177,128 @@ class MetricsMiddleware(HttpMiddleware):
             HTTP_LATENCY.labels(route).observe(time.perf_counter() - started)
 
 
+class IntakeMiddleware(HttpMiddleware):
+    """Read a request's body whole, under a deadline, before it may wait for a slot.
+
+    A slow client then holds a connection and a little memory (the body limit bounds it),
+    never an admission slot, a thread or a database connection; past the deadline it is
+    answered 408 and its connection closed. An upload streams instead (its route
+    authenticates before reading it), and a pause longer than `upload_idle_timeout_s`
+    ends it the same way. Probes have no body worth waiting for.
+    """
+
+    def __init__(
+        self, app: ASGIApp, *, body_timeout_s: float, upload_idle_timeout_s: float
+    ) -> None:
+        super().__init__(app)
+        self.body_timeout_s = body_timeout_s
+        self.upload_idle_timeout_s = upload_idle_timeout_s
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] in PROBE_PATHS:
+            await self.app(scope, receive, send)
+        elif _UPLOAD_PATH.match(scope["path"]):
+            await self._stream(scope, receive, send)
+        else:
+            await self._buffer(scope, receive, send)
+
+    async def _buffer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        body = bytearray()
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                await _send_408(send, f"the request body did not arrive in {self.body_timeout_s} s")
+                return
+            if message["type"] == "http.disconnect":
+                return  # gone, or already answered 413
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # a stream listens here for the client to go
+
+        await self.app(scope, replay, send)
+
+    async def _stream(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = answered = False
+
+        async def idle_limited_receive() -> Message:
+            nonlocal answered
+            if answered:
+                return {"type": "http.disconnect"}
+            try:
+                return await asyncio.wait_for(receive(), self.upload_idle_timeout_s)
+            except TimeoutError:
+                answered = True
+                if not started:
+                    await _send_408(send, "the upload paused too long")
+                return {"type": "http.disconnect"}
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if not answered:
+                started = True
+                await send(message)
+
+        await self.app(scope, idle_limited_receive, guarded_send)
+
+
+async def _send_408(send: Send, detail: str) -> None:
+    # closed after the answer: what the client sends later would be read as a new request
+    await _send_error(send, 408, detail, [(b"connection", b"close")])
+
+
 Loop = asyncio.AbstractEventLoop
+
+
+_UNCOUNTED = "(counted in no address's turns)"
+
+
+class _Turns:
+    """One event loop's admission: the slots, and each client address's turns at them."""
+
+    def __init__(self, slots: int, per_address: int) -> None:
+        self.slots = asyncio.Semaphore(slots)
+        self.per_address = per_address
+        # address -> (its semaphore, requests holding or waiting for it); dropped when unused
+        self._addresses: dict[str, tuple[asyncio.Semaphore, int]] = {}
+
+    async def enter(self, address: str) -> None:
+        """Wait for one of the address's turns (when capped)."""
+        if self.per_address <= 0 or address is _UNCOUNTED:
+            return
+        semaphore, users = self._addresses.get(address, (None, 0))
+        if semaphore is None:
+            semaphore = asyncio.Semaphore(self.per_address)
+        self._addresses[address] = (semaphore, users + 1)
+        try:
+            await semaphore.acquire()
+        except BaseException:
+            self._forget(address)
+            raise
+
+    def leave(self, address: str) -> None:
+        """Give the address's turn back."""
+        if self.per_address <= 0 or address is _UNCOUNTED:
+            return
+        self._addresses[address][0].release()
+        self._forget(address)
+
+    def _forget(self, address: str) -> None:
+        semaphore, users = self._addresses[address]
+        if users <= 1:
+            del self._addresses[address]
+        else:
+            self._addresses[address] = (semaphore, users - 1)
 
 
 class AdmissionMiddleware(HttpMiddleware):
@@ -177,40 +308,77 @@ class AdmissionMiddleware(HttpMiddleware):
     each slot, so no request ever waits for a connection while others wait for its thread.
     A slot is freed when the answer starts: a stream (events, downloads) holds no request
     connection, and reads with threads and connections of its own.
+
+    A request arrives here complete (IntakeMiddleware), or as an upload whose route
+    authenticates it before it reads the body and which gives its slot back while it waits
+    for data. One client address holds at most `per_address` slots: its other requests wait
+    their turn behind its own. Probes never wait.
     """
 
-    def __init__(self, app: ASGIApp, *, slots: int) -> None:
+    def __init__(self, app: ASGIApp, *, slots: int, per_address: int = 0) -> None:
         super().__init__(app)
         self.slots = slots
-        self._semaphores: weakref.WeakKeyDictionary[Loop, asyncio.Semaphore]
-        self._semaphores = weakref.WeakKeyDictionary()
+        self.per_address = per_address
+        self._turns: weakref.WeakKeyDictionary[Loop, _Turns] = weakref.WeakKeyDictionary()
 
-    def _semaphore(self) -> asyncio.Semaphore:
+    def _loop_turns(self) -> _Turns:
         # one per event loop: a test client may serve the same app from several loops
         loop = asyncio.get_running_loop()
-        semaphore = self._semaphores.get(loop)
-        if semaphore is None:
-            semaphore = self._semaphores[loop] = asyncio.Semaphore(self.slots)
-        return semaphore
+        turns = self._turns.get(loop)
+        if turns is None:
+            turns = self._turns[loop] = _Turns(self.slots, self.per_address)
+        return turns
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        semaphore = self._semaphore()
-        await semaphore.acquire()
+        if scope["path"] in PROBE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        turns = self._loop_turns()
+        client = scope.get("client")
+        address = str(client[0]) if client else ""
+        if _ARTIFACT_PATH.match(scope["path"]):
+            address = _UNCOUNTED
+        await turns.enter(address)
+        in_turn = True
+        try:
+            await turns.slots.acquire()
+        except BaseException:
+            turns.leave(address)
+            raise
         admitted = True
+        responded = False
 
         def leave() -> None:
-            nonlocal admitted
+            nonlocal admitted, in_turn
             if admitted:
                 admitted = False
-                semaphore.release()
+                turns.slots.release()
+            if in_turn:
+                in_turn = False
+                turns.leave(address)
 
         async def send_and_leave(message: Message) -> None:
+            nonlocal responded
             if message["type"] == "http.response.start":
+                responded = True
                 leave()
             await send(message)
 
+        async def receive_off_slot() -> Message:
+            # the wait for upload data holds no slot; the work on what arrived does
+            nonlocal admitted
+            if admitted:
+                admitted = False
+                turns.slots.release()
+            message = await receive()
+            if not responded and in_turn:
+                await turns.slots.acquire()
+                admitted = True
+            return message
+
+        streams_on_loop = _LOOP_UPLOAD_PATH.match(scope["path"]) and scope["method"] == "POST"
         try:
-            await self.app(scope, receive, send_and_leave)
+            await self.app(scope, receive_off_slot if streams_on_loop else receive, send_and_leave)
         finally:
             leave()
 

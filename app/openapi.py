@@ -68,6 +68,8 @@ ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
 # Any request may meet these before it reaches a route (app.middleware).
 MIDDLEWARE_STATUSES = {400}  # a NUL byte in the URL
 BODY_LIMIT_STATUS = 413
+BODY_TIMEOUT_STATUS = 408  # a body that does not arrive in time (app/middleware.py)
+THROTTLED_STATUS = 429  # refusals past the user's or the address's budget (app/audit/refusals.py)
 
 
 class PemResponse(Response):
@@ -129,9 +131,10 @@ def error_statuses(route: RouteContext, method: str) -> set[int]:
     if has_params:
         statuses.add(422)
     if route.body_field is not None or (route.openapi_extra or {}).get("requestBody"):
-        statuses.add(BODY_LIMIT_STATUS)
+        statuses.update((BODY_LIMIT_STATUS, BODY_TIMEOUT_STATUS))
     if "{" in str(route.path_format):
         statuses.add(404)  # every path id names something that may be missing or not the caller's
+        statuses.add(THROTTLED_STATUS)  # ... and a scan of such ids is throttled
     for call in _calls(route):
         errors: tuple[type[DomainError], ...] = declared_errors(call, unsafe=unsafe)
         statuses.update(error.status for error in errors)

@@ -52,11 +52,27 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 2 * 1024**3
 
     # worker threads per server process; the database pool holds one connection for each,
-    # plus stream_threads for event streams and exports, plus two (reaper, start-up).
+    # plus stream_threads for event streams and exports, plus three (readiness probe,
+    # reaper, start-up).
     # Requests take turns on the GIL: past a few threads more only contend for it
     # (bench/request_threads.py: 8 serve 1.22x the reads of 40 on SQLite, 1.07x on PostgreSQL)
     thread_pool_size: int = 8
     stream_threads: int = 4
+
+    # Slow clients (no login needed) must not hold what complete requests need. A request's
+    # head (line and headers) must arrive within request_head_timeout_s of its first byte (of
+    # the connection, for the first request), and a JSON body within request_body_timeout_s
+    # of the head: both are read before the request takes an admission slot. An upload
+    # streams, authenticated first; it gives its slot back while it waits for data, and a
+    # pause of upload_idle_timeout_s ends it.
+    request_head_timeout_s: float = 10.0
+    request_body_timeout_s: float = 10.0
+    upload_idle_timeout_s: float = 30.0
+    # Per client address, per server process (behind a proxy: the proxy's address; 0 turns
+    # a cap off). Connections past the cap are refused at once; requests past the second
+    # wait, holding no slot, so that one address never holds more than this many slots.
+    max_connections_per_address: int = 64
+    max_requests_per_address: int = 4
 
     # Secure cookies and HSTS go with HTTPS by themselves; set true to force them where a
     # proxy ends TLS and forwards plain HTTP
@@ -72,6 +88,11 @@ class Settings(BaseSettings):
     # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
     # newer than the last anchor could be deleted unseen by someone with database rights
     audit_anchor_interval_s: float = 1.0
+    # Refusals (denied lookups, locked-out logins): identical ones within a window are one
+    # counted row; each user and each address has this many distinct ones recorded per
+    # window, and past that a denied lookup answers 429 (app/audit/refusals.py)
+    audit_refusal_window_s: float = 60.0
+    audit_refusals_per_window: int = 30
     log_level: str = "INFO"
 
     @property
@@ -82,7 +103,8 @@ class Settings(BaseSettings):
     @property
     def database_pool_size(self) -> int:
         """Connections per server process: no thread ever waits for one."""
-        return self.thread_pool_size + self.stream_threads + 2
+        # + the readiness probe's own thread, the reaper and start-up
+        return self.thread_pool_size + self.stream_threads + 3
 
     @property
     def resolved_data_dir(self) -> Path:

@@ -142,6 +142,9 @@ class Server:
             NEBULA_DATABASE_URL=database_url,
             NEBULA_SECRET_KEY=SECRET,
             PYTHONPATH=str(HERE.parent),
+            # wrk's 64 and 256 connections stand for as many clients, from one address here
+            NEBULA_MAX_CONNECTIONS_PER_ADDRESS="0",
+            NEBULA_MAX_REQUESTS_PER_ADDRESS="0",
         )
         if threads is not None:
             self.env["NEBULA_THREAD_POOL_SIZE"] = str(threads)

@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING
 
 from app.settings import Settings, get_settings
 from workers import bundle as bundles
-from workers.settings import ClusterSettings, scrub_control_plane_secrets
+from workers.settings import (
+    ClusterSettings,
+    control_plane_secrets_set,
+    scrub_control_plane_secrets,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -273,7 +277,7 @@ def _worker_credential(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit.service import SYSTEM
     from app.clusters import service as clusters
     from app.db import make_sessionmaker
-    from workers.switch.tls import write_private_file
+    from workers.private_files import write_private_file
 
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
@@ -305,7 +309,7 @@ def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
     from app.clusters import broker
     from app.clusters.bundle import broker_url_for
     from app.db import make_sessionmaker
-    from workers.switch.tls import write_private_file
+    from workers.private_files import write_private_file
 
     if not broker.is_rabbitmq(settings.broker_url):
         raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")
@@ -335,6 +339,8 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
 
     control_plane = args.control_plane or settings.public_url
     control_plane_ca = args.control_plane_ca.read_bytes() if args.control_plane_ca else None
+    if args.out.exists() or args.out.is_symlink():
+        raise SystemExit(f"{args.out} already exists: name a new folder for the bundle")
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
         cluster = _cluster_named(db, args.name)
@@ -350,7 +356,14 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
             )
         except broker.BrokerError as exc:
             raise SystemExit(str(exc)) from None
-        bundles.write_bundle(bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca)
+        try:
+            bundles.write_bundle(
+                bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca
+            )
+        except FileExistsError:
+            raise SystemExit(
+                f"{args.out} already exists: name a new folder for the bundle"
+            ) from None
         db.commit()
     engine.dispose()
     print(f"bundle of {args.name} written to {args.out}: copy it to the cluster host, then")
@@ -532,7 +545,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     settings: Settings | ClusterSettings
     if getattr(args, "cluster_side", False):
-        # a cluster process never sees the control plane's database or secret
+        # a cluster process never sees the control plane's database or secret: once they
+        # are in its environment, /proc/PID/environ shows them whatever it deletes
+        found = control_plane_secrets_set()
+        if found:
+            print(
+                f"error: nebula {args.command} refuses to start with {' and '.join(found)} set:"
+                " a cluster process must never hold the control plane's secrets. Start it"
+                " without them (`env -u NAME ...`).",
+                file=sys.stderr,
+            )
+            return 2
         scrub_control_plane_secrets()
         settings = ClusterSettings()
     else:

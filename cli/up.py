@@ -35,9 +35,9 @@ from app.pki import service as pki
 from app.settings import Settings
 from workers.celery_app import broker_options
 from workers.ports import free_port
+from workers.private_files import write_private_file
 from workers.settings import CONTROL_PLANE_ONLY
 from workers.switch.agent import SwitchFiles
-from workers.switch.tls import write_private_file
 from workers.worker_state import credential_path
 
 DEMO_ADMIN_EMAIL = "admin@nebula.demo"

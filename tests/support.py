@@ -273,9 +273,12 @@ class ServeProcess:
 
 
 @contextmanager
-def nebula_serve(var: Path, log_path: Path, *, workers: int = 1) -> Iterator[ServeProcess]:
+def nebula_serve(
+    var: Path, log_path: Path, *, workers: int = 1, env_extra: dict[str, str] | None = None
+) -> Iterator[ServeProcess]:
     """`nebula serve` on a free port over the (migrated) var folder `var`, its own process
-    (session) with the test's argon2 costs; yields once every worker has started."""
+    (session) with the test's argon2 costs and `env_extra` (more NEBULA_* settings); yields
+    once every worker has started."""
     import signal
     import threading
     import time
@@ -287,6 +290,7 @@ def nebula_serve(var: Path, log_path: Path, *, workers: int = 1) -> Iterator[Ser
     env.update(
         NEBULA_VAR_DIR=str(var), NEBULA_ARGON2_TIME_COST="1", NEBULA_ARGON2_MEMORY_KIB="1024"
     )
+    env.update(env_extra or {})
     argv = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--workers", str(workers)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

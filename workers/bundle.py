@@ -10,15 +10,18 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from contract.bundle import CA_FILE, CONTROL_PLANE_CA_FILE, MANIFEST, ClusterBundle
-from workers.switch.tls import write_private_file
+from workers.private_files import make_private_folder, write_private_file
 
 
 def write_bundle(
     bundle: ClusterBundle, folder: Path, *, ca_pem: bytes, control_plane_ca_pem: bytes | None
 ) -> None:
-    """Write the bundle into `folder` (made with mode 0700)."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    folder.chmod(0o700)
+    """Write the bundle into `folder`, a new one made with mode 0700.
+
+    FileExistsError when anything is there already: a folder someone else made (or a link
+    to one) could be read by them, or have links planted in it.
+    """
+    make_private_folder(folder)
     write_private_file(folder / MANIFEST, json.dumps(asdict(bundle), indent=2).encode())
     write_private_file(folder / CA_FILE, ca_pem)
     if control_plane_ca_pem is not None:

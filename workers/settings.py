@@ -1,10 +1,11 @@
 """What a cluster process may configure: nothing of the control plane's secrets.
 
 `nebula worker` and `nebula switch` read these instead of the control plane's
-`Settings`. There is no field for the database URL or the platform secret, and
-`scrub_control_plane_secrets` removes them from the environment at start, so that no
-code in a cluster process (nor a child it forks) can read them even when a careless
-deployment sets them.
+`Settings`. There is no field for the database URL or the platform secret, and they
+refuse to start when either is set (`control_plane_secrets_set`): removing them from
+`os.environ` would still leave them in /proc/PID/environ, readable by the same user and
+root for the process's life. `scrub_control_plane_secrets` removes what else is the
+control plane's (its data folder), so that no child a cluster process forks sees it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONTROL_PLANE_ONLY = ("NEBULA_DATABASE_URL", "NEBULA_SECRET_KEY", "NEBULA_DATA_DIR")
+# a cluster process refuses to start with these in its environment
+CONTROL_PLANE_SECRETS = ("NEBULA_DATABASE_URL", "NEBULA_SECRET_KEY")
 
 
 class ClusterSettings(BaseSettings):
@@ -41,3 +44,8 @@ def scrub_control_plane_secrets() -> list[str]:
     for name in found:
         del os.environ[name]
     return found
+
+
+def control_plane_secrets_set() -> list[str]:
+    """The control plane's secrets set in this process's environment (names only)."""
+    return [name for name in CONTROL_PLANE_SECRETS if name in os.environ]

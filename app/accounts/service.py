@@ -149,13 +149,15 @@ def _begin_attempt(
         by_address = _recent_failures(db, LoginFailure.ip == ip, settings=settings)
         locked = by_address >= settings.login_ip_failures
     if locked:
-        audit.record(
+        # one counted row per window for a locked door hammered on (app/audit/refusals.py)
+        audit.record_refusal(
             db,
             actor=door.actor,
             action=door.action,
             subject_type=door.subject_type,
             subject_id=door.subject_id,
             outcome="locked",
+            status=429,
         )
         commit_before_raising(db)
         raise TooManyAttempts(door.locked_message)

@@ -16,10 +16,12 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from app.audit import refusals
 from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
 from app.audit.models import AuditEvent
+from app.audit.refusals import Verdict
 from app.db import Page, begin_writing, utcnow
-from app.errors import Forbidden, NotFound
+from app.errors import Forbidden, NotFound, TooManyAttempts
 from app.keyring import Purpose, subkey
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
@@ -40,6 +42,11 @@ _chain_keys: WeakKeyDictionary[Engine, bytes] = WeakKeyDictionary()
 def use_chain_key(engine: Engine, settings: Settings) -> Engine:
     """Key the audit chain of every session on `engine` with this platform's audit key."""
     _chain_keys[engine] = subkey(settings, Purpose.audit_chain)
+    refusals.bind(
+        engine,
+        window_s=settings.audit_refusal_window_s,
+        per_window=settings.audit_refusals_per_window,
+    )
     return engine
 
 
@@ -169,23 +176,90 @@ def deny(
 ) -> NoReturn:
     """Audit a refused access and raise: NotFound, or Forbidden(`forbidden`) when given.
 
-    Whatever the request changed before is rolled back; only the denial is committed.
+    Whatever the request changed before is rolled back; only the denial is committed, and
+    only the first of identical ones in a window (`record_refusal`). Past its user's or
+    its address's budget of refusals, TooManyAttempts instead.
     """
     db.rollback()
-    begin_writing(db)  # also on a GET, whose transactions are otherwise read-only
-    record(
+    verdict = record_refusal(
         db,
         actor=actor,
         action=action,
         subject_type=subject_type,
         subject_id=subject_id,
         outcome="denied",
-        details={"status": 403 if forbidden else 404},
+        status=403 if forbidden else 404,
     )
-    commit_before_raising(db)
+    if verdict is Verdict.record:
+        commit_before_raising(db)
+    if verdict is Verdict.throttle:
+        raise TooManyAttempts("too many refused requests; try again later")
     if forbidden:
         raise Forbidden(forbidden)
     raise NotFound()
+
+
+def record_refusal(
+    db: Session,
+    *,
+    actor: Actor,
+    action: str,
+    subject_type: str,
+    subject_id: str,
+    outcome: str,
+    status: int,
+) -> Verdict:
+    """Append a refusal (in a writing transaction the caller commits) unless it repeats one
+    of its window, which only counts, or its user or address is over its budget (throttle).
+
+    Nothing is written, and no lock taken, for a repeat or a throttled refusal: their counts
+    are appended as one row per window (app/audit/refusals.py).
+    """
+    windows = refusals.windows_of(db.get_bind().engine)
+    kind = (actor.user_id, actor.ip, action, subject_type, subject_id[:64], outcome, status)
+    verdict = windows.judge(kind)
+    if verdict is Verdict.record:
+        begin_writing(db)  # also on a GET, whose transactions are otherwise read-only
+        _append_counted(db, windows.due())
+        record(
+            db,
+            actor=actor,
+            action=action,
+            subject_type=subject_type,
+            subject_id=subject_id,
+            outcome=outcome,
+            details={"status": status},
+        )
+    return verdict
+
+
+def _append_counted(db: Session, rows: list[refusals.CountedRow]) -> None:
+    for row in rows:
+        record(
+            db,
+            actor=Actor(row.actor_id, row.ip),
+            action=row.action,
+            subject_type=row.subject_type,
+            subject_id=row.subject_id,
+            outcome=row.outcome,
+            details=row.details,
+        )
+
+
+def flush_refusals(db: Session, *, everything: bool = False) -> int:
+    """Append the counted rows of refusal windows that have ended (or of all, at shutdown);
+    the caller commits. The number of rows."""
+    windows = refusals.windows_of(db.get_bind().engine)
+    if not windows.pending(everything=everything):
+        return 0
+    rows = windows.due(everything=everything)
+    try:
+        begin_writing(db)
+        _append_counted(db, rows)
+    except BaseException:
+        windows.give_back(rows)
+        raise
+    return len(rows)
 
 
 ProblemKind = Literal["removed", "rewritten", "forged", "tail_deleted", "unanchored"]

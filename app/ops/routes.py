@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -41,8 +42,17 @@ async def healthz() -> HealthOut:  # no I/O: answered on the loop, no hop to the
     response_model=ReadyOut,
     responses={503: {"model": ReadyOut, "description": "The database or the broker is down"}},
 )
-def readyz(request: Request) -> JSONResponse:
+async def readyz(request: Request) -> JSONResponse:
     """The database and the broker answer."""
+    # on the probe's own thread (and pool connection): never behind tenants' requests
+    checks = await anyio.to_thread.run_sync(
+        _readiness_checks, request, limiter=request.app.state.probe_limiter
+    )
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+
+def _readiness_checks(request: Request) -> dict[str, str]:
     checks: dict[str, str] = {}
     engine = request.app.state.engine
     try:
@@ -59,8 +69,7 @@ def readyz(request: Request) -> JSONResponse:
             checks["broker"] = "ok"
         except Exception as exc:
             checks["broker"] = f"error: {type(exc).__name__}"
-    ready = all(v == "ok" for v in checks.values())
-    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+    return checks
 
 
 @router.get("/metrics", response_class=PrometheusResponse)

@@ -1,14 +1,21 @@
-"""Many more concurrent requests than threads and connections: they wait their turn, none fails."""
+"""Many more concurrent requests than threads and connections: they wait their turn, none fails.
+
+And the turns themselves: one client address holds at most its share of the slots, an
+upload waits for its data holding none, probes never wait.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 from sqlalchemy import func, select
 
 from app.audit import service as audit
 from app.audit.models import AuditEvent
+from app.middleware import AdmissionMiddleware
 from app.settings import Settings
 from support import PASSWORD, LiveServer, make_user
 
@@ -16,7 +23,8 @@ from support import PASSWORD, LiveServer, make_user
 def test_a_small_pool_serves_a_crowd_of_reads_and_audited_writes(settings: Settings) -> None:
     settings = settings.model_copy(update={"thread_pool_size": 2, "stream_threads": 1})
     with LiveServer(settings) as server:
-        assert server.app.state.engine.pool.size() == settings.database_pool_size == 5
+        # a connection per request thread and stream thread, the readiness probe's, two more
+        assert server.app.state.engine.pool.size() == settings.database_pool_size == 6
         make_user(server.app.state.sessionmaker, settings, email="crowd@example.org")
         login = {"email": "crowd@example.org", "password": PASSWORD}
         token = httpx.post(f"{server.url}/api/v1/auth/login", json=login).json()["token"]
@@ -39,3 +47,99 @@ def test_a_small_pool_serves_a_crowd_of_reads_and_audited_writes(settings: Setti
             events_after = db.scalar(select(func.count()).select_from(AuditEvent)) or 0
             assert events_after - events_before == 12  # one event per write, none per read
             assert audit.verify(db, settings=settings).ok
+
+
+class Held:
+    """An ASGI app whose requests stay inside until released, counting who is in."""
+
+    def __init__(self) -> None:
+        self.inside: list[str] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.inside.append(f"{scope['client'][0]} {scope['path']}")
+        if scope["method"] == "POST":
+            while (await receive()).get("more_body"):
+                pass
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _scope(address: str, path: str = "/api/v1/me", method: str = "GET") -> dict[str, Any]:
+    return {"type": "http", "method": method, "path": path, "client": (address, 1), "headers": []}
+
+
+async def _settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def _nothing() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+async def _sink(message: Any) -> None:
+    pass
+
+
+def test_one_address_holds_at_most_its_share_of_the_slots() -> None:
+    async def run() -> None:
+        app = Held()
+        admission = AdmissionMiddleware(app, slots=4, per_address=2)
+        tasks = [
+            asyncio.create_task(admission(_scope("10.0.0.1"), _nothing, _sink)) for _ in range(5)
+        ]
+        await _settle()
+        assert len(app.inside) == 2  # the address's share, though slots are free
+        tasks.append(asyncio.create_task(admission(_scope("10.0.0.2"), _nothing, _sink)))
+        tasks.append(
+            asyncio.create_task(admission(_scope("10.0.0.1", "/healthz"), _nothing, _sink))
+        )
+        await _settle()
+        assert sorted(app.inside[2:]) == ["10.0.0.1 /healthz", "10.0.0.2 /api/v1/me"]
+        app.release.set()
+        await asyncio.gather(*tasks)
+        assert len(app.inside) == 7  # the waiting ones got their turn
+
+    asyncio.run(run())
+
+
+def test_an_upload_waits_for_its_data_holding_no_slot() -> None:
+    async def run() -> None:
+        app = Held()
+        admission = AdmissionMiddleware(app, slots=1, per_address=2)
+        data = asyncio.Event()
+
+        async def slow_body() -> dict[str, Any]:
+            await data.wait()
+            return {"type": "http.request", "body": b"x", "more_body": False}
+
+        upload = _scope("10.0.0.1", "/api/v1/workspaces/w/datasets", "POST")
+        uploading = asyncio.create_task(admission(upload, slow_body, _sink))
+        await _settle()
+        reading = asyncio.create_task(admission(_scope("10.0.0.2"), _nothing, _sink))
+        await _settle()
+        assert app.inside == ["10.0.0.1 /api/v1/workspaces/w/datasets", "10.0.0.2 /api/v1/me"]
+        data.set()
+        app.release.set()
+        await asyncio.gather(uploading, reading)
+
+    asyncio.run(run())
+
+
+def test_a_cluster_hosts_artifact_uploads_take_none_of_its_turns() -> None:
+    async def run() -> None:
+        app = Held()
+        admission = AdmissionMiddleware(app, slots=4, per_address=1)
+        artifact = _scope("10.0.0.9", "/api/v1/cluster/jobs/j/roles/encoder/artifact", "PUT")
+        uploading = asyncio.create_task(admission(artifact, _nothing, _sink))
+        await _settle()
+        # the host's heartbeat still has its turn while the upload holds a slot
+        beating = asyncio.create_task(admission(_scope("10.0.0.9"), _nothing, _sink))
+        await _settle()
+        assert len(app.inside) == 2
+        app.release.set()
+        await asyncio.gather(uploading, beating)
+
+    asyncio.run(run())

@@ -164,9 +164,10 @@ def test_a_new_route_is_documented_from_its_shape_and_its_declared_errors() -> N
     app.include_router(router)
     paths = build_document(app)["paths"]
     create = paths["/api/v1/things/{user_id}"]["post"]
-    # 400 NUL, 401 and 403 (admin, CSRF) from the dependencies, 404 the path id, 409 declared,
-    # 413 a body, 422 validation
-    assert set(create["responses"]) == {"201", "400", "401", "403", "404", "409", "413", "422"}
+    # 400 NUL, 401 and 403 (admin, CSRF) from the dependencies, 404 the path id (429 a scan of
+    # them), 409 declared, 408 and 413 a body, 422 validation
+    expected = {"201", "400", "401", "403", "404", "408", "409", "413", "422", "429"}
+    assert set(create["responses"]) == expected
     assert create["security"] == [{"bearer": []}, {"session_cookie": []}]
     assert set(paths["/api/v1/things"]["get"]["responses"]) == {"200", "400", "401"}
 

@@ -22,6 +22,7 @@ OWNER_FUNCTIONS = {
     ("jobs/dispatch.py", "reap_once"): "a reaper pass",
     ("jobs/dispatch.py", "_run"): "the reaper's housekeeping pass",
     ("pki/service.py", "ensure_platform_keys"): "start-up, in sessions of its own",
+    ("audit/flushing.py", "flush_once"): "a pass that appends ended refusal windows",
 }
 
 

@@ -28,9 +28,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from contract import API_PREFIX
 from workers.control_plane import ClusterClient, check_control_plane_url, tls_verify
 from workers.presence import PresenceReporter
+from workers.private_files import write_private_file
 from workers.switch.server import Address, Switch, SwitchConfig
 from workers.switch.shaper import ShaperConfig
-from workers.switch.tls import make_switch_key_and_csr, write_private_file
+from workers.switch.tls import make_switch_key_and_csr
 
 log = logging.getLogger("nebula.switch")
 

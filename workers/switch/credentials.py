@@ -12,6 +12,7 @@ from workers.switch.core import (
     SwitchCore,
     log,
 )
+from workers.private_files import write_private_file
 from workers.switch.stream import cut
 from workers.switch.tls import (
     CrlInfo,
@@ -20,7 +21,6 @@ from workers.switch.tls import (
     needs_renewal,
     read_crl,
     server_context,
-    write_private_file,
 )
 
 

@@ -11,7 +11,6 @@ import os
 import ssl
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 from cryptography import x509
 
@@ -30,24 +29,6 @@ TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 class PeerRejected(Exception):
     """The other end of a TLS connection is not who it must be (name, revocation)."""
-
-
-def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` with mode 0600, atomically (a temporary file then a rename).
-
-    A missing folder is made with mode 0700.
-    """
-    target = Path(path)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
 
 
 @dataclass(frozen=True)

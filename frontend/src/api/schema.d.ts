@@ -3039,6 +3039,15 @@ export interface components {
                 "application/json": components["schemas"]["ErrorOut"];
             };
         };
+        /** @description The request body did not arrive in time; the connection is closed */
+        RequestTimeout: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["ErrorOut"];
+            };
+        };
         /** @description Too large: the request body or a quota */
         TooLarge: {
             headers: {
@@ -3048,7 +3057,7 @@ export interface components {
                 "application/json": components["schemas"]["ErrorOut"];
             };
         };
-        /** @description Too many attempts; try again later */
+        /** @description Too many attempts (or refused requests from this user or address); try again later */
         TooManyAttempts: {
             headers: {
                 [name: string]: unknown;
@@ -3119,6 +3128,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
@@ -3149,6 +3159,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     approve_api_v1_access_requests__request_id__approve_post: {
@@ -3180,9 +3191,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     deny_api_v1_access_requests__request_id__deny_post: {
@@ -3212,6 +3225,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     revoke_api_v1_access_requests__request_id__revoke_post: {
@@ -3241,6 +3255,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     withdraw_api_v1_access_requests__request_id__withdraw_post: {
@@ -3270,6 +3285,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_active_jobs_api_v1_admin_jobs_get: {
@@ -3430,6 +3446,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -3513,9 +3530,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     ended_jobs_api_v1_cluster_jobs_ended_post: {
@@ -3542,6 +3561,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
@@ -3576,9 +3596,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
             507: components["responses"]["InsufficientStorage"];
         };
     };
@@ -3611,9 +3633,11 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     finish_api_v1_cluster_jobs__job_id__roles__role__finish_post: {
@@ -3646,9 +3670,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     heartbeat_api_v1_cluster_jobs__job_id__roles__role__heartbeat_post: {
@@ -3679,6 +3705,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     read_input_api_v1_cluster_jobs__job_id__roles__role__inputs__name__get: {
@@ -3710,6 +3737,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     metrics_api_v1_cluster_jobs__job_id__roles__role__metrics_post: {
@@ -3742,9 +3770,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     read_rendezvous_api_v1_cluster_jobs__job_id__roles__role__rendezvous_get: {
@@ -3774,6 +3804,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     publish_rendezvous_api_v1_cluster_jobs__job_id__roles__role__rendezvous_post: {
@@ -3806,8 +3837,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     presence_api_v1_cluster_presence_post: {
@@ -3834,6 +3867,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
@@ -3914,6 +3948,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
@@ -3944,6 +3979,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     delete_cluster_api_v1_clusters__cluster_id__delete: {
@@ -3971,6 +4007,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_certificates_api_v1_clusters__cluster_id__certificates_get: {
@@ -4002,6 +4039,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     sign_csr_api_v1_clusters__cluster_id__csr_post: {
@@ -4033,8 +4071,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     create_enrollment_token_api_v1_clusters__cluster_id__enrollment_tokens_post: {
@@ -4066,8 +4106,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_presence_api_v1_clusters__cluster_id__presence_get: {
@@ -4096,6 +4138,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_worker_credentials_api_v1_clusters__cluster_id__worker_credentials_get: {
@@ -4127,6 +4170,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     create_worker_credential_api_v1_clusters__cluster_id__worker_credentials_post: {
@@ -4155,6 +4199,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     revoke_worker_credential_api_v1_clusters__cluster_id__worker_credentials__credential_id__delete: {
@@ -4184,6 +4229,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     get_dataset_api_v1_datasets__dataset_id__get: {
@@ -4211,6 +4257,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     delete_dataset_api_v1_datasets__dataset_id__delete: {
@@ -4237,6 +4284,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     update_dataset_api_v1_datasets__dataset_id__patch: {
@@ -4268,8 +4316,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     get_dataset_content_api_v1_datasets__dataset_id__content_get: {
@@ -4298,6 +4348,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     create_request_api_v1_datasets__dataset_id__release_requests_post: {
@@ -4329,9 +4380,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_job_kinds_api_v1_job_kinds_get: {
@@ -4381,6 +4434,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     job_artifacts_api_v1_jobs__job_id__artifacts_get: {
@@ -4408,6 +4462,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     cancel_job_api_v1_jobs__job_id__cancel_post: {
@@ -4437,6 +4492,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     job_events_api_v1_jobs__job_id__events_get: {
@@ -4464,6 +4520,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     job_metrics_api_v1_jobs__job_id__metrics_get: {
@@ -4491,6 +4548,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     me_api_v1_me_get: {
@@ -4564,6 +4622,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -4620,6 +4679,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
@@ -4648,6 +4708,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     ca_pem_api_v1_pki_ca_pem_get: {
@@ -4717,6 +4778,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
@@ -4766,6 +4828,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
         };
@@ -4823,6 +4886,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     approve_api_v1_release_requests__request_id__approve_post: {
@@ -4852,6 +4916,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     deny_api_v1_release_requests__request_id__deny_post: {
@@ -4881,6 +4946,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_users_api_v1_users_get: {
@@ -4935,6 +5001,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
@@ -4966,6 +5033,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     delete_user_api_v1_users__user_id__delete: {
@@ -4993,6 +5061,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     update_user_api_v1_users__user_id__patch: {
@@ -5024,9 +5093,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     get_user_quota_api_v1_users__user_id__quota_get: {
@@ -5055,6 +5126,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     set_user_quota_api_v1_users__user_id__quota_patch: {
@@ -5086,8 +5158,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     reactivate_user_api_v1_users__user_id__reactivate_post: {
@@ -5117,6 +5191,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     suspend_user_api_v1_users__user_id__suspend_post: {
@@ -5146,6 +5221,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_workspaces_api_v1_workspaces_get: {
@@ -5201,6 +5277,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
@@ -5231,6 +5308,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     delete_workspace_api_v1_workspaces__workspace_id__delete: {
@@ -5258,6 +5336,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_datasets_api_v1_workspaces__workspace_id__datasets_get: {
@@ -5288,6 +5367,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     upload_dataset_api_v1_workspaces__workspace_id__datasets_post: {
@@ -5330,8 +5410,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
             507: components["responses"]["InsufficientStorage"];
         };
     };
@@ -5363,6 +5445,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     submit_job_api_v1_workspaces__workspace_id__jobs_post: {
@@ -5394,9 +5477,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     set_quota_api_v1_workspaces__workspace_id__quota_patch: {
@@ -5428,8 +5513,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     healthz_healthz_get: {

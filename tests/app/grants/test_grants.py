@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.accounts.models import Role, User
+from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.audit.service import Actor
 from app.db import utcnow
@@ -65,7 +66,11 @@ def use(platform: Platform, settings: Settings, user: Account, dataset_id: str) 
 
 
 def audit_of(platform: Platform, subject_id: str) -> list[tuple[str, str]]:
+    """The subject's events once every refusal window has ended (identical refusals within a
+    window are one row and one counted row: app/audit/refusals.py)."""
     with platform.factory() as db:
+        audit.flush_refusals(db, everything=True)
+        db.commit()
         rows = db.execute(
             select(AuditEvent.action, AuditEvent.outcome)
             .where(AuditEvent.subject_id == subject_id)

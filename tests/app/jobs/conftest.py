@@ -35,8 +35,8 @@ from app.pki import service as pki
 from app.settings import Settings
 from support import PASSWORD, LiveServer
 from workers.ports import free_port
+from workers.private_files import write_private_file
 from workers.switch import agent
-from workers.switch.tls import write_private_file
 from workers.worker_state import credential_path
 
 REPO = Path(__file__).resolve().parents[3]

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from app.accounts.models import Role
+from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.db import utcnow
 from app.errors import Forbidden
@@ -134,7 +135,11 @@ def decide(client: TestClient, who: Account, request_id: str, verb: str) -> tupl
 
 
 def audit_of(platform: Platform, subject_id: str) -> list[tuple[str, str]]:
+    """The subject's events once every refusal window has ended (identical refusals within a
+    window are one row and one counted row: app/audit/refusals.py)."""
     with platform.factory() as db:
+        audit.flush_refusals(db, everything=True)
+        db.commit()
         events = db.scalars(
             select(AuditEvent).where(AuditEvent.subject_id == subject_id).order_by(AuditEvent.seq)
         ).all()
