@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
-    upgrade(settings.resolved_database_url)
+    upgrade(settings.resolved_database_url, settings=settings)
     print(f"database at head: {_redact(settings.resolved_database_url)}")
     return 0
 

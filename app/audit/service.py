@@ -16,6 +16,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from app import seals
 from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
 from app.audit.models import AuditEvent
 from app.db import Page, begin_writing, utcnow
@@ -38,8 +39,9 @@ _chain_keys: WeakKeyDictionary[Engine, bytes] = WeakKeyDictionary()
 
 
 def use_chain_key(engine: Engine, settings: Settings) -> Engine:
-    """Key the audit chain of every session on `engine` with this platform's audit key."""
+    """Key the audit chain, and the seals of rows that confer access, of `engine`'s sessions."""
     _chain_keys[engine] = subkey(settings, Purpose.audit_chain)
+    seals.use_seal_key(engine, settings)
     return engine
 
 

@@ -30,6 +30,8 @@ class Workspace(Base):
     # The workspace's data key, wrapped (AES-GCM) by the master key derived from the
     # platform secret: the database alone never holds a key that opens a dataset.
     data_key_wrapped: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))
 
 
 class DatasetKind(enum.StrEnum):
@@ -60,3 +62,5 @@ class Dataset(Base):
     discoverable: Mapped[bool] = mapped_column(default=False, index=True)
     created_at: Mapped[CreatedAt]
     deleted_at: Mapped[datetime | None]
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))
