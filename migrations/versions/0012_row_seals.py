@@ -1,4 +1,5 @@
-"""Seals (row_mac) on the rows that confer access, computed for the rows already there.
+"""Seals (row_mac) on the rows that confer access, computed for the rows already there;
+and column_exposures, which cluster received which column of a parallel corpus.
 
 The seal is an HMAC under a key derived from the platform secret (app/seals.py), which the
 database does not hold, so this migration reads the secret the way the server does: from
@@ -85,8 +86,52 @@ def upgrade() -> None:
     for name in FIELDS:
         op.add_column(name, sa.Column("row_mac", sa.String(64), nullable=True))
     _seal_existing(op.get_bind())
+    op.create_table(
+        "column_exposures",
+        sa.Column("dataset_id", sa.String(36), nullable=False),
+        sa.Column("user_id", sa.String(36), nullable=False),
+        sa.Column("cluster", sa.String(63), nullable=False),
+        sa.Column("column", sa.Integer(), nullable=False),
+        sa.Column("job_id", sa.String(36), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.PrimaryKeyConstraint(
+            "dataset_id", "user_id", "cluster", "column", name="pk_column_exposures"
+        ),
+    )
+    _remember_existing_jobs(op.get_bind())
+
+
+def _remember_existing_jobs(bind: sa.Connection) -> None:
+    """What the jobs already submitted sent where, so that the first new job is checked too."""
+    from contract.kinds import KINDS, job_roles, role_reads
+
+    jobs = sa.Table("jobs", sa.MetaData(), autoload_with=bind)
+    exposures = sa.Table("column_exposures", sa.MetaData(), autoload_with=bind)
+    seen: set[tuple[str, str, str, int]] = set()
+    rows = bind.execute(sa.select(jobs).order_by(jobs.c.created_at)).mappings().all()
+    for job in rows:
+        if job["kind"] not in KINDS:
+            continue
+        config, inputs = job["config"] or {}, job["inputs"] or {}
+        for role, cluster in job_roles(job["kind"], config, job["placement"]).items():
+            for name, column in role_reads(job["kind"], role, config).items():
+                key = (inputs.get(name), job["owner_id"], cluster, column)
+                if key[0] is None or column is None or key in seen:
+                    continue
+                seen.add(key)  # type: ignore[arg-type]
+                bind.execute(
+                    sa.insert(exposures).values(
+                        dataset_id=key[0],
+                        user_id=job["owner_id"],
+                        cluster=cluster,
+                        column=column,
+                        job_id=job["id"],
+                        created_at=job["created_at"],
+                    )
+                )
 
 
 def downgrade() -> None:
+    op.drop_table("column_exposures")
     for name in reversed(FIELDS):
         op.drop_column(name, "row_mac")
