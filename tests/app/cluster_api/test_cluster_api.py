@@ -257,7 +257,7 @@ def test_heartbeat_renews_the_token_and_metric_batches_apply_once(site: Site) ->
     status, body = site.call("POST", "discriminator", "heartbeat")
     assert status == 200 and body["alive"] is True
     renewed = body["token"]
-    batch = {"seq": 1, "points": [{"step": 3, "values": {"loss": 0.5}}], "checkpoint_step": 2}
+    batch = {"seq": 1, "points": [{"step": 3, "values": {"rtd_loss": 0.5}}], "checkpoint_step": 2}
     assert site.call("POST", "discriminator", "metrics", token=renewed, json=batch) == (
         200,
         {"applied": True},
