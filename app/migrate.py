@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from alembic import command
 from alembic.config import Config
 
 from app.settings import Settings
+
+log = logging.getLogger("nebula")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -38,6 +41,27 @@ def upgrade(url: str, revision: str = "head", *, settings: Settings | None = Non
     if settings is not None:
         cfg.attributes["settings"] = settings
     command.upgrade(cfg, revision)
+    if settings is not None:
+        _first_anchor(url, settings)
+
+
+def _first_anchor(url: str, settings: Settings) -> None:
+    """A new deployment's first audit anchor (seq 0), before any command appends events.
+
+    Without it, events a command writes before the server first starts (the first admin)
+    would find no anchor file, which the anchorer takes for a lost one and refuses.
+    """
+    from app.audit.service import AnchorsMissing, anchor_head, use_chain_key
+    from app.db import make_engine, make_sessionmaker
+
+    engine = use_chain_key(make_engine(url), settings)
+    try:
+        with make_sessionmaker(engine)() as db:
+            anchor_head(db, settings=settings)
+    except AnchorsMissing as missing:
+        log.error("%s", missing)
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: str, revision: str) -> None:
