@@ -38,7 +38,7 @@ from workers.control_plane import (
 from workers.presence import instance_name
 from workers.switch.link import Link
 from workers.training import sealed
-from workers.training.runtime import Hooks, RoleResult
+from workers.training.runtime import Hooks, ReportableError, RoleResult
 
 log = logging.getLogger("nebula.runner")
 
@@ -287,12 +287,21 @@ def _finite(values: dict[str, float]) -> dict[str, float]:
 
 
 def _error_message(exc: BaseException) -> str:
-    """What the control plane is told of a failure: the exception's class, never its text.
+    """What the control plane is told of a failure: the exception's class, and its text
+    only when Nebula wrote that text from fixed words and numbers (ReportableError) or the
+    control plane itself did (ControlPlaneError).
 
-    An exception's text can quote data (a line that failed to parse); its class cannot.
-    The full text stays in this cluster's log.
+    Any other exception's text can quote data (a line that failed to parse); its class
+    cannot. The full text stays in this cluster's log.
     """
-    return type(exc).__name__[:MAX_ERROR_MESSAGE]
+    if isinstance(exc, ReportableError):
+        text = f"{type(exc).__name__}: {exc}"
+    elif isinstance(exc, ControlPlaneError):
+        text = exc.detail
+    else:
+        text = type(exc).__name__
+    printable = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return printable[:MAX_ERROR_MESSAGE]
 
 
 class CredentialRefused(Exception):
@@ -460,7 +469,7 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     except (Fenced, Refused):
         return _Outcome("stopped", _finish(session, "stopped"))
     except (httpx.TransportError, ControlPlaneError) as exc:
-        error = f"storing the artifact failed: {_error_message(exc)}"
+        error = ("storing the artifact failed: " + _error_message(exc))[:MAX_ERROR_MESSAGE]
         return _Outcome(
             "failed", _finish(session, "failed", error_code=ErrorCode.artifact, error=error)
         )

@@ -56,6 +56,7 @@ from workers.training.replicas import discriminator_replicas
 from workers.training.role import RoleLoop, StepSync, TrainingState
 from workers.training.runtime import (
     Hooks,
+    ReportableError,
     RoleResult,
     expect_bytes,
     restore_training_state,
@@ -103,7 +104,7 @@ def run_electra_generator(
     """Scenario-I, cluster G: train the generator and feed corrupted batches to D."""
     lines = clean_lines(text_lines)
     if len(lines) < cfg.batch_size:
-        raise ValueError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
+        raise ReportableError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
     loop = RoleLoop.of(GENERATOR, cfg, link, hooks or Hooks(), ckpt_dir, channel=HELLO)
     tok = job_tokenizer(cfg, lines, loop.store)
     V = tok.get_vocab_size()
