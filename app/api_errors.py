@@ -14,8 +14,10 @@ from pydantic import BaseModel, Field
 from sqlalchemy.exc import DataError
 from starlette.concurrency import run_in_threadpool
 
+from app.db import begin_writing
 from app.errors import DomainError
 from app.routing import InHop
+from app.seals import TamperedRow
 
 log = logging.getLogger("nebula")
 
@@ -90,6 +92,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def domain_error(_request: Request, exc: DomainError) -> JSONResponse:
         return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
+    @app.exception_handler(TamperedRow)
+    async def tampered(request: Request, exc: TamperedRow) -> JSONResponse:
+        # refused as missing; the attempt is committed to the audit log on its own
+        await run_in_threadpool(_audit_tampering, request, exc)
+        return await domain_error(request, exc)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # a caller the endpoint would have refused is refused first (401 or 403, not 422)
@@ -113,3 +121,23 @@ def install_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return JSONResponse({"detail": "internal error"}, status_code=500)
+
+
+def _audit_tampering(request: Request, exc: TamperedRow) -> None:
+    """Record a row whose seal failed, as `integrity.tampered`, in a transaction of its own."""
+    from app.audit.service import Actor, record
+
+    log.error("refused a %s row whose seal does not hold: %s", exc.table, exc.row_id)
+    ip = request.client.host if request.client else None
+    with request.app.state.sessionmaker() as db:
+        begin_writing(db)
+        record(
+            db,
+            actor=Actor(user_id=None, ip=ip),
+            action="integrity.tampered",
+            subject_type=exc.table,
+            subject_id=exc.row_id,
+            outcome="denied",
+            details={"table": exc.table, "path": request.url.path, "status": 404},
+        )
+        db.commit()

@@ -29,6 +29,7 @@ class Purpose(StrEnum):
     audit_anchor = "audit-anchor"  # Ed25519 seed that signs the chain's heads kept outside the DB
     csrf = "csrf"  # binds CSRF tokens to sessions
     checkpoints = "checkpoints"  # derives each job's key for what it leaves on clusters
+    row_seal = "row-seal"  # MACs the rows that confer access (app/seals.py)
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+
+from app.settings import Settings
+
+log = logging.getLogger("nebula")
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -20,15 +25,43 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at `url` to `revision`."""
+def upgrade(url: str, revision: str = "head", *, settings: Settings | None = None) -> None:
+    """Bring the database at `url` to `revision`.
+
+    `settings` give the platform secret to migrations that need it (0012 seals rows);
+    without them such a migration reads the environment's settings.
+    """
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # an empty file is an empty database; SQLite gives its -wal and -shm files its mode
         with contextlib.suppress(FileExistsError):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    command.upgrade(alembic_config(url), revision)
+    cfg = alembic_config(url)
+    if settings is not None:
+        cfg.attributes["settings"] = settings
+    command.upgrade(cfg, revision)
+    if settings is not None:
+        _first_anchor(url, settings)
+
+
+def _first_anchor(url: str, settings: Settings) -> None:
+    """A new deployment's first audit anchor (seq 0), before any command appends events.
+
+    Without it, events a command writes before the server first starts (the first admin)
+    would find no anchor file, which the anchorer takes for a lost one and refuses.
+    """
+    from app.audit.service import AnchorsMissing, anchor_head, use_chain_key
+    from app.db import make_engine, make_sessionmaker
+
+    engine = use_chain_key(make_engine(url), settings)
+    try:
+        with make_sessionmaker(engine)() as db:
+            anchor_head(db, settings=settings)
+    except AnchorsMissing as missing:
+        log.error("%s", missing)
+    finally:
+        engine.dispose()
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -5,7 +5,7 @@ from app.audit.models import AuditEvent
 from app.clusters.models import Certificate, Cluster, EnrollmentToken, PlatformKey
 from app.db import Base
 from app.grants.models import AccessRequest
-from app.jobs.models import Job, JobArtifact, JobMetric, JobRole
+from app.jobs.models import ColumnExposure, Job, JobArtifact, JobMetric, JobRole
 from app.releases.models import DatasetSource, ReleaseApproval, ReleaseRequest
 from app.workspaces.models import Dataset, Workspace
 
@@ -16,6 +16,7 @@ __all__ = [
     "Base",
     "Certificate",
     "Cluster",
+    "ColumnExposure",
     "Dataset",
     "DatasetSource",
     "EnrollmentToken",

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     from app.migrate import upgrade
 
-    upgrade(settings.resolved_database_url)
+    upgrade(settings.resolved_database_url, settings=settings)
     print(f"database at head: {_redact(settings.resolved_database_url)}")
     return 0
 
@@ -115,6 +115,26 @@ def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     for problem in result.problems:
         print(f"  {problem.detail}")
     return 1
+
+
+def _audit_adopt(args: argparse.Namespace, settings: Settings) -> int:
+    from app.audit import service as audit
+    from app.audit.anchor import AnchorLog
+    from app.db import make_sessionmaker
+
+    if AnchorLog.for_settings(settings).newest() is not None:
+        print("the anchor file holds anchors already; nothing adopted", file=sys.stderr)
+        return 1
+    engine = _engine(settings)
+    with make_sessionmaker(engine)() as db:
+        anchor = audit.anchor_head(db, settings=settings, adopt=True)
+    engine.dispose()
+    assert anchor is not None
+    print(
+        f"first anchor signed at seq {anchor.seq}; events 1..{anchor.legacy_through}"
+        " kept as an unkeyed chain, pinned by it"
+    )
+    return 0
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -537,6 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_parser("verify", help="exit 1 if the chain or its anchor is broken").set_defaults(
         run=_audit_verify
     )
+    audit.add_parser(
+        "adopt",
+        help="sign the chain as it stands as the first anchor (an upgrade from a release"
+        " without the keyed chain); refused once an anchor file exists",
+    ).set_defaults(run=_audit_adopt)
     return parser
 
 

@@ -201,7 +201,7 @@ def up(settings: Settings, *, host: str, port: int) -> int:
     _check_port_free(host, port)
     settings.var_dir.mkdir(parents=True, exist_ok=True)
     settings.secret()
-    upgrade(settings.resolved_database_url)
+    upgrade(settings.resolved_database_url, settings=settings)
     # makes the embedded broker's folders before anyone polls them
     broker_options(settings.broker_url, settings.var_dir)
     admin = ensure_demo_admin(settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
@@ -69,10 +70,41 @@ class OutputOut(BaseModel):
     size_bytes: int
 
 
+MAX_REPORT_METRICS = 64
+MAX_ERROR_MESSAGE = 200
+
+
+class ErrorCode(StrEnum):
+    """Why a role failed, from a fixed list: error text is a channel out of the cluster too."""
+
+    training = "training"  # the training loop raised
+    input = "input"  # an input could not be read
+    artifact = "artifact"  # storing the artifact failed
+    link = "link"  # the peer or the switch went away
+    resources = "resources"  # out of memory or disk
+    other = "other"
+
+
+class RoleReport(StrictIn):
+    """How a role ended, in numbers only; metric names come from the job kind's table
+    (contract/kinds.py `metrics`), checked by the control plane."""
+
+    start_step: Step = 0
+    last_step: Step = 0
+    final_metrics: dict[MetricName, MetricValue] = Field(
+        default_factory=dict, max_length=MAX_REPORT_METRICS
+    )
+    extra: dict[MetricName, MetricValue] = Field(default_factory=dict, max_length=16)
+
+
 class FinishIn(StrictIn):
+    """One per role and attempt: a second answers 409."""
+
     outcome: Literal["succeeded", "failed", "stopped"]
-    error: str | None = Field(default=None, max_length=2000)
-    report: dict[str, Any] = Field(default_factory=dict)
+    error_code: ErrorCode | None = None
+    # printable ASCII, short: a class name or a few words, never a line of data
+    error: str | None = Field(default=None, max_length=MAX_ERROR_MESSAGE, pattern=r"^[\x20-\x7e]*$")
+    report: RoleReport = Field(default_factory=RoleReport)
 
 
 class FinishOut(BaseModel):

@@ -154,6 +154,15 @@ class JobKindSpec(BaseModel):
     # roles that must run on different clusters: ABNet's encoder gets only the source
     # column and its decoder only the target, so that no cluster holds a sentence pair
     apart: tuple[str, ...] = ()
+    # every metric name a role of the kind may report (per step, in its final report and
+    # its extra figures): a name is a channel out of the cluster, so it is never free text
+    metrics: frozenset[str] = frozenset()
+
+
+def _auto_metrics(*streams: str) -> frozenset[str]:
+    """What the `auto` codec reports for each of `streams` (workers/training/abnet/wire.py)."""
+    fields = ("choice", "rel_error", "wire_bytes", "measured", "bandwidth_mbit")
+    return frozenset(f"auto.{stream}.{field}" for stream in streams for field in fields)
 
 
 _GENERATOR_SEES = (
@@ -207,6 +216,21 @@ KINDS: dict[str, JobKindSpec] = {
             ),
         },
         primary_role="discriminator",
+        metrics=frozenset(
+            {
+                "mlm_loss",
+                "tokens_per_s",
+                "bytes_to_discriminator",
+                "bytes_to_discriminator_total",
+                "bytes_per_token",
+                "rtd_loss",
+                "rtd_accuracy",
+                "bytes_to_generator",
+                "bytes_to_generator_total",
+                "mode_shared",
+                "replica_max_abs_diff",
+            }
+        ),
     ),
     "abnet_finetune": JobKindSpec(
         label="ABNet fine-tuning",
@@ -248,6 +272,22 @@ KINDS: dict[str, JobKindSpec] = {
         },
         primary_role="decoder",
         apart=("encoder", "decoder"),
+        metrics=frozenset(
+            {
+                "loss",
+                "token_loss",
+                "length_loss",
+                "token_accuracy",
+                "seconds",
+                "tokens_per_s",
+                "bytes_to_decoder",
+                "bytes_to_decoder_total",
+                "bytes_to_encoder",
+                "bytes_to_encoder_total",
+                "bleu",
+            }
+        )
+        | _auto_metrics("forward", "backward"),
     ),
 }
 

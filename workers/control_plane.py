@@ -26,6 +26,7 @@ from contract.cluster_api import (
     ClaimOut,
     EndedJobsIn,
     EndedJobsOut,
+    ErrorCode,
     FinishIn,
     FinishOut,
     HeartbeatOut,
@@ -256,12 +257,17 @@ class RoleSession:
         return Rendezvous.model_validate(answer.json())
 
     def finish(
-        self, outcome: str, *, error: str | None = None, report: dict[str, Any] | None = None
+        self,
+        outcome: str,
+        *,
+        error_code: ErrorCode | None = None,
+        error: str | None = None,
+        report: dict[str, Any] | None = None,
     ) -> str:
         """Report how the role ended; returns the job's status."""
-        body = FinishIn.model_construct(
-            outcome=outcome,  # type: ignore[arg-type]
-            error=error,
-            report=report or {},
+        body = FinishIn.model_validate(
+            {"outcome": outcome, "error_code": error_code, "error": error, "report": report or {}}
         )
-        return FinishOut.model_validate(self._post("finish", body.model_dump())).job_status
+        return FinishOut.model_validate(
+            self._post("finish", body.model_dump(mode="json"))
+        ).job_status

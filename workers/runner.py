@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import shutil
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from contract.cluster_api import Rendezvous
+from contract.cluster_api import MAX_ERROR_MESSAGE, ErrorCode, Rendezvous
 from contract.kinds import KINDS, REPLICA_OF, replica_rank
 from contract.text import split_lines
 from workers.control_plane import (
@@ -37,7 +38,7 @@ from workers.control_plane import (
 from workers.presence import instance_name
 from workers.switch.link import Link
 from workers.training import sealed
-from workers.training.runtime import Hooks, RoleResult
+from workers.training.runtime import Hooks, ReportableError, RoleResult
 
 log = logging.getLogger("nebula.runner")
 
@@ -274,12 +275,36 @@ ROLE_ENTRIES: dict[tuple[str, str], RoleEntry] = {
 
 
 def _report(role: str, result: RoleResult) -> dict[str, Any]:
+    """The role's end in numbers only (contract RoleReport): no text leaves this way."""
     return {
         "start_step": result.start_step,
         "last_step": result.last_step,
-        "final_metrics": result.history[-1] if result.history else {},
-        **{f"extra.{k}": v for k, v in result.extra.items()},
+        "final_metrics": _finite(result.history[-1] if result.history else {}),
+        "extra": _finite(result.extra),
     }
+
+
+def _finite(values: dict[str, float]) -> dict[str, float]:
+    # a diverged loss is NaN; the report's schema, like a chart, takes numbers only
+    return {name: float(v) for name, v in values.items() if math.isfinite(v)}
+
+
+def _error_message(exc: BaseException) -> str:
+    """What the control plane is told of a failure: the exception's class, and its text
+    only when Nebula wrote that text from fixed words and numbers (ReportableError) or the
+    control plane itself did (ControlPlaneError).
+
+    Any other exception's text can quote data (a line that failed to parse); its class
+    cannot. The full text stays in this cluster's log.
+    """
+    if isinstance(exc, ReportableError):
+        text = f"{type(exc).__name__}: {exc}"
+    elif isinstance(exc, ControlPlaneError):
+        text = exc.detail
+    else:
+        text = type(exc).__name__
+    printable = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return printable[:MAX_ERROR_MESSAGE]
 
 
 class CredentialRefused(Exception):
@@ -431,8 +456,9 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
         if hooks.stopped:
             return _Outcome("stopped", _finish(session, "stopped"), hooks.refused)
         log.exception("role %s of job %s failed", claim.role, claim.job_id)
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        return _Outcome("failed", _finish(session, "failed", error=error))
+        code = ErrorCode.resources if isinstance(exc, MemoryError | OSError) else ErrorCode.training
+        error = _error_message(exc)
+        return _Outcome("failed", _finish(session, "failed", error_code=code, error=error))
     finally:
         for link in links:
             link.close()
@@ -446,7 +472,9 @@ def _run_and_report(session: RoleSession, side: ClusterSide) -> _Outcome:
     except (Fenced, Refused):
         return _Outcome("stopped", _finish(session, "stopped"))
     except (httpx.TransportError, ControlPlaneError) as exc:
-        error = f"storing the artifact failed: {exc}"[:2000]
-        return _Outcome("failed", _finish(session, "failed", error=error))
+        error = ("storing the artifact failed: " + _error_message(exc))[:MAX_ERROR_MESSAGE]
+        return _Outcome(
+            "failed", _finish(session, "failed", error_code=ErrorCode.artifact, error=error)
+        )
     report = _report(claim.role, result)
     return _Outcome("succeeded", _finish(session, "succeeded", report=report))

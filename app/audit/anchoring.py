@@ -7,7 +7,7 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.audit.service import anchor_head
+from app.audit.service import AnchorsMissing, anchor_head
 from app.db import session_scope
 from app.settings import Settings
 
@@ -21,12 +21,23 @@ class Anchorer:
         self.factory = factory
         self.settings = settings
         self._stop = threading.Event()
+        # True while the anchor file is missing: nothing is signed until it is restored
+        self.halted = False
         self._thread = threading.Thread(target=self._run, name="nebula-anchorer", daemon=True)
 
     def anchor_once(self) -> None:
-        """One pass: anchor the head if it moved."""
+        """One pass: anchor the head if it moved; nothing while the anchor file is missing."""
         for db in session_scope(self.factory):
-            anchor_head(db, settings=self.settings)
+            try:
+                anchor_head(db, settings=self.settings)
+            except AnchorsMissing as missing:
+                if not self.halted:
+                    log.critical("audit anchoring stopped: %s", missing)
+                self.halted = True
+                return
+            if self.halted:
+                log.warning("audit anchor file restored; anchoring again")
+            self.halted = False
 
     def start(self) -> Anchorer:
         # the first anchor is written before the app serves anything, so that it exists

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from app.audit import refusals
+from app import seals
 from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
 from app.audit.models import AuditEvent
 from app.audit.refusals import Verdict
@@ -40,13 +41,14 @@ _chain_keys: WeakKeyDictionary[Engine, bytes] = WeakKeyDictionary()
 
 
 def use_chain_key(engine: Engine, settings: Settings) -> Engine:
-    """Key the audit chain of every session on `engine` with this platform's audit key."""
+    """Key the audit chain, and the seals of rows that confer access, of `engine`'s sessions."""
     _chain_keys[engine] = subkey(settings, Purpose.audit_chain)
     refusals.bind(
         engine,
         window_s=settings.audit_refusal_window_s,
         per_window=settings.audit_refusals_per_window,
     )
+    seals.use_seal_key(engine, settings)
     return engine
 
 
@@ -289,7 +291,10 @@ class Problem:
     def detail(self) -> str:
         """The finding in words."""
         if self.kind == "unanchored":
-            return "unanchored: no valid signed anchor, so deleted newest events would go unseen"
+            return (
+                "unanchored: no valid signed anchor, so deleted newest events would go unseen;"
+                " restore the anchor file (data dir audit/anchors.jsonl) from its backup"
+            )
         span = (
             f"event {self.first_seq}"
             if self.first_seq == self.last_seq
@@ -387,17 +392,35 @@ def _legacy_head(db: Session) -> tuple[int, str]:
     return seq, head
 
 
-def anchor_head(db: Session, *, settings: Settings) -> Anchor | None:
+class AnchorsMissing(Exception):
+    """The anchor file is gone (or holds no anchor) while the table holds events."""
+
+
+def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anchor | None:
     """Sign the chain's head into the anchor file if it moved; returns the newest anchor.
 
     Only a head that extends the last anchor through events carrying the platform's keyed
     hash is signed: a cut tail or a forged event is never made to look anchored.
+
+    With no anchor file, only an empty table is anchored (seq 0, a new deployment) unless
+    `adopt` (`nebula audit adopt`, an operator's decision): otherwise AnchorsMissing. A
+    lost or emptied file is never silently replaced, since whoever rewrote the events as
+    an unkeyed chain would then have them signed (issue 27, finding 6).
     """
     key = subkey(settings, Purpose.audit_chain)
     signer = anchor_signing_key(settings)
     anchors = AnchorLog.for_settings(settings)
     with anchors.locked():
         newest = anchors.newest()
+        if newest is None and not adopt:
+            events = db.scalar(select(func.count()).select_from(AuditEvent)) or 0
+            if events:
+                raise AnchorsMissing(
+                    f"the audit anchor file {anchors.path} is missing or holds no anchor, and"
+                    f" the audit table holds {events} events: restore the file from its backup."
+                    " Only for an upgrade from a release without the keyed chain, run"
+                    " `nebula audit adopt` once."
+                )
         if newest is None:
             # the first anchor of this deployment: events an older release chained without
             # the key are kept as they are, and their head is pinned by this signature

@@ -159,7 +159,7 @@ def heartbeat(call: RoleCallDep, db: SessionDep, settings: SettingsDep) -> Heart
 
 
 @router.post(f"{ROLE}/metrics", response_model=MetricBatchOut)
-@raises(Conflict)
+@raises(Conflict, Invalid)
 def metrics(call: RoleCallDep, body: MetricBatchIn, db: SessionDep) -> MetricBatchOut:
     """One numbered batch of metric points (and the newest checkpoint step), applied once."""
     applied = service.record_metrics(
@@ -244,11 +244,16 @@ def read_rendezvous(call: RoleCallDep, db: SessionDep) -> Rendezvous:
 
 
 @router.post(f"{ROLE}/finish", response_model=FinishOut)
-@raises(Conflict)
+@raises(Conflict, Invalid)
 def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
     """The role ended: succeeded (with its report), failed (with the cause) or stopped."""
     job_status = service.finish(
-        db, call=call, outcome=body.outcome, error=body.error, report=body.report
+        db,
+        call=call,
+        outcome=body.outcome,
+        error_code=body.error_code,
+        error=body.error,
+        report=body.report,
     )
     db.commit()
     return FinishOut(job_status=job_status)

@@ -16,20 +16,21 @@ from app.accounts import tokens
 from app.clusters.models import Cluster, WorkerCredential
 from app.clusters.service import WORKER_CREDENTIAL_PREFIX
 from app.db import utcnow
-from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound
+from app.errors import Conflict, Forbidden, Invalid, NotAuthenticated, NotFound
 from app.grants import service as grants
 from app.grants.models import AccessRequest
 from app.jobs import attempts
 from app.jobs import service as jobs
-from app.jobs.models import Job, JobRole
+from app.jobs.models import Job, JobArtifact, JobRole
 from app.jobs.outputs import store_job_output
-from app.jobs.states import FINAL_STATUSES
+from app.jobs.states import FINAL_STATUSES, RoleStatus
 from app.keyring import job_checkpoint_key
 from app.pki import service as pki
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
+from contract.cluster_api import ErrorCode, RoleReport
 from contract.jobtoken import JobTokenError, verify_job_token
-from contract.kinds import REPLICA_OF, replica_rank, role_reads, role_spec
+from contract.kinds import KINDS, REPLICA_OF, replica_rank, role_reads, role_spec
 
 OUTPUT_CHUNK_BYTES = 1024 * 1024
 
@@ -185,6 +186,9 @@ def record_metrics(
     checkpoint_step: int | None,
 ) -> bool:
     """Apply one numbered metric batch once; False when it was applied before (a retry)."""
+    job = db.get(Job, call.job_id)
+    if job is not None:
+        _check_metric_names(job.kind, {name for _step, values in points for name in values})
     row = db.scalar(
         select(JobRole.metrics_seq).where(
             JobRole.job_id == call.job_id,
@@ -289,6 +293,17 @@ def _check_inputs_still_usable(db: Session, *, job: Job) -> None:
             ) from None
 
 
+def _check_no_artifact_yet(db: Session, *, call: RoleCall) -> None:
+    """Conflict if this role already stored its artifact in this attempt (one per attempt)."""
+    stored = db.scalars(
+        select(JobArtifact.details).where(
+            JobArtifact.job_id == call.job_id, JobArtifact.kind != "report"
+        )
+    ).all()
+    if any(d.get("role") == call.role and d.get("attempt") == call.attempt for d in stored):
+        raise Conflict(f"role {call.role} already stored its artifact in attempt {call.attempt}")
+
+
 def store_output(
     db: Session, *, call: RoleCall, chunks: Iterable[bytes], settings: Settings
 ) -> tuple[str, str, int]:
@@ -302,11 +317,19 @@ def store_output(
     if artifact is None:
         raise NotFound("this role stores no artifact")
     _check_inputs_still_usable(db, job=job)
+    _check_no_artifact_yet(db, call=call)
     name = f"{job.kind}-{job.id[:8]}-{call.role}.safetensors"
     commit_before_waiting(db)  # nothing held while the body streams
 
     def still_live() -> None:
         _live(db, call)
+        # again, under the role's row lock: two PUTs at once store (and count) one file
+        db.scalar(
+            select(JobRole.id)
+            .where(JobRole.job_id == call.job_id, JobRole.role == call.role)
+            .with_for_update()
+        )
+        _check_no_artifact_yet(db, call=call)
 
     dataset_id, size = store_job_output(
         db,
@@ -326,7 +349,7 @@ def store_output(
         kind=artifact,
         dataset_id=dataset_id,
         size_bytes=size,
-        details={"role": call.role},
+        details={"role": call.role, "attempt": call.attempt},
     )
     return dataset_id, name, size
 
@@ -367,31 +390,66 @@ def read_rendezvous(db: Session, *, call: RoleCall) -> dict[str, Any]:
     return published
 
 
+def _check_metric_names(kind: str, names: Iterable[str]) -> None:
+    """Invalid unless every name is in the kind's table: a name is no place for text."""
+    unknown = sorted(set(names) - KINDS[kind].metrics)
+    if unknown:
+        raise Invalid(
+            f"metric {unknown[0]!r} is not one that {kind} reports; see the job kinds table"
+        )
+
+
+def _finished_already(db: Session, *, call: RoleCall) -> Conflict | None:
+    row = db.scalar(
+        select(JobRole)
+        .where(JobRole.job_id == call.job_id, JobRole.role == call.role)
+        .with_for_update()  # two finishes at once: the second waits, then sees the first
+    )
+    if row is not None and row.attempt == call.attempt and row.status in _ENDED_ROLE:
+        return Conflict(f"role {call.role} already finished attempt {call.attempt}")
+    return None
+
+
+_ENDED_ROLE = (RoleStatus.succeeded, RoleStatus.failed, RoleStatus.stopped)
+
+
 def finish(
-    db: Session, *, call: RoleCall, outcome: str, error: str | None, report: dict[str, Any]
+    db: Session,
+    *,
+    call: RoleCall,
+    outcome: str,
+    error_code: ErrorCode | None,
+    error: str | None,
+    report: RoleReport,
 ) -> str:
-    """A role ended; returns the job's status afterwards."""
+    """A role ended, once per attempt (a second finish: 409); returns the job's status."""
+    already = _finished_already(db, call=call)
+    if already is not None:
+        raise already
     if outcome == "stopped":
         attempts.mark_role_stopped(db, job_id=call.job_id, role=call.role, attempt=call.attempt)
     else:
         job = _live(db, call)
         if outcome == "succeeded":
+            _check_metric_names(job.kind, [*report.final_metrics, *report.extra])
+            details = report.model_dump()
             attempts.add_artifact(
                 db,
                 job_id=job.id,
                 name=f"report-{call.role}.json",
                 kind="report",
                 dataset_id=None,
-                size_bytes=len(json.dumps(report)),
-                details={"role": call.role, **report},
+                size_bytes=len(json.dumps(details)),
+                details={"role": call.role, "attempt": call.attempt, **details},
             )
+        code = (error_code or ErrorCode.other).value
         attempts.finish_role(
             db,
             job_id=call.job_id,
             role=call.role,
             attempt=call.attempt,
             ok=outcome == "succeeded",
-            error=(error or "no error given")[:2000] if outcome == "failed" else None,
+            error=f"{code}: {error or 'no message'}" if outcome == "failed" else None,
         )
     final = db.get(Job, call.job_id)
     return final.status.value if final is not None else "unknown"

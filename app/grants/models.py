@@ -39,3 +39,5 @@ class AccessRequest(Base):
     decided_at: Mapped[datetime | None]  # approved or denied
     expires_at: Mapped[datetime | None]  # set on approval; None: until revoked
     ended_at: Mapped[datetime | None]  # revoked or withdrawn
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))

@@ -78,30 +78,29 @@ def _live_clause(now: datetime) -> Any:
 
 def active_grant_ids_for(db: Session, *, dataset_id: str, user_id: str) -> list[str]:
     """Ids of the approved, unexpired requests that let `user_id` use `dataset_id`."""
-    return list(
-        db.scalars(
-            select(AccessRequest.id).where(
-                AccessRequest.dataset_id == dataset_id,
-                AccessRequest.requester_id == user_id,
-                _active_clause(utcnow()),
-            )
+    # whole rows, not ids: a grant's seal is checked as it loads (app/seals.py)
+    rows = db.scalars(
+        select(AccessRequest).where(
+            AccessRequest.dataset_id == dataset_id,
+            AccessRequest.requester_id == user_id,
+            _active_clause(utcnow()),
         )
     )
+    return [row.id for row in rows]
 
 
 def datasets_granted_to(db: Session, *, user_id: str, dataset_ids: list[str]) -> set[str]:
     """Which of `dataset_ids` `user_id` holds an approved, unexpired grant on."""
     if not dataset_ids:
         return set()
-    return set(
-        db.scalars(
-            select(AccessRequest.dataset_id).where(
-                AccessRequest.dataset_id.in_(dataset_ids),
-                AccessRequest.requester_id == user_id,
-                _active_clause(utcnow()),
-            )
+    rows = db.scalars(
+        select(AccessRequest).where(
+            AccessRequest.dataset_id.in_(dataset_ids),
+            AccessRequest.requester_id == user_id,
+            _active_clause(utcnow()),
         )
     )
+    return {row.dataset_id for row in rows}
 
 
 def _live_dataset(db: Session, dataset_id: str) -> Dataset | None:

@@ -93,3 +93,21 @@ class JobArtifact(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[CreatedAt]
+
+
+class ColumnExposure(Base):
+    """`cluster` has received column `column` of parallel dataset `dataset_id` for `user_id`.
+
+    Written at submission for every role that reads a column, and never removed: a later
+    job of the same user that would give the cluster the other column is refused, so that
+    no cluster collects both sides of the pairs across jobs (app/jobs/service.py).
+    """
+
+    __tablename__ = "column_exposures"
+
+    dataset_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(63), primary_key=True)
+    column: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(36))  # the first job that sent it there
+    created_at: Mapped[CreatedAt]

@@ -18,7 +18,15 @@ from app.clusters import service as clusters
 from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, Invalid, NotFound
 from app.grants import service as grants
-from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
+from app.jobs.models import (
+    ColumnExposure,
+    Job,
+    JobArtifact,
+    JobMetric,
+    JobRole,
+    JobStatus,
+    RoleStatus,
+)
 from app.jobs.schemas import (
     JobInputKindOut,
     JobKindList,
@@ -31,8 +39,8 @@ from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
-from app.workspaces.models import Workspace
-from contract.kinds import KINDS, job_roles
+from app.workspaces.models import Dataset, DatasetKind, Workspace
+from contract.kinds import KINDS, SOURCE, TARGET, job_roles, role_reads
 from contract.presets import PRESET_HINTS
 
 ACTIVE_STATUSES = (JobStatus.queued, JobStatus.running)
@@ -86,6 +94,86 @@ def _check_placement(db: Session, *, kind: str, placement: dict[str, str]) -> No
             raise Conflict(f"cluster {name!r} has no valid certificate; enroll its switch first")
 
 
+_COLUMN_NAMES = {SOURCE: "source", TARGET: "target"}
+
+
+def _column_exposures(
+    db: Session,
+    *,
+    kind: str,
+    config: dict[str, Any],
+    inputs: dict[str, str],
+    placement: dict[str, str],
+) -> set[tuple[str, str, int]]:
+    """(dataset, cluster, column) for each column of a parallel corpus this job sends somewhere.
+
+    A role that reads a parallel dataset whole exposes both of its columns.
+    """
+    exposures: set[tuple[str, str, int]] = set()
+    for role, cluster in job_roles(kind, config, placement).items():
+        for name, column in role_reads(kind, role, config).items():
+            dataset_id = inputs.get(name)
+            if dataset_id is None:
+                continue
+            if column is not None:
+                exposures.add((dataset_id, cluster, column))
+                continue
+            dataset = db.get(Dataset, dataset_id)
+            if dataset is not None and dataset.kind == DatasetKind.parallel:
+                exposures.update((dataset_id, cluster, c) for c in _COLUMN_NAMES)
+    return exposures
+
+
+def _check_columns_apart(
+    db: Session, *, actor: Actor, user: User, exposures: set[tuple[str, str, int]]
+) -> None:
+    """Refuse (403, audited) a placement that gives a cluster the other column of a corpus
+    one of this user's earlier jobs sent there: together the two are the sentence pairs."""
+    if not exposures:
+        return
+    earlier = db.scalars(
+        select(ColumnExposure).where(
+            ColumnExposure.user_id == user.id,
+            ColumnExposure.dataset_id.in_({dataset for dataset, _c, _col in exposures}),
+        )
+    ).all()
+    had = {(e.dataset_id, e.cluster): e for e in earlier}
+    for dataset_id, cluster, column in sorted(exposures):
+        before = had.get((dataset_id, cluster))
+        if before is not None and before.column != column:
+            audit.deny(
+                db,
+                actor=actor,
+                action="job.submit",
+                subject_type="dataset",
+                subject_id=dataset_id,
+                forbidden=(
+                    f"placement: cluster {cluster!r} already received the"
+                    f" {_COLUMN_NAMES.get(before.column, before.column)} column of parallel"
+                    f" dataset {dataset_id} (job {before.job_id}); sending it the"
+                    f" {_COLUMN_NAMES.get(column, column)} column too would put whole sentence"
+                    " pairs on one cluster. Place each role where it ran before."
+                ),
+            )
+
+
+def _remember_columns(
+    db: Session, *, user: User, job: Job, exposures: set[tuple[str, str, int]]
+) -> None:
+    for dataset_id, cluster, column in sorted(exposures):
+        key = (dataset_id, user.id, cluster, column)
+        if db.get(ColumnExposure, key) is None:
+            db.add(
+                ColumnExposure(
+                    dataset_id=dataset_id,
+                    user_id=user.id,
+                    cluster=cluster,
+                    column=column,
+                    job_id=job.id,
+                )
+            )
+
+
 def submit(
     db: Session,
     *,
@@ -101,6 +189,10 @@ def submit(
     config, total_steps = _validate_config(body.kind, body.config.model_dump())
     _check_inputs(db, user=user, kind=body.kind, inputs=inputs)
     _check_placement(db, kind=body.kind, placement=placement)
+    exposures = _column_exposures(
+        db, kind=body.kind, config=config, inputs=inputs, placement=placement
+    )
+    _check_columns_apart(db, actor=actor, user=user, exposures=exposures)
     owner = quotas.lock_user(db, user_id=user.id)  # the user's lock first, then the workspace's
     locked = workspaces.lock(db, workspace_id=workspace.id)
     if locked is None or owner is None:
@@ -136,6 +228,7 @@ def submit(
     db.flush()
     for role, cluster in job_roles(body.kind, config, placement).items():
         db.add(JobRole(job_id=job.id, role=role, cluster=cluster, attempt=1))
+    _remember_columns(db, user=user, job=job, exposures=exposures)
     audit.record(
         db,
         actor=actor,

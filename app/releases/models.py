@@ -32,6 +32,8 @@ class DatasetSource(Base):
     job_id: Mapped[str] = mapped_column(String(36))
     grant_id: Mapped[str | None] = mapped_column(ForeignKey("access_requests.id"))
     created_at: Mapped[CreatedAt]
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))
 
 
 class ReleaseStatus(enum.StrEnum):
@@ -55,6 +57,8 @@ class ReleaseRequest(Base):
     status: Mapped[ReleaseStatus] = mapped_column(default=ReleaseStatus.pending)
     created_at: Mapped[CreatedAt]
     decided_at: Mapped[datetime | None]  # the last approval, or the first denial
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))
 
 
 class ReleaseApproval(Base):
@@ -72,3 +76,5 @@ class ReleaseApproval(Base):
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
     status: Mapped[ReleaseStatus] = mapped_column(default=ReleaseStatus.pending)
     decided_at: Mapped[datetime | None]
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))

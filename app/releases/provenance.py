@@ -109,9 +109,10 @@ def sources_of(db: Session, dataset_id: str) -> list[DatasetSource]:
 
 def is_released(db: Session, dataset_id: str) -> bool:
     """Whether a release request of the dataset was approved by every source owner."""
+    # the whole row, not its id: its seal is checked as it loads (app/seals.py)
     return (
         db.scalar(
-            select(ReleaseRequest.id)
+            select(ReleaseRequest)
             .where(
                 ReleaseRequest.dataset_id == dataset_id,
                 ReleaseRequest.status == ReleaseStatus.approved,

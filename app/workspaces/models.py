@@ -30,6 +30,8 @@ class Workspace(Base):
     # The workspace's data key, wrapped (AES-GCM) by the master key derived from the
     # platform secret: the database alone never holds a key that opens a dataset.
     data_key_wrapped: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))
 
 
 class DatasetKind(enum.StrEnum):
@@ -63,3 +65,5 @@ class Dataset(Base):
     # a `model`'s description as checked at upload: format, architecture, parameters,
     # hidden_size, layers, vocab_size, tokenizer (app/workspaces/hf_archive.py)
     model_info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # HMAC of the fields app/seals.py lists, under a key the database does not hold
+    row_mac: Mapped[str | None] = mapped_column(String(64))

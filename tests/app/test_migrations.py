@@ -6,16 +6,20 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import delete, func, select
 
 from app.db import make_engine
 from app.migrate import alembic_config, downgrade, upgrade
 from app.models import Base
 from app.releases.models import DatasetSource
+from app.settings import Settings
 from app.workspaces.models import Dataset, DatasetKind
 from support import Platform
 
-PROVENANCE = "0007"  # the revision that brings dataset_sources and release requests
+PROVENANCE = "0007"
+SEALS = "0012"  # the revision that seals the rows that confer access  # the revision that brings dataset_sources and release requests
 
 
 def _drift(url: str) -> list[object]:
@@ -39,7 +43,7 @@ def test_migrations_go_down_and_up_again(database_url: str) -> None:
 
 
 def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
-    database_url: str, platform: Platform
+    database_url: str, platform: Platform, settings: Settings
 ) -> None:
     alice, bob = platform.user(), platform.user()
     with platform.factory() as db:
@@ -68,7 +72,7 @@ def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
         downgrade(database_url, below.down_revision)
     # revisions above PROVENANCE may have gone down before it refused (SQLite runs each
     # migration's DDL on its own); up again, the schema is whole and no source was lost
-    upgrade(database_url)
+    upgrade(database_url, settings=settings)
     assert _drift(database_url) == []
     with platform.factory() as db:
         assert db.scalar(select(func.count()).select_from(DatasetSource)) == 1
@@ -76,5 +80,31 @@ def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
         db.execute(delete(DatasetSource))
         db.commit()
     downgrade(database_url, below.down_revision)
-    upgrade(database_url)
+    upgrade(database_url, settings=settings)
     assert _drift(database_url) == []
+
+
+def test_upgrading_seals_the_rows_already_there_with_the_platforms_key(
+    database_url: str, client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    """0012 seals existing rows (app/seals.py) under the secret of the settings it is given."""
+    alice = platform.user()
+    workspace = client.get("/api/v1/workspaces", headers=alice.headers).json()["items"][0]["id"]
+    uploaded = client.post(
+        f"/api/v1/workspaces/{workspace}/datasets",
+        data={"name": "t", "kind": "text"},
+        files={"file": ("f", b"one line\n")},
+        headers=alice.headers,
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    content = f"/api/v1/datasets/{uploaded.json()['id']}/content"
+    seals = ScriptDirectory.from_config(alembic_config(database_url)).get_revision(SEALS)
+    assert seals is not None and isinstance(seals.down_revision, str)
+    downgrade(database_url, seals.down_revision)
+    upgrade(database_url, settings=settings)
+    assert client.get(content, headers=alice.headers).content == b"one line\n"
+    # sealed under another secret, the rows are refused: the key is the platform's alone
+    downgrade(database_url, seals.down_revision)
+    other = settings.model_copy(update={"secret_key": SecretStr("another-secret")})
+    upgrade(database_url, settings=other)
+    assert client.get(content, headers=alice.headers).status_code == 404

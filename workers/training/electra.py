@@ -56,6 +56,7 @@ from workers.training.replicas import discriminator_replicas
 from workers.training.role import RoleLoop, StepSync, TrainingState
 from workers.training.runtime import (
     Hooks,
+    ReportableError,
     RoleResult,
     expect_bytes,
     restore_training_state,
@@ -121,7 +122,7 @@ def run_electra_generator(
     """
     lines = clean_lines(text_lines)
     if len(lines) < cfg.batch_size:
-        raise ValueError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
+        raise ReportableError(f"need at least {cfg.batch_size} lines of text, got {len(lines)}")
     loop = RoleLoop.of(GENERATOR, cfg, link, hooks or Hooks(), ckpt_dir, channel=HELLO)
     init: Initial | None = None
     if init_model is not None:

@@ -58,6 +58,11 @@ class Hooks:
             self.on_checkpoint(step, path)
 
 
+class ReportableError(ValueError):
+    """A failure whose message Nebula's code wrote from fixed words and numbers, never from
+    data: the one kind of error text a role sends to the control plane (workers/runner.py)."""
+
+
 @dataclass
 class RoleResult:
     """What a role function returns once its loop ends."""

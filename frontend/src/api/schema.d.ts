@@ -2124,6 +2124,12 @@ export interface components {
             token: string;
         };
         /**
+         * ErrorCode
+         * @description Why a role failed, from a fixed list: error text is a channel out of the cluster too.
+         * @enum {string}
+         */
+        ErrorCode: "training" | "input" | "artifact" | "link" | "resources" | "other";
+        /**
          * ErrorOut
          * @description The body of every error answer.
          */
@@ -2157,19 +2163,20 @@ export interface components {
              */
             type: string;
         };
-        /** FinishIn */
+        /**
+         * FinishIn
+         * @description One per role and attempt: a second answers 409.
+         */
         FinishIn: {
             /** Error */
             error?: string | null;
+            error_code?: components["schemas"]["ErrorCode"] | null;
             /**
              * Outcome
              * @enum {string}
              */
             outcome: "succeeded" | "failed" | "stopped";
-            /** Report */
-            report?: {
-                [key: string]: unknown;
-            };
+            report?: components["schemas"]["RoleReport"];
         };
         /** FinishOut */
         FinishOut: {
@@ -2708,6 +2715,31 @@ export interface components {
          * @enum {string}
          */
         Role: "admin" | "member" | "auditor";
+        /**
+         * RoleReport
+         * @description How a role ended, in numbers only; metric names come from the job kind's table
+         *     (contract/kinds.py `metrics`), checked by the control plane.
+         */
+        RoleReport: {
+            /** Extra */
+            extra?: {
+                [key: string]: number;
+            };
+            /** Final Metrics */
+            final_metrics?: {
+                [key: string]: number;
+            };
+            /**
+             * Last Step
+             * @default 0
+             */
+            last_step: number;
+            /**
+             * Start Step
+             * @default 0
+             */
+            start_step: number;
+        };
         /** SourceOut */
         SourceOut: {
             /** Id */

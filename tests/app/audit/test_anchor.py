@@ -136,6 +136,12 @@ def _legacy_events(settings: Settings, n: int) -> None:
 
 def test_an_older_deployment_keeps_its_events_and_pins_their_head(settings: Settings) -> None:
     _legacy_events(settings, 4)
+    # what `nebula audit adopt` does, once, by the operator's decision: without it the
+    # anchorer refuses a table with events and no anchor file (tests/security/test_lost_anchors.py)
+    engine = audit.use_chain_key(make_engine(settings.resolved_database_url), settings)
+    with make_sessionmaker(engine)() as db:
+        audit.anchor_head(db, settings=settings, adopt=True)
+    engine.dispose()
     app = create_app(settings)
     with TestClient(app):
         first = AnchorLog.for_settings(settings).first()

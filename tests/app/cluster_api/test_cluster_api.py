@@ -257,7 +257,7 @@ def test_heartbeat_renews_the_token_and_metric_batches_apply_once(site: Site) ->
     status, body = site.call("POST", "discriminator", "heartbeat")
     assert status == 200 and body["alive"] is True
     renewed = body["token"]
-    batch = {"seq": 1, "points": [{"step": 3, "values": {"loss": 0.5}}], "checkpoint_step": 2}
+    batch = {"seq": 1, "points": [{"step": 3, "values": {"rtd_loss": 0.5}}], "checkpoint_step": 2}
     assert site.call("POST", "discriminator", "metrics", token=renewed, json=batch) == (
         200,
         {"applied": True},
@@ -267,7 +267,7 @@ def test_heartbeat_renews_the_token_and_metric_batches_apply_once(site: Site) ->
         points = db.scalar(select(func.count()).select_from(JobMetric))
         job = db.get(Job, site.job_id)
     assert points == 1
-    assert job is not None and job.step == 3 and job.metrics == {"discriminator.loss": 0.5}
+    assert job is not None and job.step == 3 and job.metrics == {"discriminator.rtd_loss": 0.5}
 
 
 @pytest.mark.parametrize(
@@ -336,6 +336,8 @@ def test_a_fenced_attempt_is_refused_everywhere(site: Site) -> None:
 
 def test_outputs_are_encrypted_into_the_owners_workspace_and_finish_reports(site: Site) -> None:
     model = _model_file()
+    # a file that is no model is refused and stores nothing
+    assert site.call("PUT", "discriminator", "artifact", content=b"not a model")[0] == 422
     status, body = site.call("PUT", "discriminator", "artifact", content=model)
     assert status == 201, body
     dataset = site.client.get(f"{API}/datasets/{body['dataset_id']}", headers=site.alice.headers)
@@ -346,8 +348,8 @@ def test_outputs_are_encrypted_into_the_owners_workspace_and_finish_reports(site
     assert stored.content == model
     # the generator stores nothing
     assert site.call("PUT", "generator", "artifact", content=model)[0] == 404
-    # a file that is no model is refused and stores nothing
-    assert site.call("PUT", "discriminator", "artifact", content=b"not a model")[0] == 422
+    # one artifact per role and attempt (tests/security/test_report_channel.py)
+    assert site.call("PUT", "discriminator", "artifact", content=model)[0] == 409
 
     report = {"last_step": 5}
     assert site.call(
@@ -580,13 +582,13 @@ def test_metric_batches_sent_during_an_outage_arrive_once_afterwards(quick_site:
         live = session.client.http.base_url
         hooks = RoleHooks(session)
         try:
-            hooks.on_metrics(1, {"loss": 3.0})
+            hooks.on_metrics(1, {"rtd_loss": 3.0})
             hooks.flush()
             session.client.http.base_url = httpx.URL(f"http://127.0.0.1:{free_port()}/")
-            hooks.on_metrics(2, {"loss": 2.0})
+            hooks.on_metrics(2, {"rtd_loss": 2.0})
             with pytest.raises(httpx.TransportError):
                 hooks.flush()  # kept, not lost
-            hooks.on_metrics(3, {"loss": 1.0})
+            hooks.on_metrics(3, {"rtd_loss": 1.0})
             session.client.http.base_url = live
         finally:
             hooks.close()  # sends what is left

@@ -28,7 +28,7 @@ from switch_support import CuttingProxy
 
 from app.accounts import service as accounts
 from app.accounts.models import Role
-from app.audit.service import SYSTEM, use_chain_key
+from app.audit.service import SYSTEM, anchor_head, use_chain_key
 from app.clusters import service as clusters
 from app.db import make_engine, make_sessionmaker
 from app.pki import service as pki
@@ -223,6 +223,9 @@ def platform_on(
     )
     engine = use_chain_key(make_engine(url), settings)
     factory = make_sessionmaker(engine)
+    with factory() as db:
+        # a new deployment's first anchor, as `nebula db upgrade` writes it, before events
+        anchor_head(db, settings=settings)
     ports = {name: (free_port(), free_port()) for name in CLUSTERS}
     tokens, credentials = {}, {}
     with factory() as db:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import save as save_safetensors
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from app.accounts.models import Role
 from app.audit.models import AuditEvent
@@ -424,7 +424,9 @@ def test_a_workspace_made_before_data_keys_gets_one_on_first_upload(
     alice = platform.user()
     ws = new_workspace(client, alice)
     with platform.factory() as db:
-        db.execute(update(Workspace).where(Workspace.id == ws).values(data_key_wrapped=None))
+        row = db.get(Workspace, ws)
+        assert row is not None
+        row.data_key_wrapped = None  # resealed on flush, as a workspace of that time was
         db.commit()
     status, ds = upload(client, alice, ws, TEXT)
     assert status == 201

@@ -1,0 +1,112 @@
+"""Losing the signed heads file must not turn a rewritten audit log into a verified one.
+
+Issue 27, finding 6: rewrite event 3, recompute the whole chain as plain sha256 (the
+form events took before the keyed chain), delete `anchors.jsonl`. The anchorer used to
+take that for pre-upgrade history and sign it. Now, with events in the table and no
+anchor file, it stops (nothing signed) and verify fails, loudly, until the file is
+restored; only `nebula audit adopt`, an operator's decision, signs a chain without one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from app.audit import service as audit
+from app.audit.anchor import AnchorLog
+from app.audit.anchoring import Anchorer
+from app.audit.models import AuditEvent
+from app.audit.service import GENESIS_HASH, Actor
+from app.settings import Settings
+from support import Platform, anchor_now, cli_env, disable_audit_triggers
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _events(platform: Platform, n: int = 6) -> None:
+    with platform.factory() as db:
+        for i in range(n):
+            audit.record(db, actor=Actor("mallory"), action=f"workspace.create.{i}")
+            db.commit()
+    anchor_now(platform)
+
+
+def _rewrite_in_legacy_form(platform: Platform, seq: int) -> None:
+    """Change event `seq` and recompute every hash as an unkeyed sha256 chain."""
+    disable_audit_triggers(platform.factory)
+    with platform.factory() as db:
+        prev = GENESIS_HASH
+        for event in db.scalars(select(AuditEvent).order_by(AuditEvent.seq)):
+            if event.seq == seq:
+                event.action = "nothing.happened"
+            event.prev_hash = prev
+            event.hash = prev = audit.legacy_chain_hash(prev, event)
+            db.flush()
+        db.commit()
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "audit", *args],
+        env=cli_env(settings),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("loss", ["deleted", "truncated"])
+def test_a_legacy_form_rewrite_with_the_anchor_file_lost_fails_verify_until_restored(
+    client: TestClient, platform: Platform, settings: Settings, loss: str
+) -> None:
+    _events(platform)
+    anchors = AnchorLog.for_settings(settings)
+    saved = anchors.path.read_bytes()
+    _rewrite_in_legacy_form(platform, 3)
+    if loss == "deleted":
+        anchors.path.unlink()
+    else:
+        anchors.path.write_bytes(b"")
+
+    anchorer = Anchorer(client.app.state.read_sessionmaker, settings)  # type: ignore[attr-defined]
+    anchorer.anchor_once()
+    assert anchorer.halted  # stopped: nothing was signed over the rewritten chain
+    assert anchors.newest() is None
+    with platform.factory() as db:
+        with pytest.raises(audit.AnchorsMissing, match="restore the file"):
+            audit.anchor_head(db, settings=settings)
+        result = audit.verify(db, settings=settings)
+    assert not result.ok
+    kinds = {p.kind for p in result.problems}
+    assert "unanchored" in kinds and "forged" in kinds, result.problems
+    cli = _cli(settings, "verify")
+    assert cli.returncode == 1 and "restore the anchor file" in cli.stdout, cli.stdout
+
+    # the operator restores the file: anchoring resumes, and the rewrite is named
+    anchors.path.write_bytes(saved)
+    anchorer.anchor_once()
+    assert not anchorer.halted
+    with platform.factory() as db:
+        result = audit.verify(db, settings=settings)
+    assert not result.ok
+    # every event was rehashed without the key: all of them, event 3 among them, are named
+    assert any(p.kind == "rewritten" and p.first_seq <= 3 <= p.last_seq for p in result.problems)
+    # adopting is refused while the file holds anchors
+    assert _cli(settings, "adopt").returncode == 1
+
+
+def test_a_new_deployment_anchors_its_empty_table_and_adopt_is_explicit(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    """The app anchors an empty table at its start (seq 0): the first events are covered."""
+    first = AnchorLog.for_settings(settings).first()
+    assert first is not None and first.seq == 0
+    _events(platform, 2)
+    with platform.factory() as db:
+        assert audit.verify(db, settings=settings).ok
