@@ -126,7 +126,7 @@ def ended_jobs(body: EndedJobsIn, cluster: WorkerClusterDep, db: SessionDep) -> 
 
 
 @router.post(f"{ROLE}/claim", response_model=ClaimOut)
-@raises(Conflict)
+@raises(Conflict, Forbidden)
 def claim(
     job_id: JobIdPath,
     role: RoleName,

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.fields import CertificatePem, CsrPem, StrictIn, example
 
 CLUSTER_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+# where data may go: a list of cluster names, or "any" (app.clusters.service.check_cluster_set)
+ClusterName = Annotated[str, Field(pattern=CLUSTER_NAME, max_length=63)]
+ClusterNames = Annotated[list[ClusterName], Field(max_length=100)]
+ClusterSet = ClusterNames | Literal["any"]
+# as answers show a stored set: None (no limit) reads "any"
+ClusterSetOut = Annotated[
+    list[str] | Literal["any"], BeforeValidator(lambda value: "any" if value is None else value)
+]
 
 
 class ClusterCreateIn(StrictIn):

@@ -20,7 +20,7 @@ from app.clusters.models import (
     WorkerCredential,
 )
 from app.db import NewestFirst, Page, utcnow
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, Invalid, NotFound
 
 
 def create(db: Session, *, actor: Actor, name: str, switch_host: str, switch_port: int) -> Cluster:
@@ -224,3 +224,26 @@ def presences(
         roles = [f"{job}/{role}" for worker, job, role in rows if (worker or "").startswith(prefix)]
         result.append((presence, roles))
     return result
+
+
+ANY_CLUSTER = "any"
+
+
+def check_cluster_set(db: Session, *, clusters: list[str] | str) -> list[str] | None:
+    """A set of clusters data may go to, sorted, or None for `"any"`.
+
+    Invalid (422) for an unknown name (named) and for an empty list, which would allow
+    nothing: ending the grant is what revoking (or denying) is for.
+    """
+    if isinstance(clusters, str):
+        if clusters != ANY_CLUSTER:
+            raise Invalid(f'clusters: a list of cluster names or "{ANY_CLUSTER}"')
+        return None
+    if not clusters:
+        raise Invalid("clusters: an empty set allows no cluster; revoke (or deny) instead")
+    wanted = sorted(set(clusters))
+    known = set(db.scalars(select(Cluster.name).where(Cluster.name.in_(wanted))))
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise Invalid(f"clusters: no cluster named {unknown[0]!r}")
+    return wanted

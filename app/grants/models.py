@@ -6,7 +6,7 @@ import enum
 from datetime import datetime
 from typing import ClassVar
 
-from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy import JSON, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, CreatedAt, NewId
@@ -39,3 +39,6 @@ class AccessRequest(Base):
     decided_at: Mapped[datetime | None]  # approved or denied
     expires_at: Mapped[datetime | None]  # set on approval; None: until revoked
     ended_at: Mapped[datetime | None]  # revoked or withdrawn
+    # the clusters the data (and what a job derives from it) may go to, sorted; set on
+    # approval and only ever narrowed; None: any cluster
+    clusters: Mapped[list[str] | None] = mapped_column(JSON)

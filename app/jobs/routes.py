@@ -29,6 +29,7 @@ from app.jobs.models import Job
 from app.jobs.schemas import (
     ArtifactList,
     ArtifactOut,
+    ClusterResidencyOut,
     JobAccepted,
     JobKindList,
     JobList,
@@ -104,10 +105,13 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
 def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
-    """One of the caller's jobs."""
-    return JobOut.model_validate(
-        ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
-    )
+    """One of the caller's jobs, with what each of its clusters receives under which grant."""
+    job = ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
+    answer = JobOut.model_validate(job)
+    answer.residency = [
+        ClusterResidencyOut.model_validate(row) for row in service.residency_table(db, job=job)
+    ]
+    return answer
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)

@@ -80,6 +80,24 @@ JobSubmitIn = Annotated[ElectraJobIn | AbnetJobIn, Field(discriminator="kind")]
 JobKindName = Literal["electra_pretrain", "abnet_finetune"]
 
 
+class ResidencyGrantOut(BaseModel):
+    """A grant one of the job's inputs rests on, and the clusters it allows."""
+
+    grant_id: str
+    input: str  # the job input's name
+    dataset_id: str  # the dataset the grant is for: the input, or a source it derives from
+    clusters: list[str] | Literal["any"]
+
+
+class ClusterResidencyOut(BaseModel):
+    """One cluster of a job: its roles, and the grants that let the job's data go there."""
+
+    cluster: str
+    roles: list[str]
+    allowed: bool  # every grant the inputs rest on allows the cluster (none: own data only)
+    grants: list[ResidencyGrantOut]  # all of them, allowing it or not
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -100,6 +118,8 @@ class JobOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # GET /jobs/{id} only: what each cluster receives, and by which grant (empty in lists)
+    residency: list[ClusterResidencyOut] = []
 
 
 class JobList(BaseModel):

@@ -17,6 +17,7 @@ from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
 from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, Invalid, NotFound
+from app.grants import residency
 from app.grants import service as grants
 from app.jobs.models import Job, JobArtifact, JobMetric, JobRole, JobStatus, RoleStatus
 from app.jobs.schemas import (
@@ -101,6 +102,18 @@ def submit(
     config, total_steps = _validate_config(body.kind, body.config.model_dump())
     _check_inputs(db, user=user, kind=body.kind, inputs=inputs)
     _check_placement(db, kind=body.kind, placement=placement)
+    refusal = residency.first_refusal(
+        db, user_id=user.id, dataset_ids=inputs.values(), clusters=placement.values()
+    )
+    if refusal is not None:
+        audit.deny(
+            db,
+            actor=actor,
+            action="job.submit",
+            subject_type="access_request",
+            subject_id=refusal.grant_id,
+            forbidden=refusal.describe(),
+        )
     owner = quotas.lock_user(db, user_id=user.id)  # the user's lock first, then the workspace's
     locked = workspaces.lock(db, workspace_id=workspace.id)
     if locked is None or owner is None:
@@ -211,6 +224,66 @@ def fail_for_ended_grant(db: Session, *, job: Job, ended: grants.EndedGrant) -> 
     )
 
 
+def residency_refusal(
+    db: Session, *, job: Job, clusters: Iterable[str] | None = None
+) -> residency.ResidencyRefusal | None:
+    """The first of the job's clusters (or of `clusters`) a grant its inputs rest on excludes."""
+    return residency.first_refusal(
+        db,
+        user_id=job.owner_id,
+        dataset_ids=job.inputs.values(),
+        clusters=job.placement.values() if clusters is None else clusters,
+    )
+
+
+def residency_table(db: Session, *, job: Job) -> list[dict[str, Any]]:
+    """For each cluster of a job: its roles, whether the grants allow it, and those grants."""
+    found = residency.allowances(db, user_id=job.owner_id, dataset_ids=job.inputs.values())
+    names = {dataset_id: name for name, dataset_id in job.inputs.items()}
+    by_cluster: dict[str, list[str]] = defaultdict(list)
+    for role, cluster in job_roles(job.kind, job.config, job.placement).items():
+        by_cluster[cluster].append(role)
+    return [
+        {
+            "cluster": cluster,
+            "roles": roles,
+            "allowed": all(a.allows(cluster) for a in found),
+            "grants": [
+                {
+                    "grant_id": a.grant_id,
+                    "input": names.get(a.input_id, a.input_id),
+                    "dataset_id": a.dataset_id,
+                    "clusters": sorted(a.clusters) if a.clusters is not None else "any",
+                }
+                for a in found
+            ],
+        }
+        for cluster, roles in by_cluster.items()
+    ]
+
+
+def fail_for_residency(db: Session, *, job: Job, refusal: residency.ResidencyRefusal) -> None:
+    """Fail a live job whose roles sit on a cluster a grant no longer allows; not committed."""
+    on_cluster = [
+        role
+        for role, cluster in job_roles(job.kind, job.config, job.placement).items()
+        if cluster == refusal.cluster
+    ]
+    fail_job(
+        db,
+        job,
+        error=f"roles {', '.join(on_cluster)} on cluster {refusal.cluster!r} stopped: "
+        f"{refusal.describe()}",
+        details={
+            "reason": "grant_excludes_cluster",
+            "access_request_id": refusal.grant_id,
+            "dataset_id": refusal.dataset_id,
+            "cluster": refusal.cluster,
+            "roles": on_cluster,
+        },
+    )
+
+
 def _fail_jobs_that_lost_a_grant(
     db: Session, *, where: Any, revoked: grants.EndedGrant | None = None
 ) -> list[str]:
@@ -224,6 +297,11 @@ def _fail_jobs_that_lost_a_grant(
             )
         if ended is not None:
             fail_for_ended_grant(db, job=job, ended=ended)
+            failed.append(job.id)
+            continue
+        refusal = residency_refusal(db, job=job)
+        if refusal is not None:
+            fail_for_residency(db, job=job, refusal=refusal)
             failed.append(job.id)
     return failed
 
@@ -249,11 +327,20 @@ def stop_jobs_of_ended_grants(db: Session, *, ended: Iterable[grants.EndedReques
     return failed
 
 
+def stop_jobs_of_narrowed_grant(db: Session, *, narrowed: grants.NarrowedGrant) -> list[str]:
+    """Fail the requester's live jobs with a role on a cluster the grant no longer allows.
+
+    Called by the narrowing request after its commit; the reaper catches what it missed.
+    """
+    return _fail_jobs_that_lost_a_grant(db, where=Job.owner_id == narrowed.requester_id)
+
+
 def fail_jobs_whose_grants_ended(db: Session) -> list[str]:
-    """Fail every live job whose inputs rest on a grant that expired or ended; not committed.
+    """Fail every live job whose inputs rest on a grant that expired or ended, or that no
+    longer allows one of its clusters; not committed.
 
     The reaper calls this each pass: expiry has no moment at which to act, and a job that
-    a revocation's caller did not stop is caught here too.
+    a revocation's (or narrowing's) caller did not stop is caught here too.
     """
     return _fail_jobs_that_lost_a_grant(db, where=true())
 

@@ -6,7 +6,7 @@ import enum
 from datetime import datetime
 from typing import ClassVar
 
-from sqlalchemy import BigInteger, ForeignKey, LargeBinary, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, LargeBinary, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, CreatedAt, NewId
@@ -60,3 +60,5 @@ class Dataset(Base):
     discoverable: Mapped[bool] = mapped_column(default=False, index=True)
     created_at: Mapped[CreatedAt]
     deleted_at: Mapped[datetime | None]
+    # the clusters an approval allows when the owner names none (sorted); None: any
+    default_clusters: Mapped[list[str] | None] = mapped_column(JSON)
