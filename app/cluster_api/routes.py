@@ -29,6 +29,8 @@ from app.errors import (
     raises,
 )
 from app.fields import JobIdPath
+from app.jobs import dispatch
+from app.jobs.states import FINAL_STATUSES
 from app.openapi import security
 from app.routing import api_router
 from contract.cluster_api import (
@@ -245,10 +247,13 @@ def read_rendezvous(call: RoleCallDep, db: SessionDep) -> Rendezvous:
 
 @router.post(f"{ROLE}/finish", response_model=FinishOut)
 @raises(Conflict)
-def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
+def finish(call: RoleCallDep, body: FinishIn, db: SessionDep, settings: SettingsDep) -> FinishOut:
     """The role ended: succeeded (with its report), failed (with the cause) or stopped."""
     job_status = service.finish(
         db, call=call, outcome=body.outcome, error=body.error, report=body.report
     )
     db.commit()
+    if job_status in {s.value for s in FINAL_STATUSES}:
+        # its slots are free: the next job in fair order starts now, not at the reaper's pass
+        dispatch.schedule_and_dispatch(db, settings=settings)
     return FinishOut(job_status=job_status)

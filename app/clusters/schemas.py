@@ -28,6 +28,12 @@ class ClusterCreateIn(StrictIn):
     switch_port: int = Field(ge=1, le=65535)
 
 
+class TenantSlotsOut(BaseModel):
+    tenant: str  # an email, or "other tenants"
+    slots: int
+    you: bool = False
+
+
 class ClusterOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -40,6 +46,21 @@ class ClusterOut(BaseModel):
     switch_online: bool = False  # its switch reported in lately
     workers_online: int = 0  # worker processes that reported in lately
     running_jobs: int = 0  # jobs with a running role there
+    # fair share: how many roles may run there at once (None: unbounded), how many placed
+    # jobs hold, per tenant (admins see every tenant's email; others see their own and
+    # "other tenants"), and how many jobs wait for slots there
+    role_slots: int | None = None
+    slots_in_use: int = 0
+    slots_by_tenant: list[TenantSlotsOut] = []
+    queued_jobs: int = 0
+
+
+class ClusterSlotsIn(StrictIn):
+    model_config = example(role_slots=8)
+
+    role_slots: int | None = Field(
+        ge=1, le=100_000, description="Roles that may run at once; null: the platform default"
+    )
 
 
 class PresenceOut(BaseModel):

@@ -71,8 +71,7 @@ def submit_job(
         db, actor=caller.actor, user=caller.user, workspace=workspace, body=body, settings=settings
     )
     db.commit()
-    dispatch.dispatch_job(db, settings=settings, job_id=job.id)
-    db.commit()
+    dispatch.schedule_and_dispatch(db, settings=settings)
     return JobAccepted(id=job.id, status=job.status.value)
 
 
@@ -116,12 +115,14 @@ def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)
 @raises(Conflict)
-def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
+def cancel_job(job_id: JobIdPath, request: Request, caller: WriterDep, db: SessionDep) -> JobOut:
     """Cancel: both roles stop within seconds."""
     job = ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     service.cancel(db, actor=caller.actor, job=job)
     db.commit()
-    return JobOut.model_validate(job)
+    answer = JobOut.model_validate(job)
+    dispatch.schedule_and_dispatch(db, settings=request.app.state.settings)  # its slots freed
+    return answer
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)

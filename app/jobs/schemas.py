@@ -98,6 +98,15 @@ class ClusterResidencyOut(BaseModel):
     grants: list[ResidencyGrantOut]  # all of them, allowing it or not
 
 
+class WaitingOut(BaseModel):
+    """Why a queued job has not got its role slots yet (app.jobs.fairshare)."""
+
+    reason: str  # e.g. "waiting: slots of cluster-b held by 3 other jobs; position 2"
+    position: int  # 1: the next job to start on `cluster`
+    cluster: str
+    kind: Literal["cluster_full", "tenant_limit"]
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -118,6 +127,7 @@ class JobOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    waiting: WaitingOut | None = None  # queued for slots: why, and its place
     # GET /jobs/{id} only: what each cluster receives, and by which grant (empty in lists)
     residency: list[ClusterResidencyOut] = []
 
@@ -171,6 +181,7 @@ class JobOverviewOut(BaseModel):
     attempt: int
     created_at: datetime
     started_at: datetime | None
+    waiting: WaitingOut | None = None
 
 
 class JobOverviewList(BaseModel):

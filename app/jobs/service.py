@@ -87,6 +87,37 @@ def _check_placement(db: Session, *, kind: str, placement: dict[str, str]) -> No
             raise Conflict(f"cluster {name!r} has no valid certificate; enroll its switch first")
 
 
+def _check_slots(
+    db: Session,
+    *,
+    user: User,
+    kind: str,
+    config: dict[str, Any],
+    placement: dict[str, str],
+    settings: Settings,
+) -> None:
+    """Refuse a job that could never get its role slots: more than a cluster has, or than
+    the user's roles_per_cluster (it would wait until the queue timeout for nothing)."""
+    demand: defaultdict[str, int] = defaultdict(int)
+    for cluster in job_roles(kind, config, placement).values():
+        demand[cluster] += 1
+    capacity = clusters.role_slots(db, settings=settings)
+    limit = roles_per_cluster(user, settings)
+    for cluster, slots in sorted(demand.items()):
+        cap = capacity.get(cluster)
+        if cap is not None and slots > cap:
+            raise Conflict(f"the job needs {slots} role slots of {cluster}, which has {cap}")
+        if slots > limit:
+            raise Conflict(
+                f"the job needs {slots} role slots of {cluster}; your roles_per_cluster is {limit}"
+            )
+
+
+def roles_per_cluster(user: User, settings: Settings) -> int:
+    """The role slots the user may hold on one cluster at once."""
+    return quotas.quota_of(user, settings).roles_per_cluster
+
+
 def submit(
     db: Session,
     *,
@@ -118,6 +149,9 @@ def submit(
     locked = workspaces.lock(db, workspace_id=workspace.id)
     if locked is None or owner is None:
         raise NotFound()
+    _check_slots(
+        db, user=owner, kind=body.kind, config=config, placement=placement, settings=settings
+    )
     limit = quotas.quota_of(owner, settings).max_concurrent_jobs
     running = quotas.active_jobs(db, user_id=owner.id)
     if running >= limit:

@@ -1,10 +1,13 @@
-"""Residency: the clusters a grant lets its data go to, and a dataset's default set.
+"""Residency and fair share.
 
 Revision ID: 0011
 Revises: 0010
 
-Both columns hold a sorted JSON list of cluster names; NULL means any cluster, which is
-what every grant and dataset allowed before.
+Residency: the clusters a grant lets its data go to, and a dataset's default set; both
+hold a sorted JSON list of cluster names, NULL meaning any cluster (what every grant and
+dataset allowed before). Fair share: a cluster's role slots, a user's roles_per_cluster
+(NULL: the settings' defaults), and when a job got its slots and why it waits. The jobs
+live at the upgrade were dispatched already: they count as placed.
 """
 
 from __future__ import annotations
@@ -18,8 +21,12 @@ branch_labels = None
 depends_on = None
 
 COLUMNS = (
-    ("access_requests", "clusters"),
-    ("datasets", "default_clusters"),
+    ("access_requests", "clusters", sa.JSON()),
+    ("datasets", "default_clusters", sa.JSON()),
+    ("clusters", "role_slots", sa.Integer()),
+    ("users", "roles_per_cluster", sa.Integer()),
+    ("jobs", "placed_at", sa.DateTime()),
+    ("jobs", "waiting", sa.JSON()),
 )
 
 
@@ -27,10 +34,13 @@ COLUMNS = (
 
 
 def upgrade() -> None:
-    for table, name in COLUMNS:
-        op.add_column(table, sa.Column(name, sa.JSON(), nullable=True))
+    for table, name, type_ in COLUMNS:
+        op.add_column(table, sa.Column(name, type_, nullable=True))
+    op.execute(
+        "UPDATE jobs SET placed_at = created_at WHERE status IN ('queued', 'running')"
+    )
 
 
 def downgrade() -> None:
-    for table, name in reversed(COLUMNS):
+    for table, name, _type in reversed(COLUMNS):
         op.drop_column(table, name)
