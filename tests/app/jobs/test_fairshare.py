@@ -129,8 +129,7 @@ def test_fair_order(case: Case) -> None:
     )
     assert decision.start == case.start
     assert {
-        job_id: (w.kind, w.cluster, w.holders, w.position)
-        for job_id, w in decision.waiting.items()
+        job_id: (w.kind, w.cluster, w.holders, w.position) for job_id, w in decision.waiting.items()
     } == case.waits
 
 
