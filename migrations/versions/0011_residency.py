@@ -36,9 +36,7 @@ COLUMNS = (
 def upgrade() -> None:
     for table, name, type_ in COLUMNS:
         op.add_column(table, sa.Column(name, type_, nullable=True))
-    op.execute(
-        "UPDATE jobs SET placed_at = created_at WHERE status IN ('queued', 'running')"
-    )
+    op.execute("UPDATE jobs SET placed_at = created_at WHERE status IN ('queued', 'running')")
 
 
 def downgrade() -> None:
