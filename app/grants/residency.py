@@ -117,21 +117,3 @@ def first_refusal(
                     grant_id=allowance.grant_id, dataset_id=allowance.dataset_id, cluster=cluster
                 )
     return None
-
-
-def derived_allowed_clusters(db: Session, *, dataset: Dataset) -> list[str] | None:
-    """Where the owner may send a derived dataset: its unreleased sources' grants, intersected.
-
-    None: any (uploaded data, a released output, or sources whose grants allow any).
-    """
-    found = allowances(db, user_id=dataset.owner_id, dataset_ids=[dataset.id])
-    allowed = allowed_clusters(found)
-    return sorted(allowed) if allowed is not None else None
-
-
-def grants_by_cluster(
-    db: Session, *, user_id: str, dataset_ids: Iterable[str], clusters: Iterable[str]
-) -> dict[str, list[Allowance]]:
-    """For each cluster of a job, the grants that allow it (the job page's table)."""
-    found = allowances(db, user_id=user_id, dataset_ids=dataset_ids)
-    return {cluster: [a for a in found if a.allows(cluster)] for cluster in clusters}

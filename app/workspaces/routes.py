@@ -111,11 +111,11 @@ def _datasets_out(db: Session, viewer: User | Identity, items: list[Dataset]) ->
     found = releases.derivations(db, viewer=viewer, items=items)
 
     def allowed(dataset: Dataset) -> list[str] | str:
-        if dataset.owner_id != viewer.id or dataset.id not in derived:
-            return ANY_CLUSTER
-        return residency.derived_allowed_clusters(db, dataset=dataset) or ANY_CLUSTER
+        # the viewer's grant on another's dataset, or their own derived data's sources' grants
+        grants = residency.allowances(db, user_id=viewer.id, dataset_ids=[dataset.id])
+        clusters = residency.allowed_clusters(grants)
+        return sorted(clusters) if clusters is not None else ANY_CLUSTER
 
-    derived = {d.id for d in items if found[d.id].job_id is not None}
     return [
         DatasetOut.model_validate(d).model_copy(
             update={

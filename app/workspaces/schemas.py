@@ -65,7 +65,8 @@ class DatasetOut(BaseModel):
     derived_from_names: dict[str, str] = {}  # id -> name of each of `derived_from`
     # what an approval allows when the owner names no clusters (shown to requesters too)
     default_clusters: ClusterSetOut = "any"
-    # where its owner may send it: its unreleased sources' grants, intersected (owner only)
+    # where the caller's jobs may send it: their grant on it, or for their own derived data
+    # its unreleased sources' grants, intersected
     allowed_clusters: ClusterSetOut = "any"
 
 

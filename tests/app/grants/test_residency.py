@@ -141,6 +141,11 @@ def test_approval_for_cluster_a_refuses_a_discriminator_on_cluster_b_at_submit(
     for who in (world.alice, world.bob):
         shown = world.client.get(f"{API}/access-requests/{world.request}", headers=who.headers)
         assert shown.json()["clusters"] == ["cluster-a"]
+    # the grantee's dataset answer says where its jobs may send it (the owner's: anywhere)
+    granted = world.client.get(f"{API}/datasets/{world.text}", headers=world.bob.headers).json()
+    assert granted["allowed_clusters"] == ["cluster-a"]
+    owned = world.client.get(f"{API}/datasets/{world.text}", headers=world.alice.headers).json()
+    assert owned["allowed_clusters"] == "any"
 
     refused = world.submit({"generator": "cluster-a", "discriminator": "cluster-b"})
     assert refused.status_code == 403
