@@ -150,6 +150,7 @@ def _snapshot(job: Job) -> dict[str, Any]:
         "metrics": job.metrics,
         "error": job.error,
         "attempt": job.attempt,
+        "waiting": job.waiting,
     }
 
 
