@@ -7,7 +7,7 @@ import secrets
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -48,6 +48,13 @@ class Settings(BaseSettings):
     default_user_max_workspaces: int = 10
     default_user_storage_bytes_limit: int = 50 * 1024**3
     default_user_max_concurrent_jobs: int = 4
+    # Fair share of each cluster's workers (app.jobs.fairshare): role slots one tenant may
+    # hold on one cluster (replicas count; an admin may set other values per user), a
+    # cluster's slots where its admin set none (None: unbounded), and how long a job may
+    # wait for its slots before it fails with the reason it waited
+    default_roles_per_cluster: int = Field(default=16, ge=1)
+    default_cluster_role_slots: int | None = Field(default=None, ge=1)
+    queue_timeout_s: float = Field(default=86400.0, gt=0)
     max_request_body_bytes: int = 1024 * 1024  # JSON bodies; uploads have their own limit
     max_upload_bytes: int = 2 * 1024**3
 

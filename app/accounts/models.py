@@ -64,6 +64,7 @@ class User(Base):
     max_workspaces: Mapped[int | None]
     storage_bytes_limit: Mapped[int | None] = mapped_column(BigInteger)
     max_concurrent_jobs: Mapped[int | None]
+    roles_per_cluster: Mapped[int | None]  # role slots held on one cluster at once
 
 
 class AuthToken(Base):

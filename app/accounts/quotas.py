@@ -29,6 +29,7 @@ class UserQuota:
     max_workspaces: int
     storage_bytes_limit: int
     max_concurrent_jobs: int
+    roles_per_cluster: int  # role slots held on one cluster at once (app.jobs.fairshare)
 
 
 def quota_of(user: User, settings: Settings) -> UserQuota:
@@ -41,6 +42,7 @@ def quota_of(user: User, settings: Settings) -> UserQuota:
         max_concurrent_jobs=_or(
             user.max_concurrent_jobs, settings.default_user_max_concurrent_jobs
         ),
+        roles_per_cluster=_or(user.roles_per_cluster, settings.default_roles_per_cluster),
     )
 
 
@@ -116,6 +118,7 @@ def set_quota(
     max_workspaces: int | None,
     storage_bytes_limit: int | None,
     max_concurrent_jobs: int | None,
+    roles_per_cluster: int | None = None,
 ) -> User:
     """Set any of a user's limits (admins only; the route enforces the role)."""
     changes = apply_limits(
@@ -123,6 +126,7 @@ def set_quota(
         max_workspaces=max_workspaces,
         storage_bytes_limit=storage_bytes_limit,
         max_concurrent_jobs=max_concurrent_jobs,
+        roles_per_cluster=roles_per_cluster,
     )
     audit.record(db, actor=actor, action="user.quota", subject=user, details=changes)
     return user

@@ -208,6 +208,7 @@ def _quota_out(db: Session, user: User, settings: Settings) -> UserQuotaOut:
         max_workspaces=now.quota.max_workspaces,
         storage_bytes_limit=now.quota.storage_bytes_limit,
         max_concurrent_jobs=now.quota.max_concurrent_jobs,
+        roles_per_cluster=now.quota.roles_per_cluster,
         workspaces=now.workspaces,
         storage_bytes_used=now.storage_bytes_used,
         active_jobs=now.active_jobs,
@@ -226,7 +227,8 @@ def get_user_quota(
 def set_user_quota(
     user_id: UserIdPath, body: UserQuotaIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> UserQuotaOut:
-    """Set a user's limits on workspaces, storage and concurrent jobs (admins)."""
+    """Set a user's limits on workspaces, storage, concurrent jobs and role slots per cluster
+    (admins)."""
     user = quotas.set_quota(
         db,
         actor=caller.actor,
@@ -234,6 +236,7 @@ def set_user_quota(
         max_workspaces=body.max_workspaces,
         storage_bytes_limit=body.storage_bytes_limit,
         max_concurrent_jobs=body.max_concurrent_jobs,
+        roles_per_cluster=body.roles_per_cluster,
     )
     db.commit()
     return _quota_out(db, user, settings)

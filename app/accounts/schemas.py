@@ -94,12 +94,16 @@ class UserQuotaIn(StrictIn):
     # JSON numbers are exact up to 2**53 in every client (the workspace quota's bound too)
     storage_bytes_limit: int | None = Field(default=None, ge=0, le=2**53 - 1)
     max_concurrent_jobs: int | None = Field(default=None, ge=0, le=10_000)
+    # role slots the user's jobs may hold on one cluster at once (replicas count); at
+    # least 1: a user allowed no slot at all is what suspending is for
+    roles_per_cluster: int | None = Field(default=None, ge=1, le=10_000)
 
 
 class UserQuotaOut(BaseModel):
     max_workspaces: int
     storage_bytes_limit: int
     max_concurrent_jobs: int
+    roles_per_cluster: int
     workspaces: int
     storage_bytes_used: int
     active_jobs: int

@@ -29,6 +29,8 @@ from app.errors import (
     raises,
 )
 from app.fields import JobIdPath
+from app.jobs import dispatch
+from app.jobs.states import FINAL_STATUSES
 from app.openapi import security
 from app.routing import api_router
 from contract.cluster_api import (
@@ -126,7 +128,7 @@ def ended_jobs(body: EndedJobsIn, cluster: WorkerClusterDep, db: SessionDep) -> 
 
 
 @router.post(f"{ROLE}/claim", response_model=ClaimOut)
-@raises(Conflict)
+@raises(Conflict, Forbidden)
 def claim(
     job_id: JobIdPath,
     role: RoleName,
@@ -245,7 +247,7 @@ def read_rendezvous(call: RoleCallDep, db: SessionDep) -> Rendezvous:
 
 @router.post(f"{ROLE}/finish", response_model=FinishOut)
 @raises(Conflict, Invalid)
-def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
+def finish(call: RoleCallDep, body: FinishIn, db: SessionDep, settings: SettingsDep) -> FinishOut:
     """The role ended: succeeded (with its report), failed (with the cause) or stopped."""
     job_status = service.finish(
         db,
@@ -256,4 +258,7 @@ def finish(call: RoleCallDep, body: FinishIn, db: SessionDep) -> FinishOut:
         report=body.report,
     )
     db.commit()
+    if job_status in {s.value for s in FINAL_STATUSES}:
+        # its slots are free: the next job in fair order starts now, not at the reaper's pass
+        dispatch.schedule_and_dispatch(db, settings=settings)
     return FinishOut(job_status=job_status)

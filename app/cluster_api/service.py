@@ -136,6 +136,7 @@ def claim(
     row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
     if row is None or row.cluster != cluster.name:
         raise NotFound()
+    _refuse_outside_residency(db, job_id=job_id, cluster=cluster.name)
     if not attempts.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
         commit_before_raising(db)  # a held job's role went back to pending
         raise Conflict(f"attempt {attempt} of job {job_id} is not live (stale, final or held)")
@@ -238,6 +239,21 @@ def _fail_on_lost_input(db: Session, *, job: Job, name: str, dataset_id: str) ->
     commit_before_raising(db)
 
 
+def _refuse_outside_residency(db: Session, *, job_id: str, cluster: str) -> None:
+    """403 naming the grant and the cluster, and the job failed, when a grant its inputs
+    rest on no longer allows `cluster` (narrowed since it was submitted)."""
+    job = db.get(Job, job_id)
+    if job is None:
+        return
+    refusal = jobs.residency_refusal(db, job=job, clusters=[cluster])
+    if refusal is None:
+        return
+    if job.status not in FINAL_STATUSES:
+        jobs.fail_for_residency(db, job=job, refusal=refusal)
+    commit_before_raising(db)
+    raise Forbidden(refusal.describe())
+
+
 def _column_chunks(lines: Iterable[str], column: int) -> Iterator[bytes]:
     """One column of a tab-separated corpus, re-chunked to about a megabyte."""
     batch: list[str] = []
@@ -272,6 +288,7 @@ def open_input(db: Session, *, call: RoleCall, name: str, settings: Settings) ->
         _fail_on_lost_input(db, job=job, name=name, dataset_id=dataset_id)
     else:
         _live(db, call)
+    _refuse_outside_residency(db, job_id=job.id, cluster=call.cluster)
     # checks again and audits the use (or its denial, raising 403 or 404)
     reader = grants.open_dataset_for_job(
         db, user_id=job.owner_id, dataset_id=dataset_id, job_id=job.id, settings=settings

@@ -22,6 +22,8 @@ class Cluster(Base):
     switch_host: Mapped[str] = mapped_column(String(255))
     switch_port: Mapped[int]
     created_at: Mapped[CreatedAt]
+    # how many roles may run there at once (its worker processes); None: the settings'
+    role_slots: Mapped[int | None]
 
 
 class Certificate(Base):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from fastapi import Request, status
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.accounts.models import Identity, Role, User
 from app.clusters import service
 from app.clusters.bundle import provision_broker_user
 from app.clusters.models import Certificate, Cluster
@@ -16,6 +18,7 @@ from app.clusters.schemas import (
     ClusterCreateIn,
     ClusterList,
     ClusterOut,
+    ClusterSlotsIn,
     CsrIn,
     EnrollIn,
     EnrollmentTokenIn,
@@ -25,6 +28,7 @@ from app.clusters.schemas import (
     PresenceOut,
     RenewIn,
     RevokeIn,
+    TenantSlotsOut,
     WorkerCredentialIssued,
     WorkerCredentialList,
     WorkerCredentialOut,
@@ -32,6 +36,7 @@ from app.clusters.schemas import (
 from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
 from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
+from app.jobs import dispatch
 from app.openapi import PemResponse
 from app.pki import service as pki
 from app.routing import api_router
@@ -40,14 +45,41 @@ from app.settings import Settings
 router = api_router("clusters")
 
 
-def _out(db: Session, cluster: Cluster, settings: Settings) -> ClusterOut:
+def _slots_by_tenant(
+    db: Session, use: service.SlotUse, viewer: Identity | None
+) -> list[TenantSlotsOut]:
+    """Admins see whose jobs hold the slots; anyone else their own and the rest together."""
+    if viewer is not None and viewer.role == Role.admin:
+        emails = dict(
+            db.execute(select(User.id, User.email).where(User.id.in_(use.by_tenant))).all()
+        )
+        return [
+            TenantSlotsOut(tenant=emails.get(owner, owner), slots=n, you=owner == viewer.id)
+            for owner, n in sorted(use.by_tenant.items(), key=lambda kv: -kv[1])
+        ]
+    mine = use.by_tenant.get(viewer.id, 0) if viewer is not None else 0
+    rows = [TenantSlotsOut(tenant="you", slots=mine, you=True)] if mine else []
+    if use.in_use - mine:
+        rows.append(TenantSlotsOut(tenant="other tenants", slots=use.in_use - mine))
+    return rows
+
+
+def _out(
+    db: Session, cluster: Cluster, settings: Settings, viewer: Identity | None = None
+) -> ClusterOut:
     health = service.health(db, cluster=cluster, timeout=_presence_timeout(settings))
+    use = service.slot_use(db, cluster=cluster)
+    slots = cluster.role_slots
     return ClusterOut.model_validate(cluster).model_copy(
         update={
             "has_valid_certificate": pki.has_valid_certificate(db, cluster_id=cluster.id),
             "switch_online": health.switch_online,
             "workers_online": health.workers_online,
             "running_jobs": health.running_jobs,
+            "role_slots": slots if slots is not None else settings.default_cluster_role_slots,
+            "slots_in_use": use.in_use,
+            "slots_by_tenant": _slots_by_tenant(db, use, viewer),
+            "queued_jobs": use.queued_jobs,
         }
     )
 
@@ -90,7 +122,7 @@ def list_clusters(
 ) -> ClusterList:
     """Every cluster with its health (any signed-in user may place jobs on them)."""
     items, total = service.list_all(db, page=page)
-    return ClusterList(items=[_out(db, c, settings) for c in items], total=total)
+    return ClusterList(items=[_out(db, c, settings, caller.identity) for c in items], total=total)
 
 
 @router.get("/clusters/{cluster_id}", response_model=ClusterOut)
@@ -98,7 +130,23 @@ def get_cluster(
     cluster_id: ClusterIdPath, caller: CallerDep, db: SessionDep, settings: SettingsDep
 ) -> ClusterOut:
     """One cluster with its health."""
-    return _out(db, service.get(db, cluster_id=cluster_id), settings)
+    return _out(db, service.get(db, cluster_id=cluster_id), settings, caller.identity)
+
+
+@router.patch("/clusters/{cluster_id}/slots", response_model=ClusterOut)
+def set_cluster_slots(
+    cluster_id: ClusterIdPath,
+    body: ClusterSlotsIn,
+    caller: AdminDep,
+    db: SessionDep,
+    settings: SettingsDep,
+) -> ClusterOut:
+    """How many roles may run on the cluster at once (admins): fair share divides them."""
+    cluster = service.get(db, cluster_id=cluster_id)
+    service.set_role_slots(db, actor=caller.actor, cluster=cluster, role_slots=body.role_slots)
+    db.commit()
+    dispatch.schedule_and_dispatch(db, settings=settings)  # more slots may start queued jobs
+    return _out(db, cluster, settings, caller.identity)
 
 
 @router.get("/clusters/{cluster_id}/presence", response_model=PresenceList)

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.fields import CertificatePem, CsrPem, StrictIn, example
 
 CLUSTER_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+# where data may go: a list of cluster names, or "any" (app.clusters.service.check_cluster_set)
+ClusterName = Annotated[str, Field(pattern=CLUSTER_NAME, max_length=63)]
+ClusterNames = Annotated[list[ClusterName], Field(max_length=100)]
+ClusterSet = ClusterNames | Literal["any"]
+# as answers show a stored set: None (no limit) reads "any"
+ClusterSetOut = Annotated[
+    list[str] | Literal["any"], BeforeValidator(lambda value: "any" if value is None else value)
+]
 
 
 class ClusterCreateIn(StrictIn):
@@ -18,6 +26,12 @@ class ClusterCreateIn(StrictIn):
     name: str = Field(pattern=CLUSTER_NAME, max_length=63)
     switch_host: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:\-\[\]]+$")
     switch_port: int = Field(ge=1, le=65535)
+
+
+class TenantSlotsOut(BaseModel):
+    tenant: str  # an email, or "other tenants"
+    slots: int
+    you: bool = False
 
 
 class ClusterOut(BaseModel):
@@ -32,6 +46,21 @@ class ClusterOut(BaseModel):
     switch_online: bool = False  # its switch reported in lately
     workers_online: int = 0  # worker processes that reported in lately
     running_jobs: int = 0  # jobs with a running role there
+    # fair share: how many roles may run there at once (None: unbounded), how many placed
+    # jobs hold, per tenant (admins see every tenant's email; others see their own and
+    # "other tenants"), and how many jobs wait for slots there
+    role_slots: int | None = None
+    slots_in_use: int = 0
+    slots_by_tenant: list[TenantSlotsOut] = []
+    queued_jobs: int = 0
+
+
+class ClusterSlotsIn(StrictIn):
+    model_config = example(role_slots=8)
+
+    role_slots: int | None = Field(
+        ge=1, le=100_000, description="Roles that may run at once; null: the platform default"
+    )
 
 
 class PresenceOut(BaseModel):

@@ -20,7 +20,8 @@ from app.clusters.models import (
     WorkerCredential,
 )
 from app.db import NewestFirst, Page, utcnow
-from app.errors import Conflict, NotFound
+from app.errors import Conflict, Invalid, NotFound
+from app.settings import Settings
 
 
 def create(db: Session, *, actor: Actor, name: str, switch_host: str, switch_port: int) -> Cluster:
@@ -224,3 +225,77 @@ def presences(
         roles = [f"{job}/{role}" for worker, job, role in rows if (worker or "").startswith(prefix)]
         result.append((presence, roles))
     return result
+
+
+ANY_CLUSTER = "any"
+
+
+def check_cluster_set(db: Session, *, clusters: list[str] | str) -> list[str] | None:
+    """A set of clusters data may go to, sorted, or None for `"any"`.
+
+    Invalid (422) for an unknown name (named) and for an empty list, which would allow
+    nothing: ending the grant is what revoking (or denying) is for.
+    """
+    if isinstance(clusters, str):
+        if clusters != ANY_CLUSTER:
+            raise Invalid(f'clusters: a list of cluster names or "{ANY_CLUSTER}"')
+        return None
+    if not clusters:
+        raise Invalid("clusters: an empty set allows no cluster; revoke (or deny) instead")
+    wanted = sorted(set(clusters))
+    known = set(db.scalars(select(Cluster.name).where(Cluster.name.in_(wanted))))
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise Invalid(f"clusters: no cluster named {unknown[0]!r}")
+    return wanted
+
+
+def role_slots(db: Session, *, settings: Settings) -> dict[str, int | None]:
+    """Each cluster's role slots (its own, or the settings' default; None: unbounded)."""
+    return {
+        name: slots if slots is not None else settings.default_cluster_role_slots
+        for name, slots in db.execute(select(Cluster.name, Cluster.role_slots))
+    }
+
+
+@dataclass(frozen=True)
+class SlotUse:
+    """How a cluster's role slots are used: by whom, and how many jobs wait for them."""
+
+    in_use: int
+    by_tenant: dict[str, int]  # owner id -> role slots their placed jobs hold
+    queued_jobs: int  # live jobs with a role there that have not got their slots
+
+
+def slot_use(db: Session, *, cluster: Cluster) -> SlotUse:
+    """The slots of `cluster` that placed, live jobs hold, per tenant; the jobs queued for it."""
+    from app.jobs.models import Job, JobRole
+    from app.jobs.states import FINAL_STATUSES
+
+    rows = db.execute(
+        select(Job.owner_id, Job.placed_at.is_not(None), func.count(JobRole.id))
+        .join(Job, Job.id == JobRole.job_id)
+        .where(JobRole.cluster == cluster.name, Job.status.not_in(FINAL_STATUSES))
+        .group_by(Job.owner_id, Job.placed_at.is_not(None))
+    ).all()
+    by_tenant = {owner: int(count) for owner, placed, count in rows if placed}
+    queued = db.scalar(
+        select(func.count(func.distinct(Job.id)))
+        .join(JobRole, JobRole.job_id == Job.id)
+        .where(
+            JobRole.cluster == cluster.name,
+            Job.status.not_in(FINAL_STATUSES),
+            Job.placed_at.is_(None),
+        )
+    )
+    return SlotUse(
+        in_use=sum(by_tenant.values()), by_tenant=by_tenant, queued_jobs=int(queued or 0)
+    )
+
+
+def set_role_slots(db: Session, *, actor: Actor, cluster: Cluster, role_slots: int | None) -> None:
+    """Set how many roles may run on the cluster at once (None: the platform default)."""
+    cluster.role_slots = role_slots
+    audit.record(
+        db, actor=actor, action="cluster.slots", subject=cluster, details={"role_slots": role_slots}
+    )

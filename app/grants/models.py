@@ -6,7 +6,7 @@ import enum
 from datetime import datetime
 from typing import ClassVar
 
-from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy import JSON, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, CreatedAt, NewId
@@ -41,3 +41,6 @@ class AccessRequest(Base):
     ended_at: Mapped[datetime | None]  # revoked or withdrawn
     # HMAC of the fields app/seals.py lists, under a key the database does not hold
     row_mac: Mapped[str | None] = mapped_column(String(64))
+    # the clusters the data (and what a job derives from it) may go to, sorted; set on
+    # approval and only ever narrowed; None: any cluster
+    clusters: Mapped[list[str] | None] = mapped_column(JSON)

@@ -12,7 +12,13 @@ from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
 from app.fields import RequestIdPath
 from app.grants import service
 from app.grants.models import AccessRequest
-from app.grants.schemas import AccessRequestCreateIn, AccessRequestList, AccessRequestOut, ApproveIn
+from app.grants.schemas import (
+    AccessRequestCreateIn,
+    AccessRequestList,
+    AccessRequestOut,
+    ApproveIn,
+    NarrowIn,
+)
 from app.jobs import service as jobs
 from app.routing import api_router
 
@@ -79,8 +85,25 @@ def approve(
         user=caller.user,
         request_id=request_id,
         expires_at=body.expires_at if body else None,
+        clusters=body.clusters if body else None,
     )
     return _answer_and_commit(db, request)
+
+
+@router.post("/access-requests/{request_id}/narrow", response_model=AccessRequestOut)
+@raises(Forbidden, Conflict, Invalid)
+def narrow(
+    request_id: RequestIdPath, body: NarrowIn, caller: WriterDep, db: SessionDep
+) -> AccessRequestOut:
+    """The dataset's owner narrows the clusters an active grant allows; the requester's live
+    jobs with a role on a removed cluster fail, naming the grant and the cluster."""
+    request, narrowed = service.narrow(
+        db, actor=caller.actor, user=caller.user, request_id=request_id, clusters=body.clusters
+    )
+    answer = _answer_and_commit(db, request)
+    jobs.stop_jobs_of_narrowed_grant(db, narrowed=narrowed)
+    db.commit()
+    return answer
 
 
 @router.post("/access-requests/{request_id}/deny", response_model=AccessRequestOut)

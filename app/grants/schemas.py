@@ -7,9 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.clusters.schemas import ClusterNames, ClusterSet
+from app.clusters.service import ANY_CLUSTER
 from app.db import columns
 from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp, example
-from app.grants.service import RequestView, status_of
+from app.grants.service import RequestView, shown_clusters, status_of
 from app.workspaces.models import DatasetKind
 
 
@@ -21,10 +23,24 @@ class AccessRequestCreateIn(StrictIn):
 
 
 class ApproveIn(StrictIn):
-    model_config = example(expires_at="2030-01-01T00:00:00Z")
+    model_config = example(expires_at="2030-01-01T00:00:00Z", clusters=["east"])
 
     expires_at: Timestamp | None = Field(
         default=None, description="In the future; none: until revoked"
+    )
+    clusters: ClusterSet | None = Field(
+        default=None,
+        description='The clusters the data, and what jobs derive from it, may go to, or "any";'
+        " none: the dataset's default set, or any where it has none. An unknown name or an"
+        " empty list is 422.",
+    )
+
+
+class NarrowIn(StrictIn):
+    model_config = example(clusters=["east"])
+
+    clusters: ClusterNames = Field(
+        description="A subset of the clusters the grant allows now; empty is 422 (revoke instead)"
     )
 
 
@@ -44,12 +60,24 @@ class AccessRequestOut(BaseModel):
     requester_email: str
     requester_display_name: str
     owner_display_name: str
+    # where the data may go: a list of cluster names or "any"; null until approved
+    clusters: list[str] | Literal["any"] | None
+    # the set the owner put on the dataset, which an approval naming none applies
+    dataset_default_clusters: list[str] | Literal["any"]
 
     @classmethod
     def of(cls, view: RequestView) -> AccessRequestOut:
         """The answer for one request: its columns, its status as reported, the names beside it."""
         row = view.request
-        return cls.model_validate({**columns(row), **vars(view), "status": status_of(row)})
+        return cls.model_validate(
+            {
+                **columns(row),
+                **vars(view),
+                "status": status_of(row),
+                "clusters": shown_clusters(row),
+                "dataset_default_clusters": view.dataset_default_clusters or ANY_CLUSTER,
+            }
+        )
 
 
 class AccessRequestList(BaseModel):

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import Actor
+from app.clusters.service import ANY_CLUSTER, check_cluster_set
 from app.db import Page, newest_first, utcnow
 from app.errors import Conflict, Forbidden, Invalid, NotFound
 from app.grants.models import AccessRequest, AccessStatus
@@ -370,6 +371,7 @@ _STEPS: dict[str, tuple[_Party, tuple[str, ...]]] = {
     "access.approve": (_Party.owner, (_PENDING,)),
     "access.deny": (_Party.owner, (_PENDING,)),
     "access.revoke": (_Party.owner, (_APPROVED,)),
+    "access.narrow": (_Party.owner, (_APPROVED,)),
     "access.withdraw": (_Party.requester, (_PENDING, _APPROVED)),
 }
 
@@ -400,9 +402,16 @@ def _transition(
 
 
 def approve(
-    db: Session, *, actor: Actor, user: User, request_id: str, expires_at: datetime | None
+    db: Session,
+    *,
+    actor: Actor,
+    user: User,
+    request_id: str,
+    expires_at: datetime | None,
+    clusters: list[str] | str | None = None,
 ) -> AccessRequest:
-    """The owner grants use in jobs, until `expires_at` (future) or revocation."""
+    """The owner grants use in jobs, until `expires_at` (future) or revocation, on `clusters`
+    (a list of names or `"any"`; None: the dataset's default set, or any where it has none)."""
     # who may decide comes first: a stranger learns nothing from the date's check
     request = _transition(
         db, actor=actor, user=user, request_id=request_id, action="access.approve"
@@ -417,9 +426,14 @@ def approve(
         raise Conflict(
             "the dataset derives from other owners' data: it cannot be shared until they release it"
         )
+    if clusters is None:
+        allowed = dataset.default_clusters
+    else:
+        allowed = check_cluster_set(db, clusters=clusters)
     request.status = AccessStatus.approved
     request.decided_at = now
     request.expires_at = expires_at
+    request.clusters = list(allowed) if allowed is not None else None
     audit.record(
         db,
         actor=actor,
@@ -429,9 +443,53 @@ def approve(
             "dataset_id": request.dataset_id,
             "requester_id": request.requester_id,
             "expires_at": expires_at.isoformat() if expires_at else None,
+            "clusters": request.clusters if request.clusters is not None else ANY_CLUSTER,
         },
     )
     return request
+
+
+@dataclass(frozen=True)
+class NarrowedGrant:
+    """A grant whose clusters a call just narrowed, for its caller to act on after the commit."""
+
+    request_id: str
+    requester_id: str
+    dataset_id: str
+
+
+def narrow(
+    db: Session, *, actor: Actor, user: User, request_id: str, clusters: list[str]
+) -> tuple[AccessRequest, NarrowedGrant]:
+    """The owner narrows an active grant to a subset of the clusters it allows.
+
+    Widening is refused (a wider set is a new request's to ask for); the caller stops the
+    requester's live jobs on a removed cluster after the commit.
+    """
+    request = _transition(db, actor=actor, user=user, request_id=request_id, action="access.narrow")
+    wanted = check_cluster_set(db, clusters=clusters)
+    assert wanted is not None  # a list was given
+    before = request.clusters
+    if before is not None:
+        wider = [name for name in wanted if name not in before]
+        if wider:
+            raise Invalid(
+                f"clusters: the grant does not allow {wider[0]!r} now; a grant is only narrowed"
+            )
+    request.clusters = wanted
+    _record_decision(
+        db,
+        actor=actor,
+        action="access.narrow",
+        request=request,
+        clusters_before=before if before is not None else ANY_CLUSTER,
+        clusters=wanted,
+    )
+    return request, NarrowedGrant(
+        request_id=request.id,
+        requester_id=request.requester_id,
+        dataset_id=request.dataset_id,
+    )
 
 
 def deny(db: Session, *, actor: Actor, user: User, request_id: str) -> AccessRequest:
@@ -543,6 +601,16 @@ class RequestView:
     requester_email: str
     requester_display_name: str
     owner_display_name: str
+    dataset_default_clusters: list[str] | None
+
+
+def shown_clusters(request: AccessRequest) -> list[str] | str | None:
+    """Where a request's data may go as its answer says it: the set, "any", or None until it
+    was approved (a denied request never allowed any)."""
+    if request.clusters is not None:
+        return list(request.clusters)
+    approved = request.decided_at is not None and request.status != AccessStatus.denied
+    return ANY_CLUSTER if approved else None
 
 
 def _views(db: Session, requests: list[AccessRequest]) -> list[RequestView]:
@@ -564,6 +632,7 @@ def _views(db: Session, requests: list[AccessRequest]) -> list[RequestView]:
             requester_email=users[r.requester_id].email,
             requester_display_name=users[r.requester_id].display_name,
             owner_display_name=users[r.owner_id].display_name,
+            dataset_default_clusters=datasets[r.dataset_id].default_clusters,
         )
         for r in requests
     ]

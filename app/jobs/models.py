@@ -38,6 +38,10 @@ class Job(Base):
     # where this attempt's discriminator replicas join its process group (ELECTRA, n > 1)
     rendezvous: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
+    # when fair share gave the job its role slots (all at once); None: it waits in the queue
+    placed_at: Mapped[datetime | None]
+    # why a queued job waits: {reason, position, cluster, kind} (app.jobs.fairshare.Wait)
+    waiting: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[CreatedAt]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

@@ -29,6 +29,7 @@ from app.jobs.models import Job
 from app.jobs.schemas import (
     ArtifactList,
     ArtifactOut,
+    ClusterResidencyOut,
     JobAccepted,
     JobKindList,
     JobList,
@@ -70,8 +71,7 @@ def submit_job(
         db, actor=caller.actor, user=caller.user, workspace=workspace, body=body, settings=settings
     )
     db.commit()
-    dispatch.dispatch_job(db, settings=settings, job_id=job.id)
-    db.commit()
+    dispatch.schedule_and_dispatch(db, settings=settings)
     return JobAccepted(id=job.id, status=job.status.value)
 
 
@@ -104,20 +104,25 @@ def list_jobs(
 
 @router.get("/jobs/{job_id}", response_model=JobOut)
 def get_job(job_id: JobIdPath, caller: CallerDep, db: SessionDep) -> JobOut:
-    """One of the caller's jobs."""
-    return JobOut.model_validate(
-        ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
-    )
+    """One of the caller's jobs, with what each of its clusters receives under which grant."""
+    job = ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
+    answer = JobOut.model_validate(job)
+    answer.residency = [
+        ClusterResidencyOut.model_validate(row) for row in service.residency_table(db, job=job)
+    ]
+    return answer
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED)
 @raises(Conflict)
-def cancel_job(job_id: JobIdPath, caller: WriterDep, db: SessionDep) -> JobOut:
+def cancel_job(job_id: JobIdPath, request: Request, caller: WriterDep, db: SessionDep) -> JobOut:
     """Cancel: both roles stop within seconds."""
     job = ownership.get_owned(db, Job, job_id, actor=caller.actor, user=caller.identity)
     service.cancel(db, actor=caller.actor, job=job)
     db.commit()
-    return JobOut.model_validate(job)
+    answer = JobOut.model_validate(job)
+    dispatch.schedule_and_dispatch(db, settings=request.app.state.settings)  # its slots freed
+    return answer
 
 
 @router.get("/jobs/{job_id}/metrics", response_model=MetricsOut)
@@ -145,6 +150,7 @@ def _snapshot(job: Job) -> dict[str, Any]:
         "metrics": job.metrics,
         "error": job.error,
         "attempt": job.attempt,
+        "waiting": job.waiting,
     }
 
 

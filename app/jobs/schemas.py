@@ -80,6 +80,33 @@ JobSubmitIn = Annotated[ElectraJobIn | AbnetJobIn, Field(discriminator="kind")]
 JobKindName = Literal["electra_pretrain", "abnet_finetune"]
 
 
+class ResidencyGrantOut(BaseModel):
+    """A grant one of the job's inputs rests on, and the clusters it allows."""
+
+    grant_id: str
+    input: str  # the job input's name
+    dataset_id: str  # the dataset the grant is for: the input, or a source it derives from
+    clusters: list[str] | Literal["any"]
+
+
+class ClusterResidencyOut(BaseModel):
+    """One cluster of a job: its roles, and the grants that let the job's data go there."""
+
+    cluster: str
+    roles: list[str]
+    allowed: bool  # every grant the inputs rest on allows the cluster (none: own data only)
+    grants: list[ResidencyGrantOut]  # all of them, allowing it or not
+
+
+class WaitingOut(BaseModel):
+    """Why a queued job has not got its role slots yet (app.jobs.fairshare)."""
+
+    reason: str  # e.g. "waiting: slots of cluster-b held by 3 other jobs; position 2"
+    position: int  # 1: the next job to start on `cluster`
+    cluster: str
+    kind: Literal["cluster_full", "tenant_limit"]
+
+
 class JobOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
@@ -100,6 +127,9 @@ class JobOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    waiting: WaitingOut | None = None  # queued for slots: why, and its place
+    # GET /jobs/{id} only: what each cluster receives, and by which grant (empty in lists)
+    residency: list[ClusterResidencyOut] = []
 
 
 class JobList(BaseModel):
@@ -151,6 +181,7 @@ class JobOverviewOut(BaseModel):
     attempt: int
     created_at: datetime
     started_at: datetime | None
+    waiting: WaitingOut | None = None
 
 
 class JobOverviewList(BaseModel):

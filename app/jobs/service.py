@@ -17,6 +17,7 @@ from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
 from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, Invalid, NotFound
+from app.grants import residency
 from app.grants import service as grants
 from app.jobs.models import (
     ColumnExposure,
@@ -174,6 +175,37 @@ def _remember_columns(
             )
 
 
+def _check_slots(
+    db: Session,
+    *,
+    user: User,
+    kind: str,
+    config: dict[str, Any],
+    placement: dict[str, str],
+    settings: Settings,
+) -> None:
+    """Refuse a job that could never get its role slots: more than a cluster has, or than
+    the user's roles_per_cluster (it would wait until the queue timeout for nothing)."""
+    demand: defaultdict[str, int] = defaultdict(int)
+    for cluster in job_roles(kind, config, placement).values():
+        demand[cluster] += 1
+    capacity = clusters.role_slots(db, settings=settings)
+    limit = roles_per_cluster(user, settings)
+    for cluster, slots in sorted(demand.items()):
+        cap = capacity.get(cluster)
+        if cap is not None and slots > cap:
+            raise Conflict(f"the job needs {slots} role slots of {cluster}, which has {cap}")
+        if slots > limit:
+            raise Conflict(
+                f"the job needs {slots} role slots of {cluster}; your roles_per_cluster is {limit}"
+            )
+
+
+def roles_per_cluster(user: User, settings: Settings) -> int:
+    """The role slots the user may hold on one cluster at once."""
+    return quotas.quota_of(user, settings).roles_per_cluster
+
+
 def submit(
     db: Session,
     *,
@@ -189,6 +221,18 @@ def submit(
     config, total_steps = _validate_config(body.kind, body.config.model_dump())
     _check_inputs(db, user=user, kind=body.kind, inputs=inputs)
     _check_placement(db, kind=body.kind, placement=placement)
+    refusal = residency.first_refusal(
+        db, user_id=user.id, dataset_ids=inputs.values(), clusters=placement.values()
+    )
+    if refusal is not None:
+        audit.deny(
+            db,
+            actor=actor,
+            action="job.submit",
+            subject_type="access_request",
+            subject_id=refusal.grant_id,
+            forbidden=refusal.describe(),
+        )
     exposures = _column_exposures(
         db, kind=body.kind, config=config, inputs=inputs, placement=placement
     )
@@ -197,6 +241,9 @@ def submit(
     locked = workspaces.lock(db, workspace_id=workspace.id)
     if locked is None or owner is None:
         raise NotFound()
+    _check_slots(
+        db, user=owner, kind=body.kind, config=config, placement=placement, settings=settings
+    )
     limit = quotas.quota_of(owner, settings).max_concurrent_jobs
     running = quotas.active_jobs(db, user_id=owner.id)
     if running >= limit:
@@ -304,6 +351,66 @@ def fail_for_ended_grant(db: Session, *, job: Job, ended: grants.EndedGrant) -> 
     )
 
 
+def residency_refusal(
+    db: Session, *, job: Job, clusters: Iterable[str] | None = None
+) -> residency.ResidencyRefusal | None:
+    """The first of the job's clusters (or of `clusters`) a grant its inputs rest on excludes."""
+    return residency.first_refusal(
+        db,
+        user_id=job.owner_id,
+        dataset_ids=job.inputs.values(),
+        clusters=job.placement.values() if clusters is None else clusters,
+    )
+
+
+def residency_table(db: Session, *, job: Job) -> list[dict[str, Any]]:
+    """For each cluster of a job: its roles, whether the grants allow it, and those grants."""
+    found = residency.allowances(db, user_id=job.owner_id, dataset_ids=job.inputs.values())
+    names = {dataset_id: name for name, dataset_id in job.inputs.items()}
+    by_cluster: dict[str, list[str]] = defaultdict(list)
+    for role, cluster in job_roles(job.kind, job.config, job.placement).items():
+        by_cluster[cluster].append(role)
+    return [
+        {
+            "cluster": cluster,
+            "roles": roles,
+            "allowed": all(a.allows(cluster) for a in found),
+            "grants": [
+                {
+                    "grant_id": a.grant_id,
+                    "input": names.get(a.input_id, a.input_id),
+                    "dataset_id": a.dataset_id,
+                    "clusters": sorted(a.clusters) if a.clusters is not None else "any",
+                }
+                for a in found
+            ],
+        }
+        for cluster, roles in by_cluster.items()
+    ]
+
+
+def fail_for_residency(db: Session, *, job: Job, refusal: residency.ResidencyRefusal) -> None:
+    """Fail a live job whose roles sit on a cluster a grant no longer allows; not committed."""
+    on_cluster = [
+        role
+        for role, cluster in job_roles(job.kind, job.config, job.placement).items()
+        if cluster == refusal.cluster
+    ]
+    fail_job(
+        db,
+        job,
+        error=f"roles {', '.join(on_cluster)} on cluster {refusal.cluster!r} stopped: "
+        f"{refusal.describe()}",
+        details={
+            "reason": "grant_excludes_cluster",
+            "access_request_id": refusal.grant_id,
+            "dataset_id": refusal.dataset_id,
+            "cluster": refusal.cluster,
+            "roles": on_cluster,
+        },
+    )
+
+
 def _fail_jobs_that_lost_a_grant(
     db: Session, *, where: Any, revoked: grants.EndedGrant | None = None
 ) -> list[str]:
@@ -317,6 +424,11 @@ def _fail_jobs_that_lost_a_grant(
             )
         if ended is not None:
             fail_for_ended_grant(db, job=job, ended=ended)
+            failed.append(job.id)
+            continue
+        refusal = residency_refusal(db, job=job)
+        if refusal is not None:
+            fail_for_residency(db, job=job, refusal=refusal)
             failed.append(job.id)
     return failed
 
@@ -342,11 +454,20 @@ def stop_jobs_of_ended_grants(db: Session, *, ended: Iterable[grants.EndedReques
     return failed
 
 
+def stop_jobs_of_narrowed_grant(db: Session, *, narrowed: grants.NarrowedGrant) -> list[str]:
+    """Fail the requester's live jobs with a role on a cluster the grant no longer allows.
+
+    Called by the narrowing request after its commit; the reaper catches what it missed.
+    """
+    return _fail_jobs_that_lost_a_grant(db, where=Job.owner_id == narrowed.requester_id)
+
+
 def fail_jobs_whose_grants_ended(db: Session) -> list[str]:
-    """Fail every live job whose inputs rest on a grant that expired or ended; not committed.
+    """Fail every live job whose inputs rest on a grant that expired or ended, or that no
+    longer allows one of its clusters; not committed.
 
     The reaper calls this each pass: expiry has no moment at which to act, and a job that
-    a revocation's caller did not stop is caught here too.
+    a revocation's (or narrowing's) caller did not stop is caught here too.
     """
     return _fail_jobs_that_lost_a_grant(db, where=true())
 

@@ -29,6 +29,7 @@ from app.accounts import quotas
 from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
+from app.clusters.service import ANY_CLUSTER, check_cluster_set
 from app.db import NewestFirst, Page, begin_writing, new_id, utcnow
 from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaExceeded
 from app.grants import service as grants
@@ -373,10 +374,17 @@ def list_in_workspace(
 
 
 def update(
-    db: Session, *, actor: Actor, dataset: Dataset, name: str | None, discoverable: bool | None
+    db: Session,
+    *,
+    actor: Actor,
+    dataset: Dataset,
+    name: str | None,
+    discoverable: bool | None,
+    default_clusters: list[str] | str | None = None,
 ) -> Dataset:
-    """Rename, or switch whether the catalog lists it."""
-    changes: dict[str, str | bool] = {}
+    """Rename, switch whether the catalog lists it, or set its default clusters (a list of
+    names or "any": what an approval naming none allows; existing grants keep theirs)."""
+    changes: dict[str, str | bool | list[str]] = {}
     if name is not None and check_name(name) != dataset.name:
         dataset.name = changes["name"] = check_name(name)
     if discoverable is not None and discoverable != dataset.discoverable:
@@ -386,6 +394,11 @@ def update(
                 " catalog until they release it"
             )
         dataset.discoverable = changes["discoverable"] = discoverable
+    if default_clusters is not None:
+        wanted = check_cluster_set(db, clusters=default_clusters)
+        if wanted != dataset.default_clusters:
+            dataset.default_clusters = wanted
+            changes["default_clusters"] = wanted if wanted is not None else ANY_CLUSTER
     audit.record(db, actor=actor, action="dataset.update", subject=dataset, details=changes)
     return dataset
 

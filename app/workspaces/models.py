@@ -67,3 +67,5 @@ class Dataset(Base):
     model_info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # HMAC of the fields app/seals.py lists, under a key the database does not hold
     row_mac: Mapped[str | None] = mapped_column(String(64))
+    # the clusters an approval allows when the owner names none (sorted); None: any
+    default_clusters: Mapped[list[str] | None] = mapped_column(JSON)

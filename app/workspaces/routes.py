@@ -13,9 +13,11 @@ from starlette.requests import ClientDisconnect
 
 from app import ownership
 from app.accounts.models import Identity, Role, User
+from app.clusters.service import ANY_CLUSTER
 from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
 from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
+from app.grants import residency
 from app.jobs import service as jobs
 from app.releases import service as releases
 from app.routing import api_router
@@ -107,6 +109,13 @@ BINARY = {"type": "string", "format": "binary"}
 def _datasets_out(db: Session, viewer: User | Identity, items: list[Dataset]) -> list[DatasetOut]:
     """Datasets with what `viewer` may see of their provenance and release."""
     found = releases.derivations(db, viewer=viewer, items=items)
+
+    def allowed(dataset: Dataset) -> list[str] | str:
+        # the viewer's grant on another's dataset, or their own derived data's sources' grants
+        grants = residency.allowances(db, user_id=viewer.id, dataset_ids=[dataset.id])
+        clusters = residency.allowed_clusters(grants)
+        return sorted(clusters) if clusters is not None else ANY_CLUSTER
+
     return [
         DatasetOut.model_validate(d).model_copy(
             update={
@@ -114,6 +123,8 @@ def _datasets_out(db: Session, viewer: User | Identity, items: list[Dataset]) ->
                 "release": found[d.id].release.value,
                 "derived_by_job_id": found[d.id].job_id,
                 "derived_from_names": found[d.id].source_names,
+                "default_clusters": d.default_clusters or ANY_CLUSTER,
+                "allowed_clusters": allowed(d),
             }
         )
         for d in items
@@ -283,16 +294,22 @@ def get_dataset_content(
 
 
 @router.patch("/datasets/{dataset_id}", response_model=DatasetOut)
-@raises(Forbidden)
+@raises(Forbidden, Invalid)
 def update_dataset(
     dataset_id: DatasetIdPath, body: DatasetUpdateIn, caller: WriterDep, db: SessionDep
 ) -> DatasetOut:
-    """Rename, or switch whether the catalog lists it (owner)."""
+    """Rename, switch whether the catalog lists it, or set the clusters approvals allow by
+    default (owner)."""
     dataset = datasets.get_owned(
         db, actor=caller.actor, user=caller.user, dataset_id=dataset_id, action="dataset.update"
     )
     datasets.update(
-        db, actor=caller.actor, dataset=dataset, name=body.name, discoverable=body.discoverable
+        db,
+        actor=caller.actor,
+        dataset=dataset,
+        name=body.name,
+        discoverable=body.discoverable,
+        default_clusters=body.default_clusters,
     )
     db.commit()
     return _datasets_out(db, caller.identity, [dataset])[0]

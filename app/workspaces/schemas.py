@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.clusters.schemas import ClusterSet, ClusterSetOut
 from app.fields import StrictIn, example
 from app.workspaces.datasets import MAX_NAME_LENGTH, NAME_PATTERN
 from app.workspaces.models import DatasetKind
@@ -75,6 +76,11 @@ class DatasetOut(BaseModel):
     derived_by_job_id: str | None = None
     derived_from_names: dict[str, str] = {}  # id -> name of each of `derived_from`
     model: ModelInfoOut | None = Field(default=None, validation_alias="model_info")
+    # what an approval allows when the owner names no clusters (shown to requesters too)
+    default_clusters: ClusterSetOut = "any"
+    # where the caller's jobs may send it: their grant on it, or for their own derived data
+    # its unreleased sources' grants, intersected
+    allowed_clusters: ClusterSetOut = "any"
 
 
 class DatasetList(BaseModel):
@@ -89,3 +95,8 @@ class DatasetUpdateIn(StrictIn):
         default=None, min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN
     )
     discoverable: bool | None = None
+    default_clusters: ClusterSet | None = Field(
+        default=None,
+        description="The clusters an approval of a request for it allows when the owner names"
+        ' none (a list of names, or "any"); existing grants keep theirs',
+    )

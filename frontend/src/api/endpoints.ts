@@ -8,6 +8,7 @@ import type {
   AuditVerification,
   Certificate,
   Cluster,
+  ClusterSet,
   Dataset,
   DatasetKind,
   EnrollmentToken,
@@ -110,8 +111,12 @@ export const datasets = {
 export const access = {
   list: (direction: "incoming" | "outgoing") => page<AccessRequest>("/access-requests", { direction, limit: 500 }),
   create: (dataset_id: string, purpose: string) => api.post<AccessRequest>("/access-requests", { dataset_id, purpose }),
-  approve: (id: string, expires_at?: string) =>
-    api.post<AccessRequest>(`/access-requests/${enc(id)}/approve`, expires_at ? { expires_at } : {}),
+  approve: (id: string, expires_at?: string, clusters?: ClusterSet) =>
+    api.post<AccessRequest>(`/access-requests/${enc(id)}/approve`, {
+      ...(expires_at ? { expires_at } : {}),
+      ...(clusters !== undefined ? { clusters } : {}),
+    }),
+  narrow: (id: string, clusters: string[]) => api.post<AccessRequest>(`/access-requests/${enc(id)}/narrow`, { clusters }),
   deny: (id: string) => api.post<AccessRequest>(`/access-requests/${enc(id)}/deny`),
   revoke: (id: string) => api.post<AccessRequest>(`/access-requests/${enc(id)}/revoke`),
   withdraw: (id: string) => api.post<AccessRequest>(`/access-requests/${enc(id)}/withdraw`),

@@ -88,6 +88,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/access-requests/{request_id}/narrow": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Narrow
+         * @description The dataset's owner narrows the clusters an active grant allows; the requester's live
+         *     jobs with a role on a removed cluster fail, naming the grant and the cluster.
+         */
+        post: operations["narrow_api_v1_access_requests__request_id__narrow_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/access-requests/{request_id}/revoke": {
         parameters: {
             query?: never;
@@ -640,6 +661,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/clusters/{cluster_id}/slots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Set Cluster Slots
+         * @description How many roles may run on the cluster at once (admins): fair share divides them.
+         */
+        patch: operations["set_cluster_slots_api_v1_clusters__cluster_id__slots_patch"];
+        trace?: never;
+    };
     "/api/v1/clusters/{cluster_id}/worker-credentials": {
         parameters: {
             query?: never;
@@ -707,7 +748,8 @@ export interface paths {
         head?: never;
         /**
          * Update Dataset
-         * @description Rename, or switch whether the catalog lists it (owner).
+         * @description Rename, switch whether the catalog lists it, or set the clusters approvals allow by
+         *     default (owner).
          */
         patch: operations["update_dataset_api_v1_datasets__dataset_id__patch"];
         trace?: never;
@@ -781,7 +823,7 @@ export interface paths {
         };
         /**
          * Get Job
-         * @description One of the caller's jobs.
+         * @description One of the caller's jobs, with what each of its clusters receives under which grant.
          */
         get: operations["get_job_api_v1_jobs__job_id__get"];
         put?: never;
@@ -1227,7 +1269,8 @@ export interface paths {
         head?: never;
         /**
          * Set User Quota
-         * @description Set a user's limits on workspaces, storage and concurrent jobs (admins).
+         * @description Set a user's limits on workspaces, storage, concurrent jobs and role slots per cluster
+         *     (admins).
          */
         patch: operations["set_user_quota_api_v1_users__user_id__quota_patch"];
         trace?: never;
@@ -1594,11 +1637,15 @@ export interface components {
         };
         /** AccessRequestOut */
         AccessRequestOut: {
+            /** Clusters */
+            clusters: string[] | "any" | null;
             /**
              * Created At
              * Format: date-time
              */
             created_at: string;
+            /** Dataset Default Clusters */
+            dataset_default_clusters: string[] | "any";
             /** Dataset Id */
             dataset_id: string;
             dataset_kind: components["schemas"]["DatasetKind"];
@@ -1661,10 +1708,18 @@ export interface components {
         /**
          * ApproveIn
          * @example {
+         *       "clusters": [
+         *         "east"
+         *       ],
          *       "expires_at": "2030-01-01T00:00:00Z"
          *     }
          */
         ApproveIn: {
+            /**
+             * Clusters
+             * @description The clusters the data, and what jobs derive from it, may go to, or "any"; none: the dataset's default set, or any where it has none. An unknown name or an empty list is 422.
+             */
+            clusters?: string[] | "any" | null;
             /**
              * Expires At
              * @description In the future; none: until revoked
@@ -1905,10 +1960,27 @@ export interface components {
             /** Name */
             name: string;
             /**
+             * Queued Jobs
+             * @default 0
+             */
+            queued_jobs: number;
+            /** Role Slots */
+            role_slots?: number | null;
+            /**
              * Running Jobs
              * @default 0
              */
             running_jobs: number;
+            /**
+             * Slots By Tenant
+             * @default []
+             */
+            slots_by_tenant: components["schemas"]["TenantSlotsOut"][];
+            /**
+             * Slots In Use
+             * @default 0
+             */
+            slots_in_use: number;
             /** Switch Host */
             switch_host: string;
             /**
@@ -1923,6 +1995,33 @@ export interface components {
              * @default 0
              */
             workers_online: number;
+        };
+        /**
+         * ClusterResidencyOut
+         * @description One cluster of a job: its roles, and the grants that let the job's data go there.
+         */
+        ClusterResidencyOut: {
+            /** Allowed */
+            allowed: boolean;
+            /** Cluster */
+            cluster: string;
+            /** Grants */
+            grants: components["schemas"]["ResidencyGrantOut"][];
+            /** Roles */
+            roles: string[];
+        };
+        /**
+         * ClusterSlotsIn
+         * @example {
+         *       "role_slots": 8
+         *     }
+         */
+        ClusterSlotsIn: {
+            /**
+             * Role Slots
+             * @description Roles that may run at once; null: the platform default
+             */
+            role_slots: number | null;
         };
         /** CsrIn */
         CsrIn: {
@@ -1948,10 +2047,20 @@ export interface components {
         /** DatasetOut */
         DatasetOut: {
             /**
+             * Allowed Clusters
+             * @default any
+             */
+            allowed_clusters: string[] | "any";
+            /**
              * Created At
              * Format: date-time
              */
             created_at: string;
+            /**
+             * Default Clusters
+             * @default any
+             */
+            default_clusters: string[] | "any";
             /** Derived By Job Id */
             derived_by_job_id?: string | null;
             /**
@@ -1997,6 +2106,11 @@ export interface components {
          *     }
          */
         DatasetUpdateIn: {
+            /**
+             * Default Clusters
+             * @description The clusters an approval of a request for it allows when the owner names none (a list of names, or "any"); existing grants keep theirs
+             */
+            default_clusters?: string[] | "any" | null;
             /** Discoverable */
             discoverable?: boolean | null;
             /** Name */
@@ -2318,6 +2432,11 @@ export interface components {
             };
             /** Progress */
             progress: number;
+            /**
+             * Residency
+             * @default []
+             */
+            residency: components["schemas"]["ClusterResidencyOut"][];
             /** Started At */
             started_at: string | null;
             status: components["schemas"]["JobStatus"];
@@ -2325,6 +2444,7 @@ export interface components {
             step: number;
             /** Total Steps */
             total_steps: number;
+            waiting?: components["schemas"]["WaitingOut"] | null;
             /** Workspace Id */
             workspace_id: string;
         };
@@ -2374,6 +2494,7 @@ export interface components {
             step: number;
             /** Total Steps */
             total_steps: number;
+            waiting?: components["schemas"]["WaitingOut"] | null;
             /** Workspace Id */
             workspace_id: string;
         };
@@ -2486,6 +2607,21 @@ export interface components {
                     number
                 ][];
             };
+        };
+        /**
+         * NarrowIn
+         * @example {
+         *       "clusters": [
+         *         "east"
+         *       ]
+         *     }
+         */
+        NarrowIn: {
+            /**
+             * Clusters
+             * @description A subset of the clusters the grant allows now; empty is 422 (revoke instead)
+             */
+            clusters: string[];
         };
         /** OutputOut */
         OutputOut: {
@@ -2700,6 +2836,20 @@ export interface components {
             signature: string;
         };
         /**
+         * ResidencyGrantOut
+         * @description A grant one of the job's inputs rests on, and the clusters it allows.
+         */
+        ResidencyGrantOut: {
+            /** Clusters */
+            clusters: string[] | "any";
+            /** Dataset Id */
+            dataset_id: string;
+            /** Grant Id */
+            grant_id: string;
+            /** Input */
+            input: string;
+        };
+        /**
          * RevokeIn
          * @example {
          *       "reason": "key compromise"
@@ -2749,6 +2899,18 @@ export interface components {
             name: string;
             /** Owner Id */
             owner_id: string;
+        };
+        /** TenantSlotsOut */
+        TenantSlotsOut: {
+            /** Slots */
+            slots: number;
+            /** Tenant */
+            tenant: string;
+            /**
+             * You
+             * @default false
+             */
+            you: boolean;
         };
         /**
          * TokenCreateIn
@@ -2875,6 +3037,8 @@ export interface components {
             max_concurrent_jobs?: number | null;
             /** Max Workspaces */
             max_workspaces?: number | null;
+            /** Roles Per Cluster */
+            roles_per_cluster?: number | null;
             /** Storage Bytes Limit */
             storage_bytes_limit?: number | null;
         };
@@ -2886,6 +3050,8 @@ export interface components {
             max_concurrent_jobs: number;
             /** Max Workspaces */
             max_workspaces: number;
+            /** Roles Per Cluster */
+            roles_per_cluster: number;
             /** Storage Bytes Limit */
             storage_bytes_limit: number;
             /** Storage Bytes Used */
@@ -2917,6 +3083,23 @@ export interface components {
             ok: boolean;
             /** Problems */
             problems: components["schemas"]["ProblemOut"][];
+        };
+        /**
+         * WaitingOut
+         * @description Why a queued job has not got its role slots yet (app.jobs.fairshare).
+         */
+        WaitingOut: {
+            /** Cluster */
+            cluster: string;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "cluster_full" | "tenant_limit";
+            /** Position */
+            position: number;
+            /** Reason */
+            reason: string;
         };
         /** WorkerCredentialIssued */
         WorkerCredentialIssued: {
@@ -3258,6 +3441,40 @@ export interface operations {
             409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
+        };
+    };
+    narrow_api_v1_access_requests__request_id__narrow_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The access request's id */
+                request_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NarrowIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AccessRequestOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
         };
     };
     revoke_api_v1_access_requests__request_id__revoke_post: {
@@ -3664,6 +3881,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
@@ -4171,6 +4389,39 @@ export interface operations {
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
+        };
+    };
+    set_cluster_slots_api_v1_clusters__cluster_id__slots_patch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The cluster's id */
+                cluster_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ClusterSlotsIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ClusterOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
         };
     };
     list_worker_credentials_api_v1_clusters__cluster_id__worker_credentials_get: {

@@ -64,7 +64,14 @@ export interface Dataset {
   derived_by_job_id?: string | null;
   /** The names of the `derived_from` datasets. */
   derived_from_names?: Record<string, string>;
+  /** What an approval allows when the owner names no clusters. */
+  default_clusters?: ClusterSet;
+  /** Where the caller's jobs may send it (their grant, or their sources' grants). */
+  allowed_clusters?: ClusterSet;
 }
+
+/** The clusters data may go to: a list of cluster names, or "any". */
+export type ClusterSet = string[] | "any";
 
 export type ReleaseState = "not_needed" | "required" | "pending" | "released";
 export type ReleaseStatus = "pending" | "approved" | "denied";
@@ -111,6 +118,10 @@ export interface AccessRequest {
   requester_email?: string;
   requester_display_name?: string;
   owner_email?: string;
+  /** Where the data may go once approved; null while pending. */
+  clusters?: ClusterSet | null;
+  /** The dataset's default set, which an approval naming none applies. */
+  dataset_default_clusters?: ClusterSet;
 }
 
 export interface Cluster {
@@ -127,6 +138,13 @@ export interface Cluster {
   workers_online?: number;
   /** Jobs with a running role on this cluster. */
   running_jobs?: number;
+  /** How many roles may run there at once; null: unbounded. */
+  role_slots?: number | null;
+  slots_in_use?: number;
+  /** Who holds the slots (an admin sees emails; others "you" and "other tenants"). */
+  slots_by_tenant?: { tenant: string; slots: number; you?: boolean }[];
+  /** Jobs waiting for slots there. */
+  queued_jobs?: number;
 }
 
 /** A switch or worker process of a cluster that reports in. */
@@ -164,6 +182,7 @@ export interface JobOverview {
   attempt: number;
   created_at: string;
   started_at: string | null;
+  waiting?: JobWaiting | null;
 }
 
 export interface Certificate {
@@ -211,6 +230,24 @@ export interface Job {
   config?: Record<string, unknown>;
   inputs?: Record<string, string>;
   placement?: Record<string, string>;
+  /** Queued for role slots: why, and its place in the fair order. */
+  waiting?: JobWaiting | null;
+  /** Per cluster: its roles and the grants that let the job's data go there. */
+  residency?: ClusterResidency[];
+}
+
+export interface JobWaiting {
+  reason: string;
+  position: number;
+  cluster: string;
+  kind: "cluster_full" | "tenant_limit";
+}
+
+export interface ClusterResidency {
+  cluster: string;
+  roles: string[];
+  allowed: boolean;
+  grants: { grant_id: string; input: string; dataset_id: string; clusters: ClusterSet }[];
 }
 
 /** One role of a job kind (GET /job-kinds). */

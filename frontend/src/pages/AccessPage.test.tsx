@@ -25,8 +25,38 @@ describe("AccessPage", () => {
     await waitFor(() => expect(within(item).getByText("approved")).toBeInTheDocument());
     const call = fake.find("POST", "/access-requests/r1/approve")[0];
     expect(fake.find("GET", "/access-requests")[0].query.get("direction")).toBe("incoming");
-    expect(call.body).toEqual({ expires_at: endOfDayIso("2031-06-30") });
+    expect(call.body).toEqual({ expires_at: endOfDayIso("2031-06-30"), clusters: "any" });
     expect(within(item).getByRole("button", { name: "Revoke bob@example.org for wiki-fr" })).toBeInTheDocument();
+  });
+
+  it("approves for the clusters chosen, the dataset's default preselected, and narrows later", async () => {
+    const fake = mockApi({
+      "GET /me": member,
+      "GET /clusters": page([
+        { id: "c1", name: "cluster-a", switch_host: "a", switch_port: 1 },
+        { id: "c2", name: "cluster-b", switch_host: "b", switch_port: 1 },
+      ]),
+      "GET /access-requests": page([{ ...base, id: "r9", status: "pending", clusters: null, dataset_default_clusters: ["cluster-a"] }]),
+      "POST /access-requests/r9/approve": (c: { body: { clusters: string[] } }) => ({ ...base, id: "r9", status: "approved", clusters: c.body.clusters }),
+      "POST /access-requests/r9/narrow": (c: { body: { clusters: string[] } }) => ({ ...base, id: "r9", status: "approved", clusters: c.body.clusters }),
+    });
+    renderPage(<AccessPage />, { path: "/access", route: "/access" });
+    const user = userEvent.setup();
+    const item = (await screen.findByText("wiki-fr")).closest("li")!;
+    expect(within(item).getByTestId("grant-clusters")).toHaveTextContent("Owner's default: cluster-a");
+    const chooser = await within(item).findByRole("group", { name: "Clusters the data may go to" });
+    await waitFor(() => expect(within(chooser).getByRole("checkbox", { name: "cluster-a" })).toBeChecked());
+    expect(within(chooser).getByRole("checkbox", { name: "cluster-b" })).not.toBeChecked();
+    await user.click(within(chooser).getByRole("checkbox", { name: "cluster-b" }));
+    await user.click(within(item).getByRole("button", { name: "Approve bob@example.org for wiki-fr" }));
+    await waitFor(() => expect(within(item).getByTestId("grant-clusters")).toHaveTextContent("May go to: cluster-a, cluster-b"));
+    expect(fake.find("POST", "/access-requests/r9/approve")[0].body).toEqual({ clusters: ["cluster-a", "cluster-b"] });
+
+    const narrowing = within(item).getByRole("group", { name: "Narrow to" });
+    await user.click(within(narrowing).getByRole("checkbox", { name: "cluster-b" }));
+    await user.click(within(item).getByRole("button", { name: "Narrow bob@example.org for wiki-fr" }));
+    await waitFor(() => expect(within(item).getByTestId("grant-clusters")).toHaveTextContent("May go to: cluster-a"));
+    expect(fake.find("POST", "/access-requests/r9/narrow")[0].body).toEqual({ clusters: ["cluster-a"] });
   });
 
   it("denies, and shows the API's message when a decision fails", async () => {

@@ -1,11 +1,11 @@
 /** Access requests: incoming (approve with expiry, deny, revoke) and outgoing (withdraw); release requests for derived data. */
 import { useState, type KeyboardEvent } from "react";
 import { Link, useSearchParams } from "react-router-dom";
-import { access } from "../api/endpoints";
-import type { AccessRequest } from "../api/types";
+import { access, clusters as clustersApi } from "../api/endpoints";
+import type { AccessRequest, ClusterSet } from "../api/types";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader } from "../components/ui";
 import { formatDate, isPast, shortId } from "../format";
-import { useAction, useDecisionList } from "../hooks";
+import { useAction, useDecisionList, useLoad } from "../hooks";
 import { ReleaseRequestList } from "./Releases";
 
 type Direction = "incoming" | "outgoing";
@@ -29,12 +29,74 @@ export function endOfDayIso(date: string): string | undefined {
   return Number.isNaN(d.getTime()) ? undefined : d.toISOString();
 }
 
+/** How a set of clusters reads: "any cluster" or "cluster-a, cluster-b". */
+export function clustersLabel(set: ClusterSet | null | undefined): string {
+  if (set === null || set === undefined) return "not decided yet";
+  return set === "any" ? "any cluster" : set.join(", ");
+}
+
+/** Checkboxes choosing clusters; `any` is offered only where `allowAny`. */
+export function ClusterChooser({
+  id,
+  legend,
+  names,
+  value,
+  onChange,
+  allowAny,
+}: {
+  id: string;
+  legend: string;
+  names: string[];
+  value: ClusterSet;
+  onChange: (next: ClusterSet) => void;
+  allowAny: boolean;
+}) {
+  const chosen = value === "any" ? [] : value;
+  return (
+    <fieldset className="cluster-chooser" aria-describedby={`${id}-hint`}>
+      <legend>{legend}</legend>
+      {allowAny ? (
+        <label className="checkbox">
+          <input type="checkbox" checked={value === "any"} onChange={(e) => onChange(e.target.checked ? "any" : [])} /> Any cluster
+        </label>
+      ) : null}
+      {names.map((name) => (
+        <label key={name} className="checkbox">
+          <input
+            type="checkbox"
+            disabled={value === "any"}
+            checked={value === "any" || chosen.includes(name)}
+            onChange={(e) => onChange(e.target.checked ? [...chosen, name].sort() : chosen.filter((n) => n !== name))}
+          />{" "}
+          {name}
+        </label>
+      ))}
+      <p id={`${id}-hint`} className="muted small">
+        Every cluster of a job receives something derived from the data; jobs may place roles only on these.
+      </p>
+    </fieldset>
+  );
+}
+
 function datasetLabel(r: AccessRequest): string {
   return r.dataset_name ?? `dataset ${shortId(r.dataset_id)}`;
 }
 
-function IncomingActions({ request, onChange }: { request: AccessRequest; onChange: (r: AccessRequest, message: string) => void }) {
+function IncomingActions({
+  request,
+  clusterNames,
+  onChange,
+}: {
+  request: AccessRequest;
+  clusterNames: string[];
+  onChange: (r: AccessRequest, message: string) => void;
+}) {
   const [expiry, setExpiry] = useState("");
+  const [chosen, setChosen] = useState<ClusterSet>(request.dataset_default_clusters ?? "any");
+  const granted = request.clusters ?? "any";
+  // until the owner picks, the pick is everything the grant allows now
+  const [narrowPick, setNarrowTo] = useState<string[] | null>(null);
+  const narrowTo = narrowPick ?? (granted === "any" ? clusterNames : granted);
   const action = useAction();
   const status = effectiveStatus(request);
   const label = datasetLabel(request);
@@ -42,11 +104,20 @@ function IncomingActions({ request, onChange }: { request: AccessRequest; onChan
   const inputId = `expiry-${request.id}`;
   const today = new Date().toISOString().slice(0, 10);
 
+  async function narrow() {
+    const result = await action.run(async () => ((await access.narrow(request.id, narrowTo)) ?? {}) as Partial<AccessRequest>);
+    if (result !== undefined) onChange({ ...request, clusters: narrowTo, ...result }, `Narrowed: ${who} → ${label} may now go to ${narrowTo.join(", ")}.`);
+  }
+
   async function decide(kind: "approve" | "deny" | "revoke") {
     // A successful call always yields an object here, so undefined means it failed.
     const result = await action.run(async () => {
       const answer =
-        kind === "approve" ? await access.approve(request.id, endOfDayIso(expiry)) : kind === "deny" ? await access.deny(request.id) : await access.revoke(request.id);
+        kind === "approve"
+          ? await access.approve(request.id, endOfDayIso(expiry), chosen)
+          : kind === "deny"
+            ? await access.deny(request.id)
+            : await access.revoke(request.id);
       return (answer ?? {}) as Partial<AccessRequest>;
     });
     const fallbackStatus = kind === "approve" ? "approved" : kind === "deny" ? "denied" : "revoked";
@@ -65,7 +136,22 @@ function IncomingActions({ request, onChange }: { request: AccessRequest; onChan
             <label htmlFor={inputId}>Access expires on (optional)</label>
             <input id={inputId} type="date" min={today} value={expiry} onChange={(e) => setExpiry(e.target.value)} />
           </div>
-          <button type="button" className="btn btn-primary" disabled={action.busy} onClick={() => decide("approve")} aria-label={`Approve ${who} for ${label}`}>
+          <ClusterChooser
+            id={`approve-clusters-${request.id}`}
+            legend="Clusters the data may go to"
+            names={clusterNames}
+            value={chosen}
+            onChange={setChosen}
+            allowAny
+          />
+          <button
+            type="button"
+            className="btn btn-primary"
+            disabled={action.busy || (chosen !== "any" && chosen.length === 0)}
+            title={chosen !== "any" && chosen.length === 0 ? "Choose at least one cluster, or deny" : undefined}
+            onClick={() => decide("approve")}
+            aria-label={`Approve ${who} for ${label}`}
+          >
             Approve
           </button>
           <button type="button" className="btn" disabled={action.busy} onClick={() => decide("deny")} aria-label={`Deny ${who} for ${label}`}>
@@ -74,7 +160,26 @@ function IncomingActions({ request, onChange }: { request: AccessRequest; onChan
         </>
       ) : null}
       {status === "approved" ? (
-        <ConfirmButton label={`Revoke ${who} for ${label}`} confirmLabel="Yes, revoke (stops their running jobs)" onConfirm={() => decide("revoke")} />
+        <>
+          <ClusterChooser
+            id={`narrow-clusters-${request.id}`}
+            legend="Narrow to"
+            names={granted === "any" ? clusterNames : granted}
+            value={narrowTo}
+            onChange={(next) => setNarrowTo(next === "any" ? clusterNames : next)}
+            allowAny={false}
+          />
+          <button
+            type="button"
+            className="btn"
+            disabled={action.busy || narrowTo.length === 0}
+            onClick={() => void narrow()}
+            aria-label={`Narrow ${who} for ${label}`}
+          >
+            Narrow (stops their jobs on removed clusters)
+          </button>
+          <ConfirmButton label={`Revoke ${who} for ${label}`} confirmLabel="Yes, revoke (stops their running jobs)" onConfirm={() => decide("revoke")} />
+        </>
       ) : null}
       <ErrorMessage error={action.error} />
     </div>
@@ -106,6 +211,8 @@ function OutgoingActions({ request, onChange }: { request: AccessRequest; onChan
 
 export function RequestList({ direction }: { direction: Direction }) {
   const { list, items, message, replace } = useDecisionList(() => access.list(direction), [direction]);
+  const clusterList = useLoad(() => clustersApi.list(), []);
+  const clusterNames = (clusterList.data?.items ?? []).map((c) => c.name).sort();
 
   if (list.loading && !list.data) return <Loading />;
   return (
@@ -139,11 +246,14 @@ export function RequestList({ direction }: { direction: Direction }) {
                   {r.created_at ? ` · asked ${formatDate(r.created_at)}` : ""}
                   {r.expires_at ? ` · ${status === "expired" ? "expired" : "expires"} ${formatDate(r.expires_at)}` : ""}
                 </p>
+                <p className="small" data-testid="grant-clusters">
+                  {r.clusters ? `May go to: ${clustersLabel(r.clusters)}` : `Owner's default: ${clustersLabel(r.dataset_default_clusters ?? "any")}`}
+                </p>
                 <p className="purpose">
                   <span className="sr-only">Purpose: </span>
                   {r.purpose}
                 </p>
-                {direction === "incoming" ? <IncomingActions request={r} onChange={replace} /> : <OutgoingActions request={r} onChange={replace} />}
+                {direction === "incoming" ? <IncomingActions request={r} clusterNames={clusterNames} onChange={replace} /> : <OutgoingActions request={r} onChange={replace} />}
               </li>
             );
           })}

@@ -108,6 +108,29 @@ describe("JobPage", () => {
     expect(screen.getByText("Live")).toBeInTheDocument();
   });
 
+  it("shows a waiting job's place in the queue and the grant that allows each cluster", async () => {
+    const waitingJob = {
+      ...runningJob,
+      status: "queued",
+      progress: 0,
+      step: 0,
+      started_at: null,
+      config: {},
+      waiting: { reason: "waiting: slots of beta held by 3 other jobs; position 2", position: 2, cluster: "beta", kind: "cluster_full" },
+      residency: [
+        { cluster: "alpha", roles: ["generator"], allowed: true, grants: [{ grant_id: "grant-abcdef1234", input: "text", dataset_id: "d1", clusters: ["alpha", "beta"] }] },
+        { cluster: "beta", roles: ["discriminator"], allowed: true, grants: [{ grant_id: "grant-abcdef1234", input: "text", dataset_id: "d1", clusters: ["alpha", "beta"] }] },
+      ],
+    };
+    mockApi(routes(waitingJob));
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    expect(await screen.findByTestId("job-waiting")).toHaveTextContent(
+      "In the queue, position 2 for beta. waiting: slots of beta held by 3 other jobs; position 2",
+    );
+    expect(await screen.findByTestId("residency-discriminator")).toHaveTextContent("Allowed by grant");
+    expect(screen.getByTestId("residency-discriminator")).toHaveTextContent("(text: alpha, beta)");
+  });
+
   it("accepts unnamed SSE messages too", async () => {
     mockApi(routes());
     renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });

@@ -133,8 +133,19 @@ function ArtifactItem({ artifact: a }: { artifact: Artifact }) {
 }
 
 /** What each cluster of the job receives, by role: who could read the data. */
-export function ClusterViews({ job, spec }: { job: Pick<Job, "config" | "placement">; spec: Pick<JobKindSpec, "roles"> }) {
+export function ClusterViews({ job, spec }: { job: Pick<Job, "config" | "placement" | "residency">; spec: Pick<JobKindSpec, "roles"> }) {
   const sees = whatEachClusterSees(spec, job.config ?? {});
+  const residency = new Map((job.residency ?? []).map((row) => [row.cluster, row]));
+
+  /** Which grants let the data go to the role's cluster: the owner's say, named. */
+  function allowedBy(role: string): string | null {
+    const row = residency.get(job.placement?.[role] ?? "");
+    if (!row) return null;
+    if (row.grants.length === 0) return "Allowed: the job's inputs are your own data.";
+    const grants = row.grants.map((g) => `grant ${shortId(g.grant_id)} (${g.input}: ${g.clusters === "any" ? "any cluster" : g.clusters.join(", ")})`);
+    return `${row.allowed ? "Allowed by" : "Not allowed by"} ${grants.join("; ")}.`;
+  }
+
   return (
     <section className="card" aria-labelledby="sees-heading">
       <h2 id="sees-heading">What each cluster sees</h2>
@@ -145,7 +156,15 @@ export function ClusterViews({ job, spec }: { job: Pick<Job, "config" | "placeme
               {role}
               {job.placement?.[role] ? ` on ${job.placement[role]}` : ""}
             </dt>
-            <dd>{text}</dd>
+            <dd>
+              {text}
+              {allowedBy(role) ? (
+                <span className="muted small residency" data-testid={`residency-${role}`}>
+                  {" "}
+                  {allowedBy(role)}
+                </span>
+              ) : null}
+            </dd>
           </div>
         ))}
       </dl>
@@ -211,6 +230,11 @@ export function JobPage() {
             {job.error ? (
               <div className="alert alert-error" role="alert">
                 {job.error}
+              </div>
+            ) : null}
+            {job.waiting && !finished ? (
+              <div className="alert alert-info" data-testid="job-waiting" aria-live="polite">
+                In the queue, position {job.waiting.position} for {job.waiting.cluster}. {job.waiting.reason}
               </div>
             ) : null}
             <dl className="details details-compact">

@@ -54,6 +54,29 @@ describe("NewJobPage", () => {
     });
   });
 
+  it("greys out a cluster the chosen input's grant does not allow, and says which grant", async () => {
+    mockApi({
+      ...routes(),
+      "GET /access-requests": page([
+        { id: "r3", dataset_id: "d-alice", requester_id: member.id, owner_id: "u-x", purpose: "p", status: "approved", expires_at: null, clusters: ["alpha"] },
+      ]),
+      "GET /datasets/d-alice": { ...ds("d-alice", "alice-text", "text"), allowed_clusters: ["alpha"] },
+    });
+    renderPage(<NewJobPage />, { path: "/jobs/new?ws=w1", route: "/jobs/new" });
+    const user = userEvent.setup();
+    const input = await screen.findByLabelText(/Text corpus/);
+    await waitFor(() => expect(screen.getByRole("option", { name: "alice-text" })).toBeInTheDocument());
+    await user.selectOptions(input, "d-alice");
+    const beta = screen.getAllByRole("option", { name: "beta (not allowed for alice-text)" });
+    expect(beta).toHaveLength(2); // one per role's select
+    beta.forEach((option) => expect(option).toBeDisabled());
+    expect(screen.getAllByRole("option", { name: "alpha" })[0]).not.toBeDisabled();
+    expect(screen.getByTestId("greyed-clusters")).toHaveTextContent("beta, which the grant behind “alice-text” does not allow (it allows alpha)");
+    // the user's own text goes anywhere
+    await user.selectOptions(input, "d-text");
+    expect(screen.queryByTestId("greyed-clusters")).toBeNull();
+  });
+
   it("offers own and granted datasets of the right kind for ABNet, not expired grants", async () => {
     const fake = mockApi(routes());
     renderPage(<NewJobPage />, { path: "/jobs/new", route: "/jobs/new" });

@@ -121,6 +121,13 @@ export function NewJobPage() {
     (wsList.loading && !wsList.data) || (usable.loading && !usable.data) || (clusterList.loading && !clusterList.data) || (kindList.loading && !kindList.data);
   const own = usable.data?.own ?? [];
   const granted = usable.data?.granted ?? [];
+  const chosen = Object.values(inputs)
+    .map((id) => [...own, ...granted].find((d) => d.id === id))
+    .filter((d): d is Dataset => d !== undefined);
+  /** The chosen input whose grant keeps its data (and what derives from it) off `cluster`. */
+  const refusedBy = (cluster: string): Dataset | undefined =>
+    chosen.find((d) => d.allowed_clusters !== undefined && d.allowed_clusters !== "any" && !d.allowed_clusters.includes(cluster));
+  const greyed = clusterNames.filter((name) => refusedBy(name));
 
   return (
     <>
@@ -253,11 +260,14 @@ export function NewJobPage() {
                     onChange={(e) => setPlacement((prev) => ({ ...prev, [role.name]: e.target.value }))}
                   >
                     <option value="">Choose a cluster…</option>
-                    {clusterNames.map((name) => (
-                      <option key={name} value={name}>
-                        {name}
-                      </option>
-                    ))}
+                    {clusterNames.map((name) => {
+                      const refusing = refusedBy(name);
+                      return (
+                        <option key={name} value={name} disabled={refusing !== undefined}>
+                          {refusing ? `${name} (not allowed for ${refusing.name})` : name}
+                        </option>
+                      );
+                    })}
                   </select>
                   <p className="hint" id={`${id}-hint`}>
                     {role.hint}
@@ -265,6 +275,20 @@ export function NewJobPage() {
                 </div>
               );
             })}
+            {greyed.length ? (
+              <p className="hint" data-testid="greyed-clusters">
+                Not offered:{" "}
+                {greyed
+                  .map((name) => {
+                    const d = refusedBy(name);
+                    return `${name}, which the grant behind “${d?.name ?? "an input"}” does not allow (it allows ${
+                      d?.allowed_clusters === "any" ? "any cluster" : (d?.allowed_clusters ?? []).join(", ")
+                    })`;
+                  })
+                  .join("; ")}
+                . Every cluster of a job receives something derived from every input.
+              </p>
+            ) : null}
             {sameCluster ? (
               <p className="hint warn">
                 {spec.apart.length ? "These roles must run on different clusters: the server refuses one cluster for both." : "Both roles are on one cluster: nothing crosses a wide-area link."}

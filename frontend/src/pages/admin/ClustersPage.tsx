@@ -177,7 +177,24 @@ export function ClusterHealth({ cluster }: { cluster: Cluster }) {
       <Badge status={jobs > 0 ? "running" : "queued"}>
         {jobs} running job{jobs === 1 ? "" : "s"}
       </Badge>
+      <ClusterQueue cluster={cluster} />
     </p>
+  );
+}
+
+/** The cluster's role slots: how many are held, by which tenant, and how many jobs wait. */
+export function ClusterQueue({ cluster }: { cluster: Cluster }) {
+  if (cluster.slots_in_use === undefined) return null;
+  const total = cluster.role_slots ?? null;
+  const tenants = cluster.slots_by_tenant ?? [];
+  const queued = cluster.queued_jobs ?? 0;
+  return (
+    <span className="small" data-testid={`queue-${cluster.name}`}>
+      {" "}
+      {cluster.slots_in_use} of {total ?? "unbounded"} role slots in use
+      {tenants.length ? ` (${tenants.map((t) => `${t.tenant}: ${t.slots}`).join(", ")})` : ""}
+      {` · ${queued} job${queued === 1 ? "" : "s"} queued`}
+    </span>
   );
 }
 

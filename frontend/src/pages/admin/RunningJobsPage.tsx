@@ -53,7 +53,10 @@ export function RunningJobsPage() {
                   <td className="cell-progress">
                     <ProgressBar percent={progressPercent(j.progress, j.step, j.total_steps)} label={`Progress of job ${shortId(j.id)}`} />
                   </td>
-                  <td>{j.started_at ? formatDate(j.started_at) : "not yet"}</td>
+                  <td>
+                    {j.started_at ? formatDate(j.started_at) : "not yet"}
+                    {j.waiting ? <span className="muted small block">{j.waiting.reason}</span> : null}
+                  </td>
                 </tr>
               ))}
             </tbody>
