@@ -29,6 +29,8 @@ class Purpose(StrEnum):
     audit_anchor = "audit-anchor"  # Ed25519 seed that signs the chain's heads kept outside the DB
     csrf = "csrf"  # binds CSRF tokens to sessions
     checkpoints = "checkpoints"  # derives each job's key for what it leaves on clusters
+    totp_seal = "totp-seal"  # encrypts users' TOTP secrets at rest
+    totp_digest = "totp-digest"  # keys the digests of TOTP secrets and recovery codes
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:

@@ -42,6 +42,26 @@ class Settings(BaseSettings):
     # beyond that a login answers 429 at once, so a flood of logins cannot starve the API
     password_hash_slots: int = 2
 
+    # admins must sign in with a second factor (TOTP); one without can only enrol one.
+    # Off by default so that scripts that sign in with a password keep working
+    require_admin_totp: bool = False
+    totp_issuer: str = "Nebula"  # the name authenticator apps show for the account
+    # password recovery: one-time links, by an admin or by email ("forgot password")
+    reset_link_minutes: int = 30
+    # "forgot password" requests per email address, and per client address, in the window
+    reset_requests_per_email: int = 3
+    reset_requests_per_ip: int = 20
+    reset_window_minutes: int = 60
+    # the mail server that sends reset links; empty host: no mail is sent (admins issue links)
+    smtp_host: str = ""
+    smtp_port: int = 587
+    smtp_username: str = ""
+    smtp_password: SecretStr | None = None
+    smtp_from: str = "nebula@localhost"
+    smtp_starttls: bool = True  # upgrade with STARTTLS (refused if the server cannot)
+    smtp_ssl: bool = False  # implicit TLS from the first byte (port 465)
+    smtp_timeout_s: float = 10.0
+
     default_storage_bytes_limit: int = 10 * 1024**3
     default_max_concurrent_jobs: int = 2
     # per user, over all their workspaces (an admin may set other values per user)
