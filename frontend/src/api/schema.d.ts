@@ -228,6 +228,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/forgot-password": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Forgot Password
+         * @description Mail a reset link if the address has an account; the answer is the same either way.
+         */
+        post: operations["forgot_password_api_v1_auth_forgot_password_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/login": {
         parameters: {
             query?: never;
@@ -262,6 +282,26 @@ export interface paths {
          * @description End the current session (or API token) at once.
          */
         post: operations["logout_api_v1_auth_logout_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/reset-password": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Reset Password
+         * @description Set a new password with a reset link's token; every session of the account ends.
+         */
+        post: operations["reset_password_api_v1_auth_reset_password_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -947,7 +987,7 @@ export interface paths {
         put?: never;
         /**
          * Create Token
-         * @description A new API token; the secret is in this answer only.
+         * @description A new API token; the secret is in this answer only. With a second factor: `otp` too.
          */
         post: operations["create_token_api_v1_me_tokens_post"];
         delete?: never;
@@ -971,6 +1011,70 @@ export interface paths {
          * @description Revoke one of the caller's API tokens.
          */
         delete: operations["revoke_token_api_v1_me_tokens__token_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/totp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Totp Status
+         * @description Whether the caller has a second factor, and how many recovery codes remain.
+         */
+        get: operations["totp_status_api_v1_me_totp_get"];
+        put?: never;
+        /**
+         * Totp Enrol
+         * @description Begin enrolling a TOTP factor: the secret, its otpauth URI and a QR code, shown once.
+         */
+        post: operations["totp_enrol_api_v1_me_totp_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/totp/confirm": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Totp Confirm
+         * @description Finish enrolling with a code from the app; ten recovery codes, shown once.
+         */
+        post: operations["totp_confirm_api_v1_me_totp_confirm_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/totp/remove": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Totp Remove
+         * @description Remove the caller's second factor and recovery codes, proven by a code now.
+         */
+        post: operations["totp_remove_api_v1_me_totp_remove_post"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -1246,6 +1350,26 @@ export interface paths {
          * @description Let a suspended user in again.
          */
         post: operations["reactivate_user_api_v1_users__user_id__reactivate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/users/{user_id}/reset-link": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Issue Reset Link
+         * @description A one-time password reset link for the user, valid 30 minutes; shown this once.
+         */
+        post: operations["issue_reset_link_api_v1_users__user_id__reset_link_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -2176,6 +2300,25 @@ export interface components {
             /** Job Status */
             job_status: string;
         };
+        /**
+         * ForgotPasswordIn
+         * @example {
+         *       "email": "ada@example.org"
+         *     }
+         */
+        ForgotPasswordIn: {
+            /**
+             * Email
+             * Format: email
+             * @example ada@example.org
+             */
+            email: string;
+        };
+        /** ForgotPasswordOut */
+        ForgotPasswordOut: {
+            /** Detail */
+            detail: string;
+        };
         /** HealthOut */
         HealthOut: {
             /** Status */
@@ -2428,6 +2571,11 @@ export interface components {
              */
             email: string;
             /**
+             * Otp
+             * @description a TOTP code, or a recovery code, when the account has a second factor
+             */
+            otp?: string | null;
+            /**
              * Password
              * Format: password
              */
@@ -2502,6 +2650,20 @@ export interface components {
              * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
              */
             new_password: string;
+        };
+        /** PasswordResetIn */
+        PasswordResetIn: {
+            /**
+             * New Password
+             * Format: password
+             * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
+             */
+            new_password: string;
+            /**
+             * Token
+             * Format: password
+             */
+            token: string;
         };
         /**
          * PersonOut
@@ -2692,6 +2854,16 @@ export interface components {
              */
             signature: string;
         };
+        /** ResetLinkOut */
+        ResetLinkOut: {
+            /**
+             * Expires At
+             * Format: date-time
+             */
+            expires_at: string;
+            /** Url */
+            url: string;
+        };
         /**
          * RevokeIn
          * @example {
@@ -2733,6 +2905,11 @@ export interface components {
             expires_in_days: number;
             /** Name */
             name: string;
+            /**
+             * Otp
+             * @description a TOTP code, or a recovery code, when the account has a second factor
+             */
+            otp?: string | null;
         };
         /** TokenCreatedOut */
         TokenCreatedOut: {
@@ -2780,6 +2957,39 @@ export interface components {
             name: string;
             /** Revoked At */
             revoked_at: string | null;
+        };
+        /** TotpCodeIn */
+        TotpCodeIn: {
+            /** Code */
+            code: string;
+        };
+        /** TotpConfirmOut */
+        TotpConfirmOut: {
+            /** Recovery Codes */
+            recovery_codes: string[];
+        };
+        /** TotpEnrolIn */
+        TotpEnrolIn: {
+            /** Secret */
+            secret?: string | null;
+        };
+        /** TotpEnrolOut */
+        TotpEnrolOut: {
+            /** Otpauth Uri */
+            otpauth_uri: string;
+            /** Qr Svg */
+            qr_svg: string;
+            /** Secret */
+            secret: string;
+        };
+        /** TotpStatusOut */
+        TotpStatusOut: {
+            /** Enrolled */
+            enrolled: boolean;
+            /** Recovery Codes Left */
+            recovery_codes_left: number;
+            /** Required */
+            required: boolean;
         };
         /**
          * UserCreateIn
@@ -3406,6 +3616,34 @@ export interface operations {
             403: components["responses"]["Forbidden"];
         };
     };
+    forgot_password_api_v1_auth_forgot_password_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForgotPasswordIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForgotPasswordOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
+        };
+    };
     login_api_v1_auth_login_post: {
         parameters: {
             query?: never;
@@ -3454,6 +3692,32 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+        };
+    };
+    reset_password_api_v1_auth_reset_password_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PasswordResetIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     get_catalog_api_v1_catalog_get: {
@@ -4622,6 +4886,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     revoke_token_api_v1_me_tokens__token_id__delete: {
@@ -4648,6 +4913,118 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
+        };
+    };
+    totp_status_api_v1_me_totp_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TotpStatusOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+        };
+    };
+    totp_enrol_api_v1_me_totp_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TotpEnrolIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TotpEnrolOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    totp_confirm_api_v1_me_totp_confirm_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TotpCodeIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TotpConfirmOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
+        };
+    };
+    totp_remove_api_v1_me_totp_remove_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TotpCodeIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     ca_pem_api_v1_pki_ca_pem_get: {
@@ -5109,6 +5486,35 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["UserOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    issue_reset_link_api_v1_users__user_id__reset_link_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The user's id */
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResetLinkOut"];
                 };
             };
             400: components["responses"]["BadRequest"];
