@@ -46,6 +46,25 @@ class Settings(BaseSettings):
     # Off by default so that scripts that sign in with a password keep working
     require_admin_totp: bool = False
     totp_issuer: str = "Nebula"  # the name authenticator apps show for the account
+    # OpenID Connect sign-in (authorization code + PKCE); empty issuer: off
+    oidc_issuer: str = ""
+    oidc_client_id: str = ""
+    oidc_client_secret: SecretStr | None = None
+    oidc_provider_name: str = "your organisation"  # as in "Sign in with <provider>"
+    oidc_scopes: str = "openid email profile"
+    # first sign-in of an address with no account: create a member, or refuse (an admin
+    # invites by creating the account first)
+    oidc_create_users: bool = True
+    # the claim that lists a person's groups, and the groups that make admins and auditors
+    oidc_groups_claim: str = "groups"
+    oidc_admin_group: str = ""
+    oidc_auditor_group: str = ""
+    oidc_clock_skew_s: int = 60
+    oidc_max_id_token_bytes: int = 16 * 1024
+    oidc_login_minutes: int = 10  # how long a sign-in may stay at the provider
+    oidc_http_timeout_s: float = 10.0
+    # password sign-in refused for everyone: accounts sign in through the provider only
+    require_sso: bool = False
     # password recovery: one-time links, by an admin or by email ("forgot password")
     reset_link_minutes: int = 30
     # "forgot password" requests per email address, and per client address, in the window

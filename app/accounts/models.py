@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import ClassVar
 
-from sqlalchemy import BigInteger, ForeignKey, String
+from sqlalchemy import BigInteger, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, CreatedAt, NewId, utcnow
@@ -161,3 +161,34 @@ class RecoveryCode(Base):
     code_digest: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[CreatedAt]
     used_at: Mapped[datetime | None]
+
+
+class OidcIdentity(Base):
+    """An account's identity at an OpenID provider: (issuer, subject) names one person."""
+
+    __tablename__ = "oidc_identities"
+    __table_args__ = (UniqueConstraint("issuer", "subject"),)
+    audit_type: ClassVar[str] = "oidc_identity"
+
+    id: Mapped[NewId]
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    issuer: Mapped[str] = mapped_column(String(255))
+    subject: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[CreatedAt]
+    last_login_at: Mapped[datetime | None]
+
+
+class OidcLogin(Base):
+    """A sign-in sent to the provider and not yet back: what its answer must match.
+
+    Found by the sha256 of its `state`, used once (deleted when the browser comes back).
+    """
+
+    __tablename__ = "oidc_logins"
+
+    id: Mapped[NewId]
+    state_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    nonce: Mapped[str] = mapped_column(String(128))
+    code_verifier: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[CreatedAt]
+    expires_at: Mapped[datetime] = mapped_column(index=True)

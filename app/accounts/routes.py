@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import Request, Response, status
+from html import escape
+from typing import Annotated
+
+from fastapi import Query, Request, Response, status
+from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy.orm import Session
 
-from app.accounts import mail, quotas, recovery, second_factor, service
+from app.accounts import mail, oidc, quotas, recovery, second_factor, service
 from app.accounts.models import Role, User
 from app.accounts.schemas import (
     ForgotPasswordIn,
     ForgotPasswordOut,
     LoginIn,
     LoginOut,
+    OidcInfoOut,
     PasswordChangeIn,
     PasswordResetIn,
     ResetLinkOut,
@@ -63,8 +68,37 @@ from app.settings import Settings
 router = api_router("accounts")
 
 
+OIDC_STATE_COOKIE = "nebula_oidc_state"
+OIDC_COOKIE_PATH = "/api/v1/auth/oidc"
+
+
+def _set_session_cookies(
+    response: Response, request: Request, secret: str, settings: Settings
+) -> None:
+    max_age = settings.session_ttl_hours * 3600
+    secure = settings.cookie_secure or request.url.scheme == "https"
+    response.set_cookie(
+        SESSION_COOKIE,
+        secret,
+        max_age=max_age,
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+        path="/",
+    )
+    response.set_cookie(
+        CSRF_COOKIE,
+        csrf_token(subkey(settings, Purpose.csrf), secret),
+        max_age=max_age,
+        httponly=False,
+        samesite="strict",
+        secure=secure,
+        path="/",
+    )
+
+
 @router.post("/auth/login", response_model=LoginOut)
-@raises(NotAuthenticated, TooManyAttempts)
+@raises(NotAuthenticated, Forbidden, TooManyAttempts)
 def login(
     body: LoginIn, request: Request, response: Response, db: SessionDep, settings: SettingsDep
 ) -> LoginOut:
@@ -78,26 +112,7 @@ def login(
         settings=settings,
     )
     db.commit()
-    max_age = settings.session_ttl_hours * 3600
-    secure = settings.cookie_secure or request.url.scheme == "https"
-    response.set_cookie(
-        SESSION_COOKIE,
-        issued.secret,
-        max_age=max_age,
-        httponly=True,
-        samesite="strict",
-        secure=secure,
-        path="/",
-    )
-    response.set_cookie(
-        CSRF_COOKIE,
-        csrf_token(subkey(settings, Purpose.csrf), issued.secret),
-        max_age=max_age,
-        httponly=False,
-        samesite="strict",
-        secure=secure,
-        path="/",
-    )
+    _set_session_cookies(response, request, issued.secret, settings)
     return LoginOut(
         token=issued.secret, expires_at=issued.record.expires_at, user=UserOut.model_validate(user)
     )
@@ -112,6 +127,87 @@ def logout(caller: EnrollingCallerDep, db: SessionDep) -> Response:
     response.delete_cookie(SESSION_COOKIE, path="/")
     response.delete_cookie(CSRF_COOKIE, path="/")
     return response
+
+
+@router.get("/auth/oidc", response_model=OidcInfoOut)
+def oidc_info(settings: SettingsDep) -> OidcInfoOut:
+    """Whether single sign-on is on, the provider's name, and whether passwords still work."""
+    return OidcInfoOut(
+        enabled=oidc.enabled(settings),
+        provider_name=settings.oidc_provider_name,
+        password_login=not settings.require_sso,
+    )
+
+
+def _sso_page(status_code: int, message: str) -> HTMLResponse:
+    """A short page for a refused sign-in: the browser came from the provider, not the UI."""
+    body = (
+        "<!doctype html><html lang=en><meta charset=utf-8><title>Sign-in refused</title>"
+        "<main><h1>Sign-in refused</h1>"
+        f"<p id=reason>{escape(message[:1].upper() + message[1:])}.</p>"
+        "<p><a href=/>Back to sign in</a></p></main></html>"
+    )
+    page = HTMLResponse(body, status_code=status_code)
+    page.headers["Cache-Control"] = "no-store"
+    page.delete_cookie(OIDC_STATE_COOKIE, path=OIDC_COOKIE_PATH)
+    return page
+
+
+@router.get("/auth/oidc/login", response_class=RedirectResponse, status_code=302)
+def oidc_login(request: Request, db: SessionDep, settings: SettingsDep) -> Response:
+    """Send the browser to the identity provider (authorization code flow with PKCE)."""
+    if not oidc.enabled(settings):
+        return _sso_page(404, "single sign-on is not configured on this platform")
+    try:
+        url, state = oidc.begin(db, settings=settings)
+    except oidc.SignInRefused as refusal:
+        return _sso_page(refusal.status, refusal.message)
+    db.commit()
+    answer = RedirectResponse(url, status_code=302)
+    answer.set_cookie(
+        OIDC_STATE_COOKIE,
+        state,
+        max_age=settings.oidc_login_minutes * 60,
+        httponly=True,
+        # Lax: the provider's redirect back is a top-level navigation from another site
+        samesite="lax",
+        secure=settings.cookie_secure or request.url.scheme == "https",
+        path=OIDC_COOKIE_PATH,
+    )
+    return answer
+
+
+@router.get("/auth/oidc/callback", response_class=HTMLResponse)
+def oidc_callback(
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    state: Annotated[str, Query(max_length=512)] = "",
+    code: Annotated[str, Query(max_length=4096)] = "",
+    error: Annotated[str, Query(max_length=256)] = "",
+) -> Response:
+    """Where the provider sends the browser back: a session and the workspaces, or a page
+    that says why not (every outcome audited with the provider and the subject)."""
+    if not oidc.enabled(settings):
+        return _sso_page(404, "single sign-on is not configured on this platform")
+    if error:
+        return _sso_page(401, "the identity provider did not sign you in")
+    try:
+        _user, issued = oidc.finish(
+            db,
+            state=state,
+            state_cookie=request.cookies.get(OIDC_STATE_COOKIE, ""),
+            code=code,
+            ip=client_ip(request),
+            settings=settings,
+        )
+    except oidc.SignInRefused as refusal:
+        return _sso_page(refusal.status, refusal.message)
+    db.commit()
+    answer = RedirectResponse("/workspaces", status_code=303)
+    _set_session_cookies(answer, request, issued.secret, settings)
+    answer.delete_cookie(OIDC_STATE_COOKIE, path=OIDC_COOKIE_PATH)
+    return answer
 
 
 @router.post(

@@ -165,3 +165,9 @@ class TotpStatusOut(BaseModel):
     enrolled: bool
     recovery_codes_left: int
     required: bool  # the platform requires a second factor for this account
+
+
+class OidcInfoOut(BaseModel):
+    enabled: bool
+    provider_name: str  # as in "Sign in with <provider>"
+    password_login: bool  # false where an admin requires single sign-on

@@ -27,7 +27,7 @@ from app.accounts.models import (
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import NewestFirst, Page, begin_reading, begin_writing, utcnow
-from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
+from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
@@ -35,6 +35,7 @@ from app.workspaces import service as workspaces
 
 LOGIN_FAILED = "invalid email or password"
 LOCKED_MESSAGE = "too many failed attempts; try later"
+SSO_REQUIRED = "this platform signs people in through single sign-on only"
 
 
 def normalize_email(email: str) -> str:
@@ -49,14 +50,21 @@ def create_user(
     email: str,
     display_name: str,
     role: Role,
-    password: str,
+    password: str | None,
     settings: Settings,
 ) -> User:
-    """A new active user with a personal workspace; 409 if the email is taken."""
+    """A new active user with a personal workspace; 409 if the email is taken.
+
+    Without a password (an account made at its first single sign-on) password login is
+    impossible until a reset link sets one.
+    """
     email = normalize_email(email)
-    passwords.check_policy(password, email=email)
-    # hashed before the transaction begins: nothing is locked while argon2 runs
-    password_hash = passwords.hash_password(password, settings)
+    if password is None:
+        password_hash = passwords.UNUSABLE_HASH
+    else:
+        passwords.check_policy(password, email=email)
+        # hashed before the transaction begins: nothing is locked while argon2 runs
+        password_hash = passwords.hash_password(password, settings)
     if db.scalar(select(User.id).where(User.email == email)) is not None:
         raise Conflict("a user with this email already exists")
     user = User(
@@ -219,6 +227,9 @@ def login(
     """
     from app.accounts import second_factor
 
+    if settings.require_sso:
+        raise Forbidden(SSO_REQUIRED)
+
     email = normalize_email(email)
     door = Door(
         Actor(None, ip),
@@ -298,6 +309,21 @@ def login(
         db, actor=Actor(user.id, ip), action="auth.login", subject=user, details=details or None
     )
     return user, issued
+
+
+def start_session(
+    db: Session, *, user: User, ip: str | None, settings: Settings, details: dict[str, str]
+) -> IssuedToken:
+    """A new session for a user who proved who they are some other way (single sign-on)."""
+    issued = _issue(
+        db,
+        user=user,
+        kind=TokenKind.session,
+        name="login",
+        ttl=timedelta(hours=settings.session_ttl_hours),
+    )
+    audit.record(db, actor=Actor(user.id, ip), action="auth.login", subject=user, details=details)
+    return issued
 
 
 # Built once: it runs on every authenticated request, and building costs more than running.

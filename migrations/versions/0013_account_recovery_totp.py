@@ -1,4 +1,4 @@
-"""Password reset links, reset requests (for their rate limits), TOTP factors and recovery codes.
+"""Reset links and requests, TOTP factors and recovery codes, OpenID identities and logins.
 
 Revision ID: 0013
 Revises: 0010
@@ -79,6 +79,36 @@ def upgrade() -> None:
         sa.UniqueConstraint("code_digest", name=op.f("uq_recovery_codes_code_digest")),
     )
     op.create_index(op.f("ix_recovery_codes_user_id"), "recovery_codes", ["user_id"])
+    op.create_table(
+        "oidc_identities",
+        sa.Column("id", sa.String(length=36), nullable=False),
+        sa.Column("user_id", sa.String(length=36), nullable=False),
+        sa.Column("issuer", sa.String(length=255), nullable=False),
+        sa.Column("subject", sa.String(length=255), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("last_login_at", sa.DateTime(), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["user_id"],
+            ["users.id"],
+            name=op.f("fk_oidc_identities_user_id_users"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_oidc_identities")),
+        sa.UniqueConstraint("issuer", "subject", name=op.f("uq_oidc_identities_issuer")),
+    )
+    op.create_index(op.f("ix_oidc_identities_user_id"), "oidc_identities", ["user_id"])
+    op.create_table(
+        "oidc_logins",
+        sa.Column("id", sa.String(length=36), nullable=False),
+        sa.Column("state_hash", sa.String(length=64), nullable=False),
+        sa.Column("nonce", sa.String(length=128), nullable=False),
+        sa.Column("code_verifier", sa.String(length=128), nullable=False),
+        sa.Column("created_at", sa.DateTime(), nullable=False),
+        sa.Column("expires_at", sa.DateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_oidc_logins")),
+        sa.UniqueConstraint("state_hash", name=op.f("uq_oidc_logins_state_hash")),
+    )
+    op.create_index(op.f("ix_oidc_logins_expires_at"), "oidc_logins", ["expires_at"])
     # plain ALTER TABLE (see 0010): a batch would recreate a table others reference
     op.add_column(
         "auth_tokens",
@@ -88,6 +118,10 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_column("auth_tokens", "scope")
+    op.drop_index(op.f("ix_oidc_logins_expires_at"), table_name="oidc_logins")
+    op.drop_table("oidc_logins")
+    op.drop_index(op.f("ix_oidc_identities_user_id"), table_name="oidc_identities")
+    op.drop_table("oidc_identities")
     op.drop_index(op.f("ix_recovery_codes_user_id"), table_name="recovery_codes")
     op.drop_table("recovery_codes")
     op.drop_table("totp_factors")
