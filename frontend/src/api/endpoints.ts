@@ -18,6 +18,7 @@ import type {
   JobSubmission,
   NamedAuditEvent,
   NewApiToken,
+  OidcInfo,
   Page,
   Presence,
   ReleaseRequest,
@@ -56,6 +57,7 @@ export const auth = {
       json: otp ? { email, password, otp } : { email, password },
       expectUnauthorized: true,
     }),
+  oidcInfo: () => request<OidcInfo>("/auth/oidc", { expectUnauthorized: true }),
   forgotPassword: (email: string) => api.post<{ detail: string }>("/auth/forgot-password", { email }),
   resetPassword: (token: string, new_password: string) =>
     request<void>("/auth/reset-password", { method: "POST", json: { token, new_password }, expectUnauthorized: true }),

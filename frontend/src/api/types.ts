@@ -30,6 +30,14 @@ export interface NewApiToken extends ApiToken {
   token: string;
 }
 
+export interface OidcInfo {
+  enabled: boolean;
+  /** As in "Sign in with <provider>". */
+  provider_name: string;
+  /** False where an admin requires single sign-on for everyone. */
+  password_login: boolean;
+}
+
 export interface TotpStatus {
   enrolled: boolean;
   recovery_codes_left: number;

@@ -43,4 +43,15 @@ describe("LoginPage", () => {
     expect(await screen.findByRole("status")).toHaveTextContent("If an account has this address, a reset link has been sent to it.");
     expect(fake.find("POST", "/auth/forgot-password")[0].body).toEqual({ email: "mia@example.org" });
   });
+
+  it("offers single sign-on with the provider's name, and hides passwords when SSO is required", async () => {
+    mockApi({
+      "GET /me": reply(401, { detail: "not authenticated" }),
+      "GET /auth/oidc": { enabled: true, provider_name: "Example University", password_login: false },
+    });
+    renderApp("/");
+    const link = await screen.findByRole("link", { name: "Sign in with Example University" });
+    expect(link).toHaveAttribute("href", "/api/v1/auth/oidc/login");
+    expect(screen.queryByLabelText("Password")).toBeNull();
+  });
 });
