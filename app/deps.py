@@ -13,7 +13,15 @@ from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from app.accounts import service as accounts
-from app.accounts.models import AuthToken, Identity, Role, TokenKind, User, UserStatus
+from app.accounts.models import (
+    AuthToken,
+    Identity,
+    Role,
+    TokenKind,
+    TokenScope,
+    User,
+    UserStatus,
+)
 from app.accounts.tokens import csrf_token
 from app.audit.service import Actor
 from app.db import Page, begin_reading
@@ -29,6 +37,7 @@ CSRF_COOKIE = "nebula_csrf"
 CSRF_HEADER = "X-CSRF-Token"
 CLUSTER_API_PREFIX = f"{API_PREFIX}/cluster/"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+ENROL_FIRST = "enrol a second factor first: this platform requires one for admins"
 
 
 # Dependencies that do no I/O are coroutines: FastAPI runs a plain function on the thread
@@ -132,6 +141,7 @@ class Caller(InHop):
     ) -> None:
         self._credential = credential
         self._demands: list[Demand] = []
+        self._enrolling_allowed = False
         self._identity: Identity | None = None
         self.ip = ip
         self.db = db
@@ -143,6 +153,11 @@ class Caller(InHop):
     def demand(self, allowed: frozenset[Role], refusal: str) -> Caller:
         """Refuse the caller with 403 `refusal` unless their role is one of `allowed`."""
         self._demands.append(Demand(allowed, refusal))
+        return self
+
+    def allow_enrolling(self) -> Caller:
+        """Accept a credential limited to enrolling a second factor (refused elsewhere)."""
+        self._enrolling_allowed = True
         return self
 
     def resolve(self) -> None:
@@ -168,6 +183,8 @@ class Caller(InHop):
         for demand in self._demands:
             if identity.role not in demand.allowed:
                 raise Forbidden(demand.refusal)
+        if identity.scope != TokenScope.full and not self._enrolling_allowed:
+            raise Forbidden(ENROL_FIRST)
         self._identity = identity
 
     def resolve_apart(self) -> None:
@@ -257,6 +274,14 @@ async def get_caller(request: Request, db: SessionDep, settings: SettingsDep) ->
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def allow_enrolling(caller: CallerDep) -> Caller:
+    """Any signed-in caller, including a session that may only enrol a second factor."""
+    return caller.allow_enrolling()
+
+
+EnrollingCallerDep = Annotated[Caller, Depends(allow_enrolling)]
 
 ADMIN = frozenset({Role.admin})
 READERS_OF_AUDIT = frozenset({Role.admin, Role.auditor})

@@ -30,6 +30,8 @@ class Purpose(StrEnum):
     csrf = "csrf"  # binds CSRF tokens to sessions
     checkpoints = "checkpoints"  # derives each job's key for what it leaves on clusters
     row_seal = "row-seal"  # MACs the rows that confer access (app/seals.py)
+    totp_seal = "totp-seal"  # encrypts users' TOTP secrets at rest
+    totp_digest = "totp-digest"  # keys the digests of TOTP secrets and recovery codes
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:

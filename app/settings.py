@@ -42,6 +42,45 @@ class Settings(BaseSettings):
     # beyond that a login answers 429 at once, so a flood of logins cannot starve the API
     password_hash_slots: int = 2
 
+    # admins must sign in with a second factor (TOTP); one without can only enrol one.
+    # Off by default so that scripts that sign in with a password keep working
+    require_admin_totp: bool = False
+    totp_issuer: str = "Nebula"  # the name authenticator apps show for the account
+    # OpenID Connect sign-in (authorization code + PKCE); empty issuer: off
+    oidc_issuer: str = ""
+    oidc_client_id: str = ""
+    oidc_client_secret: SecretStr | None = None
+    oidc_provider_name: str = "your organisation"  # as in "Sign in with <provider>"
+    oidc_scopes: str = "openid email profile"
+    # first sign-in of an address with no account: create a member, or refuse (an admin
+    # invites by creating the account first)
+    oidc_create_users: bool = True
+    # the claim that lists a person's groups, and the groups that make admins and auditors
+    oidc_groups_claim: str = "groups"
+    oidc_admin_group: str = ""
+    oidc_auditor_group: str = ""
+    oidc_clock_skew_s: int = 60
+    oidc_max_id_token_bytes: int = 16 * 1024
+    oidc_login_minutes: int = 10  # how long a sign-in may stay at the provider
+    oidc_http_timeout_s: float = 10.0
+    # password sign-in refused for everyone: accounts sign in through the provider only
+    require_sso: bool = False
+    # password recovery: one-time links, by an admin or by email ("forgot password")
+    reset_link_minutes: int = 30
+    # "forgot password" requests per email address, and per client address, in the window
+    reset_requests_per_email: int = 3
+    reset_requests_per_ip: int = 20
+    reset_window_minutes: int = 60
+    # the mail server that sends reset links; empty host: no mail is sent (admins issue links)
+    smtp_host: str = ""
+    smtp_port: int = 587
+    smtp_username: str = ""
+    smtp_password: SecretStr | None = None
+    smtp_from: str = "nebula@localhost"
+    smtp_starttls: bool = True  # upgrade with STARTTLS (refused if the server cannot)
+    smtp_ssl: bool = False  # implicit TLS from the first byte (port 465)
+    smtp_timeout_s: float = 10.0
+
     default_storage_bytes_limit: int = 10 * 1024**3
     default_max_concurrent_jobs: int = 2
     # per user, over all their workspaces (an admin may set other values per user)

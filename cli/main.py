@@ -100,6 +100,35 @@ def _create_admin(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _reset_link(args: argparse.Namespace, settings: Settings) -> int:
+    from app.accounts import recovery
+    from app.accounts import service as accounts
+    from app.audit.service import SYSTEM
+    from app.db import make_sessionmaker
+    from app.errors import DomainError
+
+    engine = _engine(settings)
+    try:
+        with make_sessionmaker(engine)() as db:
+            try:
+                user = accounts.get_user_by_email(db, email=args.email)
+                issued = recovery.issue_link(db, actor=SYSTEM, user=user, settings=settings)
+            except DomainError as exc:
+                print(f"error: {exc.detail}", file=sys.stderr)
+                return 1
+            db.commit()
+            # the link goes to standard output alone, so that it can be piped; it is not kept
+            print(issued.url)
+            print(
+                f"one-time reset link for {user.email}, valid until "
+                f"{issued.record.expires_at:%Y-%m-%d %H:%M} UTC",
+                file=sys.stderr,
+            )
+    finally:
+        engine.dispose()
+    return 0
+
+
 def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit import service as audit
     from app.db import make_sessionmaker
@@ -449,6 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
     create_admin.add_argument("email")
     create_admin.add_argument("--name", default=None, help="display name")
     create_admin.set_defaults(run=_create_admin)
+    reset_link = users.add_parser(
+        "reset-link", help="print a one-time password reset link (30 minutes, shown once)"
+    )
+    reset_link.add_argument("email")
+    reset_link.set_defaults(run=_reset_link)
 
     up = sub.add_parser("up", help="everything on one machine: API, UI, two clusters")
     up.add_argument("--host", default="127.0.0.1")

@@ -20,6 +20,8 @@ T = TypeVar("T")
 # Hashing threads yield the CPU to request threads: a login flood slows logins, not the API.
 HASH_THREAD_NICE = 19
 
+# stored for accounts without a password: no argon2 hash has this form, so nothing verifies
+UNUSABLE_HASH = "!no-password"
 MIN_LENGTH = 12
 MAX_LENGTH = 256
 # A short list of the passwords that top every breach corpus, at our minimum length or above.

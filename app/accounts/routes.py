@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
-from fastapi import Request, Response, status
+from html import escape
+from typing import Annotated
+
+from fastapi import Query, Request, Response, status
+from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy.orm import Session
 
-from app.accounts import quotas, service
-from app.accounts.models import User
+from app.accounts import mail, oidc, quotas, recovery, second_factor, service
+from app.accounts.models import Role, User
 from app.accounts.schemas import (
+    ForgotPasswordIn,
+    ForgotPasswordOut,
     LoginIn,
     LoginOut,
+    OidcInfoOut,
     PasswordChangeIn,
+    PasswordResetIn,
+    ResetLinkOut,
     TokenCreatedOut,
     TokenCreateIn,
     TokenList,
     TokenOut,
+    TotpCodeIn,
+    TotpConfirmOut,
+    TotpEnrolIn,
+    TotpEnrolOut,
+    TotpStatusOut,
     UserCreateIn,
     UserList,
     UserOut,
@@ -30,12 +44,21 @@ from app.deps import (
     SESSION_COOKIE,
     AdminDep,
     CallerDep,
+    EnrollingCallerDep,
     PageDep,
     SessionDep,
     SettingsDep,
     client_ip,
 )
-from app.errors import Conflict, Invalid, NotAuthenticated, TooManyAttempts, raises
+from app.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotAuthenticated,
+    TooManyAttempts,
+    raises,
+)
 from app.fields import TokenIdPath, UserIdPath
 from app.jobs import service as jobs
 from app.keyring import Purpose, subkey
@@ -45,21 +68,18 @@ from app.settings import Settings
 router = api_router("accounts")
 
 
-@router.post("/auth/login", response_model=LoginOut)
-@raises(NotAuthenticated, TooManyAttempts)
-def login(
-    body: LoginIn, request: Request, response: Response, db: SessionDep, settings: SettingsDep
-) -> LoginOut:
-    """Exchange email and password for a session token (also set as cookies)."""
-    user, issued = service.login(
-        db, email=body.email, password=body.password, ip=client_ip(request), settings=settings
-    )
-    db.commit()
+OIDC_STATE_COOKIE = "nebula_oidc_state"
+OIDC_COOKIE_PATH = "/api/v1/auth/oidc"
+
+
+def _set_session_cookies(
+    response: Response, request: Request, secret: str, settings: Settings
+) -> None:
     max_age = settings.session_ttl_hours * 3600
     secure = settings.cookie_secure or request.url.scheme == "https"
     response.set_cookie(
         SESSION_COOKIE,
-        issued.secret,
+        secret,
         max_age=max_age,
         httponly=True,
         samesite="strict",
@@ -68,20 +88,38 @@ def login(
     )
     response.set_cookie(
         CSRF_COOKIE,
-        csrf_token(subkey(settings, Purpose.csrf), issued.secret),
+        csrf_token(subkey(settings, Purpose.csrf), secret),
         max_age=max_age,
         httponly=False,
         samesite="strict",
         secure=secure,
         path="/",
     )
+
+
+@router.post("/auth/login", response_model=LoginOut)
+@raises(NotAuthenticated, Forbidden, TooManyAttempts)
+def login(
+    body: LoginIn, request: Request, response: Response, db: SessionDep, settings: SettingsDep
+) -> LoginOut:
+    """Exchange email and password for a session token (also set as cookies)."""
+    user, issued = service.login(
+        db,
+        email=body.email,
+        password=body.password,
+        otp=body.otp,
+        ip=client_ip(request),
+        settings=settings,
+    )
+    db.commit()
+    _set_session_cookies(response, request, issued.secret, settings)
     return LoginOut(
         token=issued.secret, expires_at=issued.record.expires_at, user=UserOut.model_validate(user)
     )
 
 
 @router.post("/auth/logout", status_code=status.HTTP_204_NO_CONTENT)
-def logout(caller: CallerDep, db: SessionDep) -> Response:
+def logout(caller: EnrollingCallerDep, db: SessionDep) -> Response:
     """End the current session (or API token) at once."""
     service.revoke_token(db, actor=caller.actor, record=caller.token)
     db.commit()
@@ -91,8 +129,124 @@ def logout(caller: CallerDep, db: SessionDep) -> Response:
     return response
 
 
+@router.get("/auth/oidc", response_model=OidcInfoOut)
+def oidc_info(settings: SettingsDep) -> OidcInfoOut:
+    """Whether single sign-on is on, the provider's name, and whether passwords still work."""
+    return OidcInfoOut(
+        enabled=oidc.enabled(settings),
+        provider_name=settings.oidc_provider_name,
+        password_login=not settings.require_sso,
+    )
+
+
+def _sso_page(status_code: int, message: str) -> HTMLResponse:
+    """A short page for a refused sign-in: the browser came from the provider, not the UI."""
+    body = (
+        "<!doctype html><html lang=en><meta charset=utf-8><title>Sign-in refused</title>"
+        "<main><h1>Sign-in refused</h1>"
+        f"<p id=reason>{escape(message[:1].upper() + message[1:])}.</p>"
+        "<p><a href=/>Back to sign in</a></p></main></html>"
+    )
+    page = HTMLResponse(body, status_code=status_code)
+    page.headers["Cache-Control"] = "no-store"
+    page.delete_cookie(OIDC_STATE_COOKIE, path=OIDC_COOKIE_PATH)
+    return page
+
+
+@router.get("/auth/oidc/login", response_class=RedirectResponse, status_code=302)
+def oidc_login(request: Request, db: SessionDep, settings: SettingsDep) -> Response:
+    """Send the browser to the identity provider (authorization code flow with PKCE)."""
+    if not oidc.enabled(settings):
+        return _sso_page(404, "single sign-on is not configured on this platform")
+    try:
+        url, state = oidc.begin(db, settings=settings)
+    except oidc.SignInRefused as refusal:
+        return _sso_page(refusal.status, refusal.message)
+    db.commit()
+    answer = RedirectResponse(url, status_code=302)
+    answer.set_cookie(
+        OIDC_STATE_COOKIE,
+        state,
+        max_age=settings.oidc_login_minutes * 60,
+        httponly=True,
+        # Lax: the provider's redirect back is a top-level navigation from another site
+        samesite="lax",
+        secure=settings.cookie_secure or request.url.scheme == "https",
+        path=OIDC_COOKIE_PATH,
+    )
+    return answer
+
+
+@router.get("/auth/oidc/callback", response_class=HTMLResponse)
+def oidc_callback(
+    request: Request,
+    db: SessionDep,
+    settings: SettingsDep,
+    state: Annotated[str, Query(max_length=512)] = "",
+    code: Annotated[str, Query(max_length=4096)] = "",
+    error: Annotated[str, Query(max_length=256)] = "",
+) -> Response:
+    """Where the provider sends the browser back: a session and the workspaces, or a page
+    that says why not (every outcome audited with the provider and the subject)."""
+    if not oidc.enabled(settings):
+        return _sso_page(404, "single sign-on is not configured on this platform")
+    if error:
+        return _sso_page(401, "the identity provider did not sign you in")
+    try:
+        _user, issued = oidc.finish(
+            db,
+            state=state,
+            state_cookie=request.cookies.get(OIDC_STATE_COOKIE, ""),
+            code=code,
+            ip=client_ip(request),
+            settings=settings,
+        )
+    except oidc.SignInRefused as refusal:
+        return _sso_page(refusal.status, refusal.message)
+    db.commit()
+    answer = RedirectResponse("/workspaces", status_code=303)
+    _set_session_cookies(answer, request, issued.secret, settings)
+    answer.delete_cookie(OIDC_STATE_COOKIE, path=OIDC_COOKIE_PATH)
+    return answer
+
+
+@router.post(
+    "/auth/forgot-password",
+    response_model=ForgotPasswordOut,
+    status_code=status.HTTP_202_ACCEPTED,
+)
+@raises(TooManyAttempts)
+def forgot_password(
+    body: ForgotPasswordIn, request: Request, db: SessionDep, settings: SettingsDep
+) -> ForgotPasswordOut:
+    """Mail a reset link if the address has an account; the answer is the same either way."""
+    outgoing = recovery.request_reset(
+        db, email=body.email, ip=client_ip(request), settings=settings
+    )
+    db.commit()
+    if outgoing is not None:
+        mail.send_later(outgoing, settings)  # a thread of its own: no slower than no mail
+    return ForgotPasswordOut(detail=recovery.FORGOT_ANSWER)
+
+
+@router.post("/auth/reset-password", status_code=status.HTTP_204_NO_CONTENT)
+@raises(BadRequest, Invalid, TooManyAttempts)
+def reset_password(
+    body: PasswordResetIn, request: Request, db: SessionDep, settings: SettingsDep
+) -> None:
+    """Set a new password with a reset link's token; every session of the account ends."""
+    recovery.reset_password(
+        db,
+        secret=body.token,
+        new_password=body.new_password,
+        ip=client_ip(request),
+        settings=settings,
+    )
+    db.commit()
+
+
 @router.get("/me", response_model=UserOut)
-def me(caller: CallerDep) -> UserOut:
+def me(caller: EnrollingCallerDep) -> UserOut:
     """Who is signed in."""
     return UserOut.model_validate(caller.user)
 
@@ -116,19 +270,89 @@ def change_password(
 
 
 @router.post("/me/tokens", response_model=TokenCreatedOut, status_code=status.HTTP_201_CREATED)
-def create_token(body: TokenCreateIn, caller: CallerDep, db: SessionDep) -> TokenCreatedOut:
-    """A new API token; the secret is in this answer only."""
+@raises(Forbidden, TooManyAttempts)
+def create_token(
+    body: TokenCreateIn, caller: CallerDep, db: SessionDep, settings: SettingsDep
+) -> TokenCreatedOut:
+    """A new API token; the secret is in this answer only. With a second factor: `otp` too."""
     issued = service.create_api_token(
         db,
         actor=caller.actor,
         user=caller.user,
         name=body.name,
         expires_in_days=body.expires_in_days,
+        otp=body.otp,
+        settings=settings,
     )
     db.commit()
     return TokenCreatedOut(
         **TokenOut.model_validate(issued.record).model_dump(), token=issued.secret
     )
+
+
+def _totp_status(db: Session, caller_user: User, settings: Settings) -> TotpStatusOut:
+    enrolled, left = second_factor.status(db, user=caller_user)
+    required = settings.require_admin_totp and caller_user.role == Role.admin
+    return TotpStatusOut(enrolled=enrolled, recovery_codes_left=left, required=required)
+
+
+@router.get("/me/totp", response_model=TotpStatusOut)
+def totp_status(caller: EnrollingCallerDep, db: SessionDep, settings: SettingsDep) -> TotpStatusOut:
+    """Whether the caller has a second factor, and how many recovery codes remain."""
+    return _totp_status(db, caller.user, settings)
+
+
+@router.post("/me/totp", response_model=TotpEnrolOut, status_code=status.HTTP_201_CREATED)
+@raises(Conflict, Invalid)
+def totp_enrol(
+    body: TotpEnrolIn,
+    response: Response,
+    caller: EnrollingCallerDep,
+    db: SessionDep,
+    settings: SettingsDep,
+) -> TotpEnrolOut:
+    """Begin enrolling a TOTP factor: the secret, its otpauth URI and a QR code, shown once."""
+    enrolment = second_factor.begin_enrolment(
+        db, actor=caller.actor, user=caller.user, secret=body.secret, settings=settings
+    )
+    db.commit()
+    response.headers["Cache-Control"] = "no-store"
+    return TotpEnrolOut(
+        secret=enrolment.secret, otpauth_uri=enrolment.otpauth_uri, qr_svg=enrolment.qr_svg
+    )
+
+
+@router.post("/me/totp/confirm", response_model=TotpConfirmOut)
+@raises(BadRequest, Conflict, TooManyAttempts)
+def totp_confirm(
+    body: TotpCodeIn,
+    response: Response,
+    caller: EnrollingCallerDep,
+    db: SessionDep,
+    settings: SettingsDep,
+) -> TotpConfirmOut:
+    """Finish enrolling with a code from the app; ten recovery codes, shown once."""
+    codes = second_factor.confirm_enrolment(
+        db,
+        actor=caller.actor,
+        user=caller.user,
+        token=caller.token,
+        code=body.code,
+        settings=settings,
+    )
+    db.commit()
+    response.headers["Cache-Control"] = "no-store"
+    return TotpConfirmOut(recovery_codes=codes)
+
+
+@router.post("/me/totp/remove", status_code=status.HTTP_204_NO_CONTENT)
+@raises(Conflict, Forbidden, TooManyAttempts)
+def totp_remove(body: TotpCodeIn, caller: CallerDep, db: SessionDep, settings: SettingsDep) -> None:
+    """Remove the caller's second factor and recovery codes, proven by a code now."""
+    second_factor.remove(
+        db, actor=caller.actor, user=caller.user, code=body.code, settings=settings
+    )
+    db.commit()
 
 
 @router.get("/me/tokens", response_model=TokenList)
@@ -200,6 +424,24 @@ def update_user(
     )
     db.commit()
     return UserOut.model_validate(user)
+
+
+@router.post(
+    "/users/{user_id}/reset-link",
+    response_model=ResetLinkOut,
+    status_code=status.HTTP_201_CREATED,
+)
+@raises(Conflict)
+def issue_reset_link(
+    user_id: UserIdPath, response: Response, caller: AdminDep, db: SessionDep, settings: SettingsDep
+) -> ResetLinkOut:
+    """A one-time password reset link for the user, valid 30 minutes; shown this once."""
+    issued = recovery.issue_link(
+        db, actor=caller.actor, user=service.get_user(db, user_id=user_id), settings=settings
+    )
+    db.commit()
+    response.headers["Cache-Control"] = "no-store"
+    return ResetLinkOut(url=issued.url, expires_at=issued.record.expires_at)
 
 
 def _quota_out(db: Session, user: User, settings: Settings) -> UserQuotaOut:

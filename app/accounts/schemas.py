@@ -15,6 +15,12 @@ class LoginIn(StrictIn):
 
     email: Email
     password: str = Field(min_length=1, max_length=1024, json_schema_extra={"format": "password"})
+    otp: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="a TOTP code, or a recovery code, when the account has a second factor",
+    )
 
 
 class UserOut(BaseModel):
@@ -46,6 +52,12 @@ class TokenCreateIn(StrictIn):
 
     name: str = Field(min_length=1, max_length=100)
     expires_in_days: int = Field(default=30, ge=1, le=365)
+    otp: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="a TOTP code, or a recovery code, when the account has a second factor",
+    )
 
 
 class TokenOut(BaseModel):
@@ -112,3 +124,54 @@ class UserQuotaOut(BaseModel):
 class UserList(BaseModel):
     items: list[UserOut]
     total: int
+
+
+class ResetLinkOut(BaseModel):
+    url: str  # holds the link's secret: shown in this answer only
+    expires_at: datetime
+
+
+class ForgotPasswordIn(StrictIn):
+    model_config = example(email="ada@example.org")
+
+    email: Email
+
+
+class ForgotPasswordOut(BaseModel):
+    detail: str
+
+
+class PasswordResetIn(StrictIn):
+    token: str = Field(min_length=1, max_length=128, json_schema_extra={"format": "password"})
+    new_password: NewPassword
+
+
+class TotpEnrolIn(StrictIn):
+    # a hardware token's own seed (base32, at least 128 bits); omitted: a fresh random one
+    secret: str | None = Field(default=None, min_length=26, max_length=128)
+
+
+class TotpEnrolOut(BaseModel):
+    secret: str  # shown this once
+    otpauth_uri: str
+    qr_svg: str  # the otpauth URI as an inline SVG QR code
+
+
+class TotpCodeIn(StrictIn):
+    code: str = Field(min_length=1, max_length=32)
+
+
+class TotpConfirmOut(BaseModel):
+    recovery_codes: list[str]  # each works once; shown this once
+
+
+class TotpStatusOut(BaseModel):
+    enrolled: bool
+    recovery_codes_left: int
+    required: bool  # the platform requires a second factor for this account
+
+
+class OidcInfoOut(BaseModel):
+    enabled: bool
+    provider_name: str  # as in "Sign in with <provider>"
+    password_login: bool  # false where an admin requires single sign-on

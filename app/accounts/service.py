@@ -16,21 +16,26 @@ from app.accounts.models import (
     AuthToken,
     Identity,
     LoginFailure,
+    PasswordReset,
+    ResetRequest,
     Role,
     TokenKind,
+    TokenScope,
     User,
     UserStatus,
 )
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.db import NewestFirst, Page, begin_reading, begin_writing, utcnow
-from app.errors import Conflict, NotAuthenticated, NotFound, TooManyAttempts
+from app.errors import Conflict, Forbidden, NotAuthenticated, NotFound, TooManyAttempts
 from app.grants import service as grants
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
 from app.workspaces import service as workspaces
 
 LOGIN_FAILED = "invalid email or password"
+LOCKED_MESSAGE = "too many failed attempts; try later"
+SSO_REQUIRED = "this platform signs people in through single sign-on only"
 
 
 def normalize_email(email: str) -> str:
@@ -45,14 +50,21 @@ def create_user(
     email: str,
     display_name: str,
     role: Role,
-    password: str,
+    password: str | None,
     settings: Settings,
 ) -> User:
-    """A new active user with a personal workspace; 409 if the email is taken."""
+    """A new active user with a personal workspace; 409 if the email is taken.
+
+    Without a password (an account made at its first single sign-on) password login is
+    impossible until a reset link sets one.
+    """
     email = normalize_email(email)
-    passwords.check_policy(password, email=email)
-    # hashed before the transaction begins: nothing is locked while argon2 runs
-    password_hash = passwords.hash_password(password, settings)
+    if password is None:
+        password_hash = passwords.UNUSABLE_HASH
+    else:
+        passwords.check_policy(password, email=email)
+        # hashed before the transaction begins: nothing is locked while argon2 runs
+        password_hash = passwords.hash_password(password, settings)
     if db.scalar(select(User.id).where(User.email == email)) is not None:
         raise Conflict("a user with this email already exists")
     user = User(
@@ -88,7 +100,15 @@ class IssuedToken:
     secret: str
 
 
-def _issue(db: Session, *, user: User, kind: TokenKind, name: str, ttl: timedelta) -> IssuedToken:
+def _issue(
+    db: Session,
+    *,
+    user: User,
+    kind: TokenKind,
+    name: str,
+    ttl: timedelta,
+    scope: TokenScope = TokenScope.full,
+) -> IssuedToken:
     secret = tokens.new_secret(
         tokens.SESSION_PREFIX if kind == TokenKind.session else tokens.API_PREFIX
     )
@@ -98,6 +118,7 @@ def _issue(db: Session, *, user: User, kind: TokenKind, name: str, ttl: timedelt
         name=name,
         token_hash=tokens.token_hash(secret),
         expires_at=utcnow() + ttl,
+        scope=scope,
     )
     db.add(record)
     db.flush()
@@ -120,7 +141,7 @@ _ATTEMPTS_LOCK_KEY = 0x4E4542554C42
 
 
 @dataclass(frozen=True)
-class _Door:
+class Door:
     """Where a password is tried, for the audit trail and the answer when locked."""
 
     actor: Actor
@@ -130,8 +151,8 @@ class _Door:
     locked_message: str
 
 
-def _begin_attempt(
-    db: Session, *, door: _Door, email: str, ip: str | None, settings: Settings
+def begin_attempt(
+    db: Session, *, door: Door, email: str, ip: str | None, settings: Settings
 ) -> str:
     """Count one password attempt as failed before it is checked, and commit; its id.
 
@@ -167,26 +188,32 @@ def _begin_attempt(
     return attempt.id
 
 
-def _attempt_succeeded(db: Session, attempt_id: str) -> None:
+def attempt_succeeded(db: Session, attempt_id: str) -> None:
     """The password was right: the attempt no longer counts."""
     db.execute(delete(LoginFailure).where(LoginFailure.id == attempt_id))
 
 
 @contextmanager
-def _checking_password(db: Session, attempt_id: str) -> Iterator[None]:
+def checking_password(db: Session, attempt_id: str) -> Iterator[None]:
     """Argon2 for a counted attempt. Refused by a full password gate (429), no password was
     checked: the attempt no longer counts, and the refusal leaves nothing written."""
     try:
         yield
     except TooManyAttempts:
         begin_writing(db)
-        _attempt_succeeded(db, attempt_id)
+        attempt_succeeded(db, attempt_id)
         commit_before_raising(db)
         raise
 
 
 def login(
-    db: Session, *, email: str, password: str, ip: str | None, settings: Settings
+    db: Session,
+    *,
+    email: str,
+    password: str,
+    ip: str | None,
+    settings: Settings,
+    otp: str | None = None,
 ) -> tuple[User, IssuedToken]:
     """A new session for valid credentials; one message for every failure; lockout after N.
 
@@ -194,20 +221,30 @@ def login(
     write that counts the attempt as failed (so parallel guesses cannot outrun the
     lockout), a read that finds the account, argon2 holding nothing, then a short write
     that records the outcome (a right password uncounts its attempt).
+
+    An account with a second factor also needs `otp`, a TOTP or recovery code: without
+    one the answer says so (nothing was guessed, nothing counts); a wrong one leaves the
+    attempt counted, so codes are throttled as passwords are. An admin without a factor,
+    where the platform requires one, gets a session that can only enrol one.
     """
+    from app.accounts import second_factor
+
+    if settings.require_sso:
+        raise Forbidden(SSO_REQUIRED)
+
     email = normalize_email(email)
-    door = _Door(
+    door = Door(
         Actor(None, ip),
         "auth.login",
         "email",
         email[:64],
         "too many failed logins; try again later",
     )
-    attempt = _begin_attempt(db, door=door, email=email, ip=ip, settings=settings)
+    attempt = begin_attempt(db, door=door, email=email, ip=ip, settings=settings)
     begin_reading(db)
     user = db.scalar(select(User).where(User.email == email))
     commit_before_waiting(db)
-    with _checking_password(db, attempt):
+    with checking_password(db, attempt):
         if user is None:
             passwords.burn_verify(password, settings)
             ok, checked_hash = False, None
@@ -230,7 +267,56 @@ def login(
         )
         commit_before_raising(db)
         raise NotAuthenticated(LOGIN_FAILED)
-    _attempt_succeeded(db, attempt)
+    factor = second_factor.confirmed_factor(db, user_id=user.id)
+    scope = TokenScope.full
+    details: dict[str, str] = {}
+    if factor is not None:
+        if not otp:
+            attempt_succeeded(db, attempt)  # no code was tried: nothing to count
+            audit.record(
+                db,
+                actor=Actor(None, ip),
+                action="auth.login",
+                subject=user,
+                outcome="needs_factor",
+            )
+            commit_before_raising(db)
+            raise NotAuthenticated(second_factor.CODE_REQUIRED)
+        used = second_factor.check_code(db, factor=factor, code=otp, settings=settings)
+        if used is None:
+            audit.record(
+                db,
+                actor=Actor(None, ip),
+                action="auth.login",
+                subject=user,
+                outcome="failure",
+                details={"factor": "totp"},
+            )
+            commit_before_raising(db)
+            raise NotAuthenticated(second_factor.CODE_WRONG)
+        details["factor"] = used
+    elif settings.require_admin_totp and user.role == Role.admin:
+        scope = TokenScope.enrol
+        details["scope"] = scope.value
+    attempt_succeeded(db, attempt)
+    issued = _issue(
+        db,
+        user=user,
+        kind=TokenKind.session,
+        name="login",
+        ttl=timedelta(hours=settings.session_ttl_hours),
+        scope=scope,
+    )
+    audit.record(
+        db, actor=Actor(user.id, ip), action="auth.login", subject=user, details=details or None
+    )
+    return user, issued
+
+
+def start_session(
+    db: Session, *, user: User, ip: str | None, settings: Settings, details: dict[str, str]
+) -> IssuedToken:
+    """A new session for a user who proved who they are some other way (single sign-on)."""
     issued = _issue(
         db,
         user=user,
@@ -238,15 +324,15 @@ def login(
         name="login",
         ttl=timedelta(hours=settings.session_ttl_hours),
     )
-    audit.record(db, actor=Actor(user.id, ip), action="auth.login", subject=user)
-    return user, issued
+    audit.record(db, actor=Actor(user.id, ip), action="auth.login", subject=user, details=details)
+    return issued
 
 
 # Built once: it runs on every authenticated request, and building costs more than running.
 # Columns, not entities: loading ORM objects costs several times the query itself, and
 # most requests need no more than who is calling; the rows load when a service asks.
 _TOKEN_LOOKUP = (
-    select(User.id, User.role, AuthToken.id, AuthToken.kind)
+    select(User.id, User.role, AuthToken.id, AuthToken.kind, AuthToken.scope)
     .join(User, User.id == AuthToken.user_id)
     .where(
         AuthToken.token_hash == bindparam("token_hash"),
@@ -267,8 +353,8 @@ def resolve_token(db: Session, *, secret: str) -> Identity | None:
     row = db.connection().execute(_TOKEN_LOOKUP, params).first()
     if row is None:
         return None
-    user_id, role, token_id, kind = row
-    return Identity(id=user_id, role=role, token_id=token_id, token_kind=kind)
+    user_id, role, token_id, kind, scope = row
+    return Identity(id=user_id, role=role, token_id=token_id, token_kind=kind, scope=scope)
 
 
 def token_is_live(db: Session, *, token_id: str) -> bool:
@@ -287,7 +373,8 @@ def revoke_token(db: Session, *, actor: Actor, record: AuthToken) -> None:
     audit.record(db, actor=actor, action=f"auth.{record.kind.value}.revoke", subject=record)
 
 
-def _revoke_all(db: Session, *, user_id: str, keep: str | None = None) -> int:
+def revoke_all_tokens(db: Session, *, user_id: str, keep: str | None = None) -> int:
+    """End every live session and API token of a user (but `keep`); how many ended."""
     stmt = (
         update(AuthToken)
         .where(AuthToken.user_id == user_id, AuthToken.revoked_at.is_(None))
@@ -314,29 +401,45 @@ def change_password(
     at leisure, and the account's lockout stops both doors at once. Argon2 runs outside
     any transaction (the caller's user is already loaded).
     """
-    door = _Door(actor, "user.password", "user", user.id, "too many failed attempts; try later")
-    attempt = _begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
-    with _checking_password(db, attempt):
+    door = Door(actor, "user.password", "user", user.id, "too many failed attempts; try later")
+    attempt = begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
+    with checking_password(db, attempt):
         right = passwords.verify_password(current_password, user.password_hash, settings)
     if not right:
         audit.record(db, actor=actor, action="user.password", subject=user, outcome="failure")
         commit_before_raising(db)
         raise NotAuthenticated("current password is wrong")
     passwords.check_policy(new_password, email=user.email)
-    with _checking_password(db, attempt):
+    with checking_password(db, attempt):
         new_hash = passwords.hash_password(new_password, settings)  # before any statement
-    _attempt_succeeded(db, attempt)
+    attempt_succeeded(db, attempt)
     user.password_hash = new_hash
-    revoked = _revoke_all(db, user_id=user.id, keep=current_token.id)
+    revoked = revoke_all_tokens(db, user_id=user.id, keep=current_token.id)
     audit.record(
         db, actor=actor, action="user.password", subject=user, details={"tokens_revoked": revoked}
     )
 
 
 def create_api_token(
-    db: Session, *, actor: Actor, user: User, name: str, expires_in_days: int
+    db: Session,
+    *,
+    actor: Actor,
+    user: User,
+    name: str,
+    expires_in_days: int,
+    otp: str | None,
+    settings: Settings,
 ) -> IssuedToken:
-    """A named API token; its secret is returned once."""
+    """A named API token; its secret is returned once.
+
+    A user with a second factor shows a fresh code for it (`otp`): a stolen session alone
+    cannot mint a credential that outlives it.
+    """
+    from app.accounts import second_factor
+
+    second_factor.require_fresh_code(
+        db, actor=actor, user=user, code=otp, action="auth.api.create", settings=settings
+    )
     issued = _issue(
         db, user=user, kind=TokenKind.api, name=name, ttl=timedelta(days=expires_in_days)
     )
@@ -380,6 +483,14 @@ def get_user(db: Session, *, user_id: str) -> User:
     return user
 
 
+def get_user_by_email(db: Session, *, email: str) -> User:
+    """A user by email (any case); NotFound if none has it."""
+    user = db.scalar(select(User).where(User.email == normalize_email(email)))
+    if user is None:
+        raise NotFound("no user has this email")
+    return user
+
+
 def update_user(
     db: Session, *, actor: Actor, user: User, display_name: str | None, role: Role | None
 ) -> User:
@@ -407,7 +518,7 @@ def _set_status(db: Session, *, actor: Actor, user: User, status: UserStatus, ac
     from app.jobs.service import set_paused_for_owner
 
     user.status = status
-    revoked = _revoke_all(db, user_id=user.id) if status != UserStatus.active else 0
+    revoked = revoke_all_tokens(db, user_id=user.id) if status != UserStatus.active else 0
     # queued jobs wait while their owner is suspended (the reaper sends them on reactivation)
     held = set_paused_for_owner(db, owner_id=user.id, paused=status != UserStatus.active)
     audit.record(
@@ -450,5 +561,12 @@ def purge_expired(db: Session, *, settings: Settings) -> int:
     dead_tokens = delete(AuthToken).where(
         (AuthToken.expires_at < now) | (AuthToken.revoked_at < now - timedelta(days=1))
     )
-    purged = db.execute(failures).rowcount or 0  # type: ignore[attr-defined]
-    return purged + (db.execute(dead_tokens).rowcount or 0)  # type: ignore[attr-defined]
+    # reset requests only count within their window; links a day past their end serve no one
+    requests = delete(ResetRequest).where(
+        ResetRequest.at < now - timedelta(minutes=settings.reset_window_minutes)
+    )
+    links = delete(PasswordReset).where(PasswordReset.expires_at < now - timedelta(days=1))
+    purged = 0
+    for statement in (failures, dead_tokens, requests, links):
+        purged += db.execute(statement).rowcount or 0  # type: ignore[attr-defined]
+    return purged

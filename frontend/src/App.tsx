@@ -17,6 +17,7 @@ import { JobsPage } from "./pages/JobsPage";
 import { LoginPage } from "./pages/LoginPage";
 import { NewJobPage } from "./pages/NewJobPage";
 import { NotFoundPage } from "./pages/NotFoundPage";
+import { ResetPasswordPage } from "./pages/ResetPasswordPage";
 import { WorkspacePage } from "./pages/WorkspacePage";
 import { WorkspacesPage } from "./pages/WorkspacesPage";
 
@@ -30,6 +31,8 @@ export function AppRoutes() {
       </main>
     );
   }
+  // a reset link opens its page whether or not someone is signed in on this browser
+  if (window.location.pathname === "/reset-password") return <ResetPasswordPage />;
   if (!user) return <LoginPage />;
 
   return (

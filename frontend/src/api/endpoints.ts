@@ -19,11 +19,14 @@ import type {
   JobSubmission,
   NamedAuditEvent,
   NewApiToken,
+  OidcInfo,
   Page,
   Presence,
   ReleaseRequest,
   Role,
   SignedCertificate,
+  TotpEnrolment,
+  TotpStatus,
   User,
   WorkerCredential,
   Workspace,
@@ -49,18 +52,27 @@ async function page<T>(path: string, query?: Query): Promise<Page<T>> {
 
 // Accounts
 export const auth = {
-  login: (email: string, password: string) =>
+  login: (email: string, password: string, otp?: string) =>
     request<{ user: User; expires_at: string }>("/auth/login", {
       method: "POST",
-      json: { email, password },
+      json: otp ? { email, password, otp } : { email, password },
       expectUnauthorized: true,
     }),
+  oidcInfo: () => request<OidcInfo>("/auth/oidc", { expectUnauthorized: true }),
+  forgotPassword: (email: string) => api.post<{ detail: string }>("/auth/forgot-password", { email }),
+  resetPassword: (token: string, new_password: string) =>
+    request<void>("/auth/reset-password", { method: "POST", json: { token, new_password }, expectUnauthorized: true }),
+  totpStatus: () => api.get<TotpStatus>("/me/totp"),
+  totpEnrol: () => api.post<TotpEnrolment>("/me/totp", {}),
+  totpConfirm: (code: string) => api.post<{ recovery_codes: string[] }>("/me/totp/confirm", { code }),
+  totpRemove: (code: string) => api.post<void>("/me/totp/remove", { code }),
   logout: () => api.post<void>("/auth/logout"),
   me: () => request<User>("/me", { expectUnauthorized: true }),
   changePassword: (current_password: string, new_password: string) =>
     api.post<void>("/me/password", { current_password, new_password }),
   listTokens: () => page<ApiToken>("/me/tokens"),
-  createToken: (name: string, expires_in_days: number) => api.post<NewApiToken>("/me/tokens", { name, expires_in_days }),
+  createToken: (name: string, expires_in_days: number, otp?: string) =>
+    api.post<NewApiToken>("/me/tokens", otp ? { name, expires_in_days, otp } : { name, expires_in_days }),
   revokeToken: (id: string) => api.del(`/me/tokens/${enc(id)}`),
   myAudit: (q: PageQuery = {}) => page<AuditEvent>("/me/audit", { ...q }),
 };

@@ -30,6 +30,28 @@ export interface NewApiToken extends ApiToken {
   token: string;
 }
 
+export interface OidcInfo {
+  enabled: boolean;
+  /** As in "Sign in with <provider>". */
+  provider_name: string;
+  /** False where an admin requires single sign-on for everyone. */
+  password_login: boolean;
+}
+
+export interface TotpStatus {
+  enrolled: boolean;
+  recovery_codes_left: number;
+  /** The platform requires a second factor for this account (admins, where set). */
+  required: boolean;
+}
+
+export interface TotpEnrolment {
+  secret: string;
+  otpauth_uri: string;
+  /** The otpauth URI as an SVG QR code, made by the server. */
+  qr_svg: string;
+}
+
 export interface Workspace {
   id: string;
   name: string;

@@ -11,7 +11,7 @@ export interface AuthValue {
   user: User | null;
   /** Set when the session ended on its own (expired, revoked). */
   sessionEnded: boolean;
-  login: (email: string, password: string) => Promise<void>;
+  login: (email: string, password: string, otp?: string) => Promise<void>;
   logout: () => Promise<void>;
   refresh: () => Promise<void>;
 }
@@ -50,8 +50,8 @@ export function AuthProvider({ children }: { children: ReactNode }) {
     return () => setUnauthorizedHandler(null);
   }, [refresh]);
 
-  const login = useCallback(async (email: string, password: string) => {
-    const answer = await auth.login(email, password);
+  const login = useCallback(async (email: string, password: string, otp?: string) => {
+    const answer = await auth.login(email, password, otp);
     let me: User | undefined = answer?.user;
     if (!me) me = await auth.me();
     setUser(me);

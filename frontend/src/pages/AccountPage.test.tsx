@@ -7,12 +7,15 @@ import { AccountPage } from "./AccountPage";
 
 afterEach(() => vi.unstubAllGlobals());
 
+const noFactor = { enrolled: false, recovery_codes_left: 0, required: false };
+
 describe("AccountPage", () => {
   it("creates a token, shows it once, and revokes it", async () => {
     const tokens: { id: string; name: string; created_at: string; expires_at: string; revoked_at: string | null }[] = [];
     const fake = mockApi({
       "GET /me": member,
       "GET /me/audit": page([]),
+      "GET /me/totp": noFactor,
       "GET /me/tokens": () => page(tokens),
       "POST /me/tokens": (c: { body: { name: string; expires_in_days: number } }) => {
         const t = { id: "t1", name: c.body.name, created_at: "2030-01-01T00:00:00Z", expires_at: "2099-01-01T00:00:00Z", revoked_at: null };
@@ -40,13 +43,15 @@ describe("AccountPage", () => {
     await waitFor(() => expect(fake.find("DELETE", "/me/tokens/t1")).toHaveLength(1));
     expect(await screen.findByText("revoked")).toBeInTheDocument();
     expect(screen.queryByDisplayValue("nbl_secret_value")).toBeNull();
-  });
+    // the page renders four cards now; typing through all of them passes 5 s on a loaded machine
+  }, 15_000);
 
   it("changes the password and shows a weak-password error as the API words it", async () => {
     let attempt = 0;
     const fake = mockApi({
       "GET /me": member,
       "GET /me/audit": page([]),
+      "GET /me/totp": noFactor,
       "GET /me/tokens": page([]),
       "POST /me/password": () => (++attempt === 1 ? reply(422, { detail: "password is too common" }) : reply(204)),
     });
@@ -63,7 +68,7 @@ describe("AccountPage", () => {
   });
 
   it("refuses mismatched new passwords before calling the API", async () => {
-    const fake = mockApi({ "GET /me": member, "GET /me/audit": page([]), "GET /me/tokens": page([]) });
+    const fake = mockApi({ "GET /me": member, "GET /me/audit": page([]), "GET /me/totp": noFactor, "GET /me/tokens": page([]) });
     renderPage(<AccountPage />, { path: "/account", route: "/account" });
     const user = userEvent.setup();
     await user.type(await screen.findByLabelText("Current password"), "old password 1");
@@ -72,5 +77,52 @@ describe("AccountPage", () => {
     await user.click(screen.getByRole("button", { name: "Change password" }));
     expect(await screen.findByRole("alert")).toHaveTextContent("do not match");
     expect(fake.find("POST", "/me/password")).toHaveLength(0);
+  });
+
+  it("enrols a second factor from a QR code and shows the recovery codes once", async () => {
+    let status = { ...noFactor, required: true };
+    const codes = Array.from({ length: 10 }, (_, i) => `abcde-fgh${i}k`);
+    const fake = mockApi({
+      "GET /me": member,
+      "GET /me/audit": page([]),
+      "GET /me/tokens": page([]),
+      "GET /me/totp": () => status,
+      "POST /me/totp": reply(201, { secret: "JBSWY3DPEHPK3PXP", otpauth_uri: "otpauth://totp/Nebula:x", qr_svg: "<svg xmlns='http://www.w3.org/2000/svg'></svg>" }),
+      "POST /me/totp/confirm": () => {
+        status = { enrolled: true, recovery_codes_left: 10, required: true };
+        return reply(200, { recovery_codes: codes });
+      },
+    });
+    renderPage(<AccountPage />, { path: "/account", route: "/account" });
+    const user = userEvent.setup();
+    expect(await screen.findByText(/requires administrators to use a second factor/)).toBeInTheDocument();
+    await user.click(screen.getByRole("button", { name: "Set up an authenticator app" }));
+    const qr = await screen.findByRole("img", { name: "QR code for your authenticator app" });
+    expect(qr.getAttribute("src")).toMatch(/^data:image\/svg\+xml/);
+    expect(screen.getByText("JBSWY3DPEHPK3PXP")).toBeInTheDocument();
+    await user.type(screen.getByLabelText("Code from the app"), "123456");
+    await user.click(screen.getByRole("button", { name: "Confirm" }));
+    expect(await screen.findByRole("textbox", { name: /Recovery codes/ })).toHaveValue(codes.join(" "));
+    expect(fake.find("POST", "/me/totp/confirm")[0].body).toEqual({ code: "123456" });
+    expect(await screen.findByText(/10 recovery codes left/)).toBeInTheDocument();
+    // required for this admin: no way to remove it here
+    expect(screen.queryByRole("button", { name: "Remove second factor" })).toBeNull();
+  });
+
+  it("asks for a fresh code to mint a token once a factor is enrolled", async () => {
+    const fake = mockApi({
+      "GET /me": member,
+      "GET /me/audit": page([]),
+      "GET /me/tokens": page([]),
+      "GET /me/totp": { enrolled: true, recovery_codes_left: 9, required: false },
+      "POST /me/tokens": reply(201, { id: "t1", name: "ci", created_at: "2030-01-01T00:00:00Z", expires_at: "2099-01-01T00:00:00Z", revoked_at: null, token: "nbt_x" }),
+    });
+    renderPage(<AccountPage />, { path: "/account", route: "/account" });
+    const user = userEvent.setup();
+    await user.type(await screen.findByLabelText("Token name"), "ci");
+    await user.type(await screen.findByLabelText("Code from your app"), "654321");
+    await user.click(screen.getByRole("button", { name: "Create token" }));
+    await waitFor(() => expect(fake.find("POST", "/me/tokens")).toHaveLength(1));
+    expect(fake.find("POST", "/me/tokens")[0].body).toEqual({ name: "ci", expires_in_days: 30, otp: "654321" });
   });
 });

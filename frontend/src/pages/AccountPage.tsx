@@ -1,7 +1,7 @@
-/** The signed-in user's own settings: password, personal API tokens, recent activity. */
+/** The signed-in user's own settings: password, second factor, personal API tokens, recent activity. */
 import { useState, type FormEvent } from "react";
 import { auth } from "../api/endpoints";
-import type { NewApiToken } from "../api/types";
+import type { NewApiToken, TotpEnrolment } from "../api/types";
 import { useUser } from "../auth/AuthContext";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, SecretOnce } from "../components/ui";
 import { formatDate, isPast } from "../format";
@@ -77,16 +77,128 @@ export function ChangePasswordForm() {
   );
 }
 
+/** The QR code the server drew for the otpauth URI, shown as an image (never as markup). */
+function QrCode({ svg }: { svg: string }) {
+  return <img className="qr-code" width={200} height={200} alt="QR code for your authenticator app" src={`data:image/svg+xml;charset=utf-8,${encodeURIComponent(svg)}`} />;
+}
+
+export function SecondFactor() {
+  const status = useLoad(() => auth.totpStatus(), []);
+  const [enrolment, setEnrolment] = useState<TotpEnrolment | null>(null);
+  const [code, setCode] = useState("");
+  const [recoveryCodes, setRecoveryCodes] = useState<string[] | null>(null);
+  const action = useAction();
+
+  async function begin() {
+    const begun = await action.run(() => auth.totpEnrol());
+    if (begun) {
+      setEnrolment(begun);
+      setRecoveryCodes(null);
+    }
+  }
+
+  async function confirm(event: FormEvent) {
+    event.preventDefault();
+    const answer = await action.run(() => auth.totpConfirm(code.trim()), "Second factor enrolled. Sign-in now asks for a code.");
+    setCode("");
+    if (answer) {
+      setEnrolment(null);
+      setRecoveryCodes(answer.recovery_codes);
+      await status.reload();
+    }
+  }
+
+  async function remove(event: FormEvent) {
+    event.preventDefault();
+    const done = await action.run(async () => {
+      await auth.totpRemove(code.trim());
+      return true;
+    }, "Second factor removed.");
+    setCode("");
+    if (done) await status.reload();
+  }
+
+  const state = status.data;
+  return (
+    <section className="card" aria-labelledby="totp-heading">
+      <h2 id="totp-heading">Second factor</h2>
+      <ErrorMessage error={status.error} />
+      {state?.required && !state.enrolled ? (
+        <div className="alert alert-info" role="status">
+          This platform requires administrators to use a second factor. Enrol one to continue: until then, nothing else is available.
+        </div>
+      ) : null}
+      <ErrorMessage error={action.error} />
+      <Notice>{action.message}</Notice>
+      {recoveryCodes ? (
+        <SecretOnce
+          label="Recovery codes (each works once, in place of a code)"
+          value={recoveryCodes.join(" ")}
+          note="Keep them somewhere safe, apart from your phone: they will not be shown again."
+        />
+      ) : null}
+      {!state ? (
+        <Loading />
+      ) : state.enrolled ? (
+        <>
+          <p>
+            An authenticator app protects your account. <Badge status="active" /> {state.recovery_codes_left} recovery codes left.
+          </p>
+          {state.required ? null : (
+            <form className="inline-form" onSubmit={remove} aria-label="Remove second factor">
+              <div className="field">
+                <label htmlFor="totp-remove-code">Code</label>
+                <input id="totp-remove-code" autoComplete="one-time-code" required maxLength={32} value={code} onChange={(e) => setCode(e.target.value)} />
+              </div>
+              <button type="submit" className="btn btn-danger" disabled={action.busy}>
+                Remove second factor
+              </button>
+            </form>
+          )}
+        </>
+      ) : enrolment ? (
+        <>
+          <p>Scan this code with an authenticator app (or type the secret into it), then enter the six digits it shows.</p>
+          <QrCode svg={enrolment.qr_svg} />
+          <p className="muted small">
+            Secret: <code className="mono">{enrolment.secret}</code>
+          </p>
+          <form className="inline-form" onSubmit={confirm} aria-label="Confirm second factor">
+            <div className="field">
+              <label htmlFor="totp-confirm-code">Code from the app</label>
+              <input id="totp-confirm-code" autoComplete="one-time-code" inputMode="numeric" required maxLength={6} value={code} onChange={(e) => setCode(e.target.value)} />
+            </div>
+            <button type="submit" className="btn btn-primary" disabled={action.busy}>
+              Confirm
+            </button>
+          </form>
+        </>
+      ) : (
+        <>
+          <p className="muted">Sign-in will ask for a code from an app on your phone as well as your password.</p>
+          <button type="button" className="btn btn-primary" onClick={() => void begin()} disabled={action.busy}>
+            Set up an authenticator app
+          </button>
+        </>
+      )}
+    </section>
+  );
+}
+
 export function ApiTokens() {
   const tokens = useLoad(() => auth.listTokens(), []);
+  const factor = useLoad(() => auth.totpStatus(), []);
   const [name, setName] = useState("");
   const [days, setDays] = useState(30);
+  const [otp, setOtp] = useState("");
   const [created, setCreated] = useState<NewApiToken | null>(null);
   const action = useAction();
+  const needsCode = factor.data?.enrolled ?? false;
 
   async function create(event: FormEvent) {
     event.preventDefault();
-    const token = await action.run(() => auth.createToken(name.trim(), days));
+    const token = await action.run(() => auth.createToken(name.trim(), days, needsCode ? otp.trim() : undefined));
+    setOtp("");
     if (token) {
       setCreated(token);
       setName("");
@@ -116,6 +228,12 @@ export function ApiTokens() {
           <label htmlFor="token-days">Expires in (days)</label>
           <input id="token-days" type="number" min={1} max={365} required value={days} onChange={(e) => setDays(Number(e.target.value))} />
         </div>
+        {needsCode ? (
+          <div className="field field-narrow">
+            <label htmlFor="token-otp">Code from your app</label>
+            <input id="token-otp" autoComplete="one-time-code" required maxLength={32} value={otp} onChange={(e) => setOtp(e.target.value)} />
+          </div>
+        ) : null}
         <button type="submit" className="btn btn-primary" disabled={action.busy}>
           Create token
         </button>
@@ -202,9 +320,10 @@ export function AccountPage() {
       <PageHeader title="Account" subtitle={`${user.display_name} · ${user.email} · ${user.role}`} />
       <div className="grid-2">
         <ChangePasswordForm />
-        <MyActivity />
+        <SecondFactor />
       </div>
       <ApiTokens />
+      <MyActivity />
     </>
   );
 }
