@@ -29,6 +29,7 @@ class Purpose(StrEnum):
     audit_anchor = "audit-anchor"  # Ed25519 seed that signs the chain's heads kept outside the DB
     csrf = "csrf"  # binds CSRF tokens to sessions
     checkpoints = "checkpoints"  # derives each job's key for what it leaves on clusters
+    broker_passwords = "broker-passwords"  # derives each cluster's RabbitMQ password
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:

@@ -191,6 +191,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     cluster, broker_url = args.cluster, settings.broker_url
     control_plane = args.control_plane or settings.control_plane_url
     control_plane_ca, credential = args.control_plane_ca, ""
+    broker_ca: Path | None = None
     state_dir = settings.var_dir / "clusters" / (cluster or "")
     if args.bundle:
         bundle = bundles.load_bundle(args.bundle)
@@ -198,6 +199,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
         control_plane = args.control_plane or bundle.control_plane_url
         broker_url = bundle.broker_url or broker_url
         control_plane_ca = control_plane_ca or bundles.control_plane_ca(args.bundle)
+        broker_ca = bundles.broker_ca(args.bundle)
         state_dir = args.bundle
     if not cluster:
         raise SystemExit("name the cluster with --cluster or --bundle")
@@ -238,7 +240,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
             rendezvous_host=args.rendezvous_host,
         )
     )
-    app = make_celery(broker_url, settings.var_dir)
+    app = make_celery(broker_url, settings.var_dir, broker_ca=broker_ca)
     import workers.tasks  # noqa: F401  (registers the task)
 
     reporter = PresenceReporter(
@@ -302,8 +304,9 @@ def _cluster_named(db: Session, name: str) -> Cluster:
 
 
 def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
+    from app.audit.service import SYSTEM
     from app.clusters import broker
-    from app.clusters.bundle import broker_url_for
+    from app.clusters.bundle import BrokerChoice, broker_url_for
     from app.db import make_sessionmaker
     from workers.switch.tls import write_private_file
 
@@ -311,13 +314,21 @@ def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
         raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
-        _cluster_named(db, args.name)
+        cluster = _cluster_named(db, args.name)
+        choice = BrokerChoice(allow_plain=getattr(args, "insecure_plain_broker", False))
+        try:
+            url = broker_url_for(
+                db, settings, actor=SYSTEM, cluster=cluster, allow_plain=choice.allow_plain
+            )
+        except broker.BrokerError as exc:
+            db.commit()  # the cluster's broker state and its audit event
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        db.commit()
     engine.dispose()
-    try:
-        url = broker_url_for(settings, args.name)
-    except broker.BrokerError as exc:
-        raise SystemExit(str(exc)) from None
-    if args.out:
+    if args.print_url is False:
+        print(f"broker user of {args.name}: ok")
+    elif args.out:
         write_private_file(args.out, (url + "\n").encode())
         print(f"broker URL of {args.name} written to {args.out}")
     else:
@@ -330,14 +341,31 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
 
     from app.audit.service import SYSTEM
     from app.clusters import broker
-    from app.clusters.bundle import make_bundle
+    from app.clusters.bundle import (
+        BrokerChoice,
+        PlainBrokerRefused,
+        SharedBrokerRefused,
+        make_bundle,
+        rotate_broker_password,
+    )
     from app.db import make_sessionmaker
 
     control_plane = args.control_plane or settings.public_url
     control_plane_ca = args.control_plane_ca.read_bytes() if args.control_plane_ca else None
+    broker_ca = args.broker_ca.read_bytes() if args.broker_ca else None
     engine = _engine(settings)
+    hosts: list[str] | None = None
     with make_sessionmaker(engine)() as db:
         cluster = _cluster_named(db, args.name)
+        if args.rotate_broker_password:
+            if not broker.is_rabbitmq(settings.broker_url):
+                raise SystemExit("--rotate-broker-password needs RabbitMQ: no per-cluster users")
+            hosts = rotate_broker_password(db, actor=SYSTEM, cluster=cluster)
+        choice = BrokerChoice(
+            reached_at=args.broker_url or "",
+            allow_shared=args.insecure_shared_broker,
+            allow_plain=args.insecure_plain_broker,
+        )
         try:
             bundle, ca_pem = make_bundle(
                 db,
@@ -346,16 +374,43 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
                 settings=settings,
                 control_plane_url=control_plane,
                 enroll_ttl=timedelta(minutes=args.enroll_ttl_minutes),
-                broker_reached_at=args.broker_url or "",
+                broker_choice=choice,
             )
+        except (PlainBrokerRefused, SharedBrokerRefused) as exc:
+            print(f"error: {exc}", file=sys.stderr)  # nothing changed, a rotation included
+            return 1
         except broker.BrokerError as exc:
-            raise SystemExit(str(exc)) from None
-        bundles.write_bundle(bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca)
+            # kept: the cluster's broker state, its audit event and a rotation (the root
+            # command in the message sets the rotated password)
+            db.commit()
+            print(f"error: {exc}", file=sys.stderr)
+            _print_hosts(args.name, hosts)
+            return 1
+        bundles.write_bundle(
+            bundle,
+            args.out,
+            ca_pem=ca_pem,
+            control_plane_ca_pem=control_plane_ca,
+            broker_ca_pem=broker_ca,
+        )
         db.commit()
     engine.dispose()
     print(f"bundle of {args.name} written to {args.out}: copy it to the cluster host, then")
     print("  nebula switch --bundle DIR --peer ... ; nebula worker --bundle DIR")
+    _print_hosts(args.name, hosts)
     return 0
+
+
+def _print_hosts(cluster: str, hosts: list[str] | None) -> None:
+    """After a rotation: the hosts that must get the new bundle."""
+    if hosts is None:
+        return
+    print(
+        f"the broker password of {cluster} changed: update every host of the cluster with "
+        "the new bundle before it restarts (it fails to log in to the broker until then):"
+    )
+    for host in hosts or ["(no host of this cluster has reported in yet)"]:
+        print(f"  {host}")
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
@@ -493,7 +548,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker_credentials.add_argument("name", help="the cluster's name")
     broker_credentials.add_argument("--out", type=Path, default=None, help="write it, 0600")
-    broker_credentials.set_defaults(run=_broker_credentials)
+    broker_credentials.add_argument(
+        "--insecure-plain-broker",
+        action="store_true",
+        help="allow an amqp:// (no TLS) cluster broker URL off loopback",
+    )
+    broker_credentials.set_defaults(run=_broker_credentials, print_url=True)
+    broker_user = clusters.add_parser(
+        "broker-user",
+        help="make sure a cluster's RabbitMQ user exists (else print the one root command)",
+    )
+    broker_user.add_argument("name", help="the cluster's name")
+    broker_user.set_defaults(
+        run=_broker_credentials, print_url=False, out=None, insecure_plain_broker=True
+    )
     bundle = clusters.add_parser(
         "bundle", help="write what a cluster host needs into a folder (nebula ... --bundle DIR)"
     )
@@ -505,6 +573,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bundle.add_argument(
         "--broker-url", default=None, help="the broker as this cluster reaches it (no password)"
+    )
+    bundle.add_argument(
+        "--broker-ca", type=Path, default=None, help="CA of the broker's TLS (amqps://)"
+    )
+    bundle.add_argument(
+        "--rotate-broker-password",
+        action="store_true",
+        help="give the cluster a new broker password (every host then needs the new bundle)",
+    )
+    bundle.add_argument(
+        "--insecure-shared-broker",
+        action="store_true",
+        help="allow a remote cluster the control plane's own broker URL (Redis, embedded)",
+    )
+    bundle.add_argument(
+        "--insecure-plain-broker",
+        action="store_true",
+        help="allow an amqp:// (no TLS) cluster broker URL off loopback",
     )
     bundle.add_argument("--enroll-ttl-minutes", type=int, default=24 * 60)
     bundle.set_defaults(run=_bundle)

@@ -32,6 +32,10 @@ class ClusterOut(BaseModel):
     switch_online: bool = False  # its switch reported in lately
     workers_online: int = 0  # worker processes that reported in lately
     running_jobs: int = 0  # jobs with a running role there
+    # its RabbitMQ user: "ok", "missing" (broker_problem says why and what to run), or null
+    # where the broker has no per-cluster users
+    broker_user: Literal["ok", "missing"] | None = None
+    broker_problem: str | None = None
 
 
 class PresenceOut(BaseModel):
