@@ -425,18 +425,61 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from cli.demo import run_demo
     from cli.up import demo_admin_path
 
-    login_file = demo_admin_path(settings)
-    if not login_file.exists():
-        print(f"no demo login at {login_file}: start the platform with `nebula up` first")
+    login_file = args.login_file or demo_admin_path(settings)
+    try:
+        login = json.loads(login_file.read_text())
+        email, password = login["email"], login["password"]
+    except FileNotFoundError:
+        print(
+            f"no demo login at {login_file}: start the platform with `nebula up` first, or "
+            'give --login-file with {"email": ..., "password": ...} of an admin',
+            file=sys.stderr,
+        )
         return 1
-    login = json.loads(login_file.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f'{login_file} is not a login file ({{"email", "password"}}): {exc}', file=sys.stderr)
+        return 1
+    if args.ca is not None and not args.ca.is_file():
+        print(f"no CA file at {args.ca}", file=sys.stderr)
+        return 1
     return run_demo(
         args.url.rstrip("/"),
-        login["email"],
-        login["password"],
+        email,
+        password,
         electra_steps=args.electra_steps,
         abnet_steps=args.abnet_steps,
+        ca=args.ca,
+        cleanup=args.cleanup,
+        as_json=args.json,
     )
+
+
+def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.doctor import report, run_checks
+
+    return report(run_checks(settings, tls_cert=args.tls_cert, warn_days=args.warn_days))
+
+
+def unknown_settings(environ: dict[str, str] | None = None) -> list[str]:
+    """NEBULA_ variables in the environment that no setting reads, each with a near name."""
+    import difflib
+    import os
+
+    environ = dict(os.environ) if environ is None else environ
+    known = {
+        f"NEBULA_{name.upper()}"
+        for model in (Settings, ClusterSettings)
+        for name in model.model_fields
+    }
+    warnings = []
+    for name in sorted(environ):
+        # NEBULA_TEST_*: the test suite's own
+        if not name.startswith("NEBULA_") or name in known or name.startswith("NEBULA_TEST_"):
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        warnings.append(f"unknown setting {name} is ignored{hint}")
+    return warnings
 
 
 def _demo_corpus(args: argparse.Namespace, settings: Settings) -> int:
@@ -481,6 +524,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", default="http://127.0.0.1:8000")
     demo.add_argument("--electra-steps", type=int, default=150)
     demo.add_argument("--abnet-steps", type=int, default=300)
+    demo.add_argument("--ca", type=Path, default=None, help="CA of the API's HTTPS certificate")
+    demo.add_argument(
+        "--login-file",
+        type=Path,
+        default=None,
+        help='an admin\'s {"email": ..., "password": ...} (default: what `nebula up` wrote)',
+    )
+    demo.add_argument(
+        "--cleanup", action="store_true", help="delete the demo's users and their data at the end"
+    )
+    demo.add_argument("--json", action="store_true", help="end with the raw figures as JSON too")
     demo.set_defaults(run=_demo)
 
     switch = sub.add_parser("switch", help="run a cluster's switch (enrolls on first start)")
@@ -606,6 +660,17 @@ def build_parser() -> argparse.ArgumentParser:
     grants.add_argument("role", help="the role the control plane connects as")
     grants.set_defaults(run=_db_grants)
 
+    doctor = sub.add_parser(
+        "doctor", help="check the database, broker, secret, anchors, CA and certificates"
+    )
+    doctor.add_argument(
+        "--tls-cert", type=Path, default=None, help="the API's HTTPS certificate, to check too"
+    )
+    doctor.add_argument(
+        "--warn-days", type=int, default=14, help="warn of certificates expiring this soon"
+    )
+    doctor.set_defaults(run=_doctor)
+
     audit = sub.add_parser("audit", help="audit log").add_subparsers(dest="audit", required=True)
     audit.add_parser("verify", help="exit 1 if the chain or its anchor is broken").set_defaults(
         run=_audit_verify
@@ -626,6 +691,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for warning in unknown_settings():  # a typo in an env file would silently do nothing
+        logging.getLogger("nebula").warning("%s", warning)
     # third-party chatter that says nothing a user needs at INFO
     for noisy in ("alembic", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -38,8 +38,58 @@ def write_bundle(
         write_private_file(folder / BROKER_CA_FILE, broker_ca_pem)
 
 
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_folder(folder: Path) -> None:
+    """SystemExit naming what is wrong, and the command that fixes it, unless the folder and
+    its files belong to this process's user and no one else may read them."""
+    import os
+    import stat
+
+    uid = os.geteuid()
+    me = _owner(uid)
+    try:
+        # the folder and what the bundle and the switch keep secret in it; workers' scratch
+        # folders and the like have owners and modes of their own
+        secret = (MANIFEST, CA_FILE, CONTROL_PLANE_CA_FILE, BROKER_CA_FILE, "switch.key")
+        entries = [folder, *(folder / n for n in secret if (folder / n).exists())]
+    except FileNotFoundError:
+        raise SystemExit(f"no bundle folder at {folder}") from None
+    except PermissionError:
+        info = folder.stat()
+        raise SystemExit(
+            f"{folder} belongs to {_owner(info.st_uid)} (mode {stat.S_IMODE(info.st_mode):04o}) "
+            f"and {me} cannot read it: sudo chown -R {me}: {folder} && "
+            f"sudo chmod 0700 {folder}"
+        ) from None
+    for path in entries:
+        info = path.lstat()
+        if uid != 0 and info.st_uid != uid:
+            raise SystemExit(
+                f"{path} belongs to {_owner(info.st_uid)}, not to {me} who runs this: "
+                f"sudo chown -R {me}: {folder}"
+            )
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            want = "0700" if path.is_dir() else "0600"
+            raise SystemExit(
+                f"{path} has mode {mode:04o}: others may read the cluster's secrets; "
+                f"chmod {want} {path}"
+                + (f" (and 0600 each file in it: chmod 0600 {folder}/*)" if path == folder else "")
+            )
+
+
 def load_bundle(folder: Path) -> ClusterBundle:
-    """Read a bundle folder; SystemExit with the reason when it is not one."""
+    """Read a bundle folder; SystemExit with the reason when it is not one, or when its owner
+    or mode would let another user read it (or keep this one from reading it)."""
+    check_folder(folder)
     known = {f.name for f in fields(ClusterBundle)}
     try:
         raw = json.loads((folder / MANIFEST).read_text())
