@@ -9,7 +9,14 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# inside the installed package (a wheel: setup.py copies migrations/ to app/migrations),
+# else the checkout's
+_PACKAGED = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS_DIR = (
+    _PACKAGED
+    if (_PACKAGED / "env.py").is_file()
+    else Path(__file__).resolve().parent.parent / "migrations"
+)
 
 
 def alembic_config(url: str) -> Config:

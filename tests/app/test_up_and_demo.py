@@ -116,7 +116,10 @@ def test_nebula_up_then_demo_in_an_empty_folder(tmp_path: Path) -> None:
         assert abnet_rows and len(abnet_rows) == len(set(abnet_rows)), abnet_rows
         assert not any(row.startswith(("encoder.", "decoder.")) for row in abnet_rows), abnet_rows
         # --cleanup: the demo's users are gone (their login refused)
-        users = re.search(r"users: (\S+) \(data owner\), (\S+) \(data scientist\)", output)
+        # (the console wraps lines at its width)
+        users = re.search(
+            r"users:\s+(\S+)\s+\(data\s+owner\),\s+(\S+)\s+\(data\s+scientist\)", output
+        )
         assert users, output[-4000:]
         for email in users.groups():
             login = httpx.post(
