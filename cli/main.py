@@ -460,6 +460,10 @@ def _doctor(args: argparse.Namespace, settings: Settings) -> int:
     return report(run_checks(settings, tls_cert=args.tls_cert, warn_days=args.warn_days))
 
 
+# what the shipped systemd units put on the command line from the env file
+UNIT_ARGUMENTS = {"NEBULA_PEERS", "NEBULA_SWITCH"}
+
+
 def unknown_settings(environ: dict[str, str] | None = None) -> list[str]:
     """NEBULA_ variables in the environment that no setting reads, each with a near name."""
     import difflib
@@ -470,7 +474,7 @@ def unknown_settings(environ: dict[str, str] | None = None) -> list[str]:
         f"NEBULA_{name.upper()}"
         for model in (Settings, ClusterSettings)
         for name in model.model_fields
-    }
+    } | UNIT_ARGUMENTS
     warnings = []
     for name in sorted(environ):
         # NEBULA_TEST_*: the test suite's own

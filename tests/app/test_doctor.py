@@ -104,6 +104,7 @@ def test_an_unknown_nebula_variable_is_named_with_the_near_one() -> None:
         "unknown setting NEBULA_DATABSE_URL is ignored (did you mean NEBULA_DATABASE_URL?)"
     ]
     assert unknown_settings({"NEBULA_CONTROL_PLANE_URL": "https://cp"}) == []  # cluster side
+    assert unknown_settings({"NEBULA_PEERS": "--peer west=203.0.113.20:7101"}) == []  # units
 
 
 def test_an_env_file_with_a_typo_warns_when_loaded(tmp_path: Path) -> None:
