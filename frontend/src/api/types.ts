@@ -127,6 +127,9 @@ export interface Cluster {
   workers_online?: number;
   /** Jobs with a running role on this cluster. */
   running_jobs?: number;
+  /** Its RabbitMQ user: "missing" when making it failed (broker_problem says why and the fix). */
+  broker_user?: "ok" | "missing" | null;
+  broker_problem?: string | null;
 }
 
 /** A switch or worker process of a cluster that reports in. */

@@ -177,6 +177,12 @@ export function ClusterHealth({ cluster }: { cluster: Cluster }) {
       <Badge status={jobs > 0 ? "running" : "queued"}>
         {jobs} running job{jobs === 1 ? "" : "s"}
       </Badge>
+      {cluster.broker_user === "missing" ? (
+        <>
+          <Badge status="failed">no broker user</Badge>
+          <span className="muted">{cluster.broker_problem}</span>
+        </>
+      ) : null}
     </p>
   );
 }
