@@ -32,6 +32,7 @@ class Purpose(StrEnum):
     row_seal = "row-seal"  # MACs the rows that confer access (app/seals.py)
     totp_seal = "totp-seal"  # encrypts users' TOTP secrets at rest
     totp_digest = "totp-digest"  # keys the digests of TOTP secrets and recovery codes
+    broker_passwords = "broker-passwords"  # derives each cluster's RabbitMQ password
 
 
 def derive(secret: bytes, purpose: Purpose) -> bytes:

@@ -31,7 +31,14 @@ from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
 from workers.celery_app import broker_check
 
-FRONTEND_DIST = Path(__file__).resolve().parent.parent / "frontend" / "dist"
+# the web UI: inside the installed package (a wheel built with it: setup.py copies
+# frontend/dist to app/static), else the source tree's build (a checkout, `make frontend`)
+PACKAGED_UI = Path(__file__).resolve().parent / "static"
+FRONTEND_DIST = (
+    PACKAGED_UI
+    if (PACKAGED_UI / "index.html").is_file()
+    else Path(__file__).resolve().parent.parent / "frontend" / "dist"
+)
 API_DESCRIPTION = """Train models across remote clusters joined by slow, untrusted links.
 
 Authenticate with `Authorization: Bearer <token>` (a session token from POST /api/v1/auth/login,

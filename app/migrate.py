@@ -14,7 +14,14 @@ from app.settings import Settings
 
 log = logging.getLogger("nebula")
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# inside the installed package (a wheel: setup.py copies migrations/ to app/migrations),
+# else the checkout's
+_PACKAGED = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS_DIR = (
+    _PACKAGED
+    if (_PACKAGED / "env.py").is_file()
+    else Path(__file__).resolve().parent.parent / "migrations"
+)
 
 
 def alembic_config(url: str) -> Config:

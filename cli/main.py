@@ -244,6 +244,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     cluster, broker_url = args.cluster, settings.broker_url
     control_plane = args.control_plane or settings.control_plane_url
     control_plane_ca, credential = args.control_plane_ca, ""
+    broker_ca: Path | None = None
     state_dir = settings.var_dir / "clusters" / (cluster or "")
     if args.bundle:
         bundle = bundles.load_bundle(args.bundle)
@@ -251,6 +252,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
         control_plane = args.control_plane or bundle.control_plane_url
         broker_url = bundle.broker_url or broker_url
         control_plane_ca = control_plane_ca or bundles.control_plane_ca(args.bundle)
+        broker_ca = bundles.broker_ca(args.bundle)
         state_dir = args.bundle
     if not cluster:
         raise SystemExit("name the cluster with --cluster or --bundle")
@@ -291,7 +293,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
             rendezvous_host=args.rendezvous_host,
         )
     )
-    app = make_celery(broker_url, settings.var_dir)
+    app = make_celery(broker_url, settings.var_dir, broker_ca=broker_ca)
     import workers.tasks  # noqa: F401  (registers the task)
 
     reporter = PresenceReporter(
@@ -355,8 +357,9 @@ def _cluster_named(db: Session, name: str) -> Cluster:
 
 
 def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
+    from app.audit.service import SYSTEM
     from app.clusters import broker
-    from app.clusters.bundle import broker_url_for
+    from app.clusters.bundle import BrokerChoice, broker_url_for
     from app.db import make_sessionmaker
     from workers.private_files import write_private_file
 
@@ -364,13 +367,21 @@ def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
         raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
-        _cluster_named(db, args.name)
+        cluster = _cluster_named(db, args.name)
+        choice = BrokerChoice(allow_plain=getattr(args, "insecure_plain_broker", False))
+        try:
+            url = broker_url_for(
+                db, settings, actor=SYSTEM, cluster=cluster, allow_plain=choice.allow_plain
+            )
+        except broker.BrokerError as exc:
+            db.commit()  # the cluster's broker state and its audit event
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        db.commit()
     engine.dispose()
-    try:
-        url = broker_url_for(settings, args.name)
-    except broker.BrokerError as exc:
-        raise SystemExit(str(exc)) from None
-    if args.out:
+    if args.print_url is False:
+        print(f"broker user of {args.name}: ok")
+    elif args.out:
         write_private_file(args.out, (url + "\n").encode())
         print(f"broker URL of {args.name} written to {args.out}")
     else:
@@ -383,16 +394,33 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
 
     from app.audit.service import SYSTEM
     from app.clusters import broker
-    from app.clusters.bundle import make_bundle
+    from app.clusters.bundle import (
+        BrokerChoice,
+        PlainBrokerRefused,
+        SharedBrokerRefused,
+        make_bundle,
+        rotate_broker_password,
+    )
     from app.db import make_sessionmaker
 
     control_plane = args.control_plane or settings.public_url
     control_plane_ca = args.control_plane_ca.read_bytes() if args.control_plane_ca else None
     if args.out.exists() or args.out.is_symlink():
         raise SystemExit(f"{args.out} already exists: name a new folder for the bundle")
+    broker_ca = args.broker_ca.read_bytes() if args.broker_ca else None
     engine = _engine(settings)
+    hosts: list[str] | None = None
     with make_sessionmaker(engine)() as db:
         cluster = _cluster_named(db, args.name)
+        if args.rotate_broker_password:
+            if not broker.is_rabbitmq(settings.broker_url):
+                raise SystemExit("--rotate-broker-password needs RabbitMQ: no per-cluster users")
+            hosts = rotate_broker_password(db, actor=SYSTEM, cluster=cluster)
+        choice = BrokerChoice(
+            reached_at=args.broker_url or "",
+            allow_shared=args.insecure_shared_broker,
+            allow_plain=args.insecure_plain_broker,
+        )
         try:
             bundle, ca_pem = make_bundle(
                 db,
@@ -401,13 +429,25 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
                 settings=settings,
                 control_plane_url=control_plane,
                 enroll_ttl=timedelta(minutes=args.enroll_ttl_minutes),
-                broker_reached_at=args.broker_url or "",
+                broker_choice=choice,
             )
+        except (PlainBrokerRefused, SharedBrokerRefused) as exc:
+            print(f"error: {exc}", file=sys.stderr)  # nothing changed, a rotation included
+            return 1
         except broker.BrokerError as exc:
-            raise SystemExit(str(exc)) from None
+            # kept: the cluster's broker state, its audit event and a rotation (the root
+            # command in the message sets the rotated password)
+            db.commit()
+            print(f"error: {exc}", file=sys.stderr)
+            _print_hosts(args.name, hosts)
+            return 1
         try:
             bundles.write_bundle(
-                bundle, args.out, ca_pem=ca_pem, control_plane_ca_pem=control_plane_ca
+                bundle,
+                args.out,
+                ca_pem=ca_pem,
+                control_plane_ca_pem=control_plane_ca,
+                broker_ca_pem=broker_ca,
             )
         except FileExistsError:
             raise SystemExit(
@@ -417,7 +457,20 @@ def _bundle(args: argparse.Namespace, settings: Settings) -> int:
     engine.dispose()
     print(f"bundle of {args.name} written to {args.out}: copy it to the cluster host, then")
     print("  nebula switch --bundle DIR --peer ... ; nebula worker --bundle DIR")
+    _print_hosts(args.name, hosts)
     return 0
+
+
+def _print_hosts(cluster: str, hosts: list[str] | None) -> None:
+    """After a rotation: the hosts that must get the new bundle."""
+    if hosts is None:
+        return
+    print(
+        f"the broker password of {cluster} changed: update every host of the cluster with "
+        "the new bundle before it restarts (it fails to log in to the broker until then):"
+    )
+    for host in hosts or ["(no host of this cluster has reported in yet)"]:
+        print(f"  {host}")
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
@@ -432,18 +485,65 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from cli.demo import run_demo
     from cli.up import demo_admin_path
 
-    login_file = demo_admin_path(settings)
-    if not login_file.exists():
-        print(f"no demo login at {login_file}: start the platform with `nebula up` first")
+    login_file = args.login_file or demo_admin_path(settings)
+    try:
+        login = json.loads(login_file.read_text())
+        email, password = login["email"], login["password"]
+    except FileNotFoundError:
+        print(
+            f"no demo login at {login_file}: start the platform with `nebula up` first, or "
+            'give --login-file with {"email": ..., "password": ...} of an admin',
+            file=sys.stderr,
+        )
         return 1
-    login = json.loads(login_file.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f'{login_file} is not a login file ({{"email", "password"}}): {exc}', file=sys.stderr)
+        return 1
+    if args.ca is not None and not args.ca.is_file():
+        print(f"no CA file at {args.ca}", file=sys.stderr)
+        return 1
     return run_demo(
         args.url.rstrip("/"),
-        login["email"],
-        login["password"],
+        email,
+        password,
         electra_steps=args.electra_steps,
         abnet_steps=args.abnet_steps,
+        ca=args.ca,
+        cleanup=args.cleanup,
+        as_json=args.json,
     )
+
+
+def _doctor(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.doctor import report, run_checks
+
+    return report(run_checks(settings, tls_cert=args.tls_cert, warn_days=args.warn_days))
+
+
+# what the shipped systemd units put on the command line from the env file
+UNIT_ARGUMENTS = {"NEBULA_PEERS", "NEBULA_SWITCH"}
+
+
+def unknown_settings(environ: dict[str, str] | None = None) -> list[str]:
+    """NEBULA_ variables in the environment that no setting reads, each with a near name."""
+    import difflib
+    import os
+
+    environ = dict(os.environ) if environ is None else environ
+    known = {
+        f"NEBULA_{name.upper()}"
+        for model in (Settings, ClusterSettings)
+        for name in model.model_fields
+    } | UNIT_ARGUMENTS
+    warnings = []
+    for name in sorted(environ):
+        # NEBULA_TEST_*: the test suite's own
+        if not name.startswith("NEBULA_") or name in known or name.startswith("NEBULA_TEST_"):
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        warnings.append(f"unknown setting {name} is ignored{hint}")
+    return warnings
 
 
 def _demo_corpus(args: argparse.Namespace, settings: Settings) -> int:
@@ -493,6 +593,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--url", default="http://127.0.0.1:8000")
     demo.add_argument("--electra-steps", type=int, default=150)
     demo.add_argument("--abnet-steps", type=int, default=300)
+    demo.add_argument("--ca", type=Path, default=None, help="CA of the API's HTTPS certificate")
+    demo.add_argument(
+        "--login-file",
+        type=Path,
+        default=None,
+        help='an admin\'s {"email": ..., "password": ...} (default: what `nebula up` wrote)',
+    )
+    demo.add_argument(
+        "--cleanup", action="store_true", help="delete the demo's users and their data at the end"
+    )
+    demo.add_argument("--json", action="store_true", help="end with the raw figures as JSON too")
     demo.set_defaults(run=_demo)
 
     switch = sub.add_parser("switch", help="run a cluster's switch (enrolls on first start)")
@@ -560,7 +671,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     broker_credentials.add_argument("name", help="the cluster's name")
     broker_credentials.add_argument("--out", type=Path, default=None, help="write it, 0600")
-    broker_credentials.set_defaults(run=_broker_credentials)
+    broker_credentials.add_argument(
+        "--insecure-plain-broker",
+        action="store_true",
+        help="allow an amqp:// (no TLS) cluster broker URL off loopback",
+    )
+    broker_credentials.set_defaults(run=_broker_credentials, print_url=True)
+    broker_user = clusters.add_parser(
+        "broker-user",
+        help="make sure a cluster's RabbitMQ user exists (else print the one root command)",
+    )
+    broker_user.add_argument("name", help="the cluster's name")
+    broker_user.set_defaults(
+        run=_broker_credentials, print_url=False, out=None, insecure_plain_broker=True
+    )
     bundle = clusters.add_parser(
         "bundle", help="write what a cluster host needs into a folder (nebula ... --bundle DIR)"
     )
@@ -572,6 +696,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bundle.add_argument(
         "--broker-url", default=None, help="the broker as this cluster reaches it (no password)"
+    )
+    bundle.add_argument(
+        "--broker-ca", type=Path, default=None, help="CA of the broker's TLS (amqps://)"
+    )
+    bundle.add_argument(
+        "--rotate-broker-password",
+        action="store_true",
+        help="give the cluster a new broker password (every host then needs the new bundle)",
+    )
+    bundle.add_argument(
+        "--insecure-shared-broker",
+        action="store_true",
+        help="allow a remote cluster the control plane's own broker URL (Redis, embedded)",
+    )
+    bundle.add_argument(
+        "--insecure-plain-broker",
+        action="store_true",
+        help="allow an amqp:// (no TLS) cluster broker URL off loopback",
     )
     bundle.add_argument("--enroll-ttl-minutes", type=int, default=24 * 60)
     bundle.set_defaults(run=_bundle)
@@ -586,6 +728,17 @@ def build_parser() -> argparse.ArgumentParser:
     grants = db.add_parser("grants", help="print the SQL that limits the app's PostgreSQL role")
     grants.add_argument("role", help="the role the control plane connects as")
     grants.set_defaults(run=_db_grants)
+
+    doctor = sub.add_parser(
+        "doctor", help="check the database, broker, secret, anchors, CA and certificates"
+    )
+    doctor.add_argument(
+        "--tls-cert", type=Path, default=None, help="the API's HTTPS certificate, to check too"
+    )
+    doctor.add_argument(
+        "--warn-days", type=int, default=14, help="warn of certificates expiring this soon"
+    )
+    doctor.set_defaults(run=_doctor)
 
     audit = sub.add_parser("audit", help="audit log").add_subparsers(dest="audit", required=True)
     audit.add_parser("verify", help="exit 1 if the chain or its anchor is broken").set_defaults(
@@ -622,6 +775,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for warning in unknown_settings():  # a typo in an env file would silently do nothing
+        logging.getLogger("nebula").warning("%s", warning)
     # third-party chatter that says nothing a user needs at INFO
     for noisy in ("alembic", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

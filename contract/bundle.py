@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 MANIFEST = "bundle.json"
 CA_FILE = "ca.pem"
 CONTROL_PLANE_CA_FILE = "control-plane-ca.pem"
+BROKER_CA_FILE = "broker-ca.pem"  # the CA of an amqps:// broker's certificate
 
 
 @dataclass(frozen=True)

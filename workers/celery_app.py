@@ -11,6 +11,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import Celery
 from kombu import Connection
@@ -65,12 +66,23 @@ def _private_files() -> None:
     os.umask(previous | 0o077)
 
 
-def make_celery(broker_url: str, var_dir: Path) -> Celery:
-    """A Celery app bound to the broker; no result backend (state lives on the control plane)."""
+def make_celery(broker_url: str, var_dir: Path, broker_ca: Path | None = None) -> Celery:
+    """A Celery app bound to the broker; no result backend (state lives on the control plane).
+
+    `broker_ca`: the CA that signed an amqps:// broker's certificate (a cluster bundle's
+    broker-ca.pem); the broker's name is then checked against it."""
     url, options = broker_options(broker_url, var_dir)
     if url == "filesystem://":
         _private_files()
     app = Celery("nebula", broker=url, set_as_current=False)
+    if broker_ca is not None and url.startswith("amqps://"):
+        import ssl
+
+        app.conf.broker_use_ssl = {
+            "ca_certs": str(broker_ca),
+            "cert_reqs": ssl.CERT_REQUIRED,
+            "server_hostname": urlsplit(url).hostname,
+        }
     app.conf.update(
         broker_transport_options=options,
         broker_connection_retry_on_startup=True,

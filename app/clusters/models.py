@@ -24,6 +24,13 @@ class Cluster(Base):
     created_at: Mapped[CreatedAt]
     # how many roles may run there at once (its worker processes); None: the settings'
     role_slots: Mapped[int | None]
+    # its RabbitMQ user: "ok", "missing" (making it failed: broker_problem says why and the
+    # fix), or None where the broker has no users (Redis, the embedded broker)
+    broker_user: Mapped[str | None] = mapped_column(String(16))
+    broker_problem: Mapped[str | None] = mapped_column(String(1000))
+    # the broker password is derived from the platform secret and this number: writing a
+    # bundle again keeps it; `bundle --rotate-broker-password` moves to the next one
+    broker_generation: Mapped[int] = mapped_column(default=0, server_default="0")
 
 
 class Certificate(Base):

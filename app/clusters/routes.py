@@ -103,7 +103,11 @@ def _issued(db: Session, settings: Settings, certificate: Certificate) -> Issued
 def create_cluster(
     body: ClusterCreateIn, caller: AdminDep, db: SessionDep, settings: SettingsDep
 ) -> ClusterOut:
-    """Register a cluster by its switch address (and, on RabbitMQ, give it its broker user)."""
+    """Register a cluster by its switch address (and, on RabbitMQ, give it its broker user).
+
+    Where the broker user cannot be made, the cluster is still registered and the answer
+    says so: `broker_user` is "missing" and `broker_problem` names the reason and the fix
+    (also in the audit log and in GET /clusters)."""
     cluster = service.create(
         db,
         actor=caller.actor,
@@ -112,7 +116,8 @@ def create_cluster(
         switch_port=body.switch_port,
     )
     db.commit()
-    provision_broker_user(settings, cluster.name)
+    provision_broker_user(db, settings, actor=caller.actor, cluster=cluster)
+    db.commit()
     return _out(db, cluster, settings)
 
 

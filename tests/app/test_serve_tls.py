@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,17 @@ def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Pa
     env.update(NEBULA_VAR_DIR=str(tmp_path / "var"), NEBULA_RUN_REAPER="false")
     nebula = [sys.executable, "-m", "cli"]
     subprocess.run([*nebula, "db", "upgrade"], env=env, check=True, capture_output=True)
+    admin = {"email": "ops@tls.example.org", "password": "a long enough password 1"}
+    subprocess.run(
+        [*nebula, "users", "create-admin", admin["email"]],
+        input=admin["password"] + "\n",
+        text=True,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    login_file = tmp_path / "login.json"
+    login_file.write_text(json.dumps(admin))
     server = subprocess.Popen(
         [*nebula, "serve", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
         env=env,
@@ -69,6 +81,17 @@ def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Pa
             client.whoami()
         client.close()
         assert refused.value.status == 401
+        # `nebula demo` signs in over it with the CA and login it is given: it gets as far
+        # as asking for two clusters, which this control plane has not
+        demo = [*nebula, "demo", "--url", url, "--login-file", str(login_file)]
+        trusted = subprocess.run(
+            [*demo, "--ca", str(ca_path)], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert trusted.returncode == 1
+        assert "the demo needs two clusters" in trusted.stdout + trusted.stderr
+        untrusted = subprocess.run(demo, env=env, capture_output=True, text=True, timeout=120)
+        assert untrusted.returncode == 1
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stdout + untrusted.stderr
     finally:
         server.terminate()
         server.wait(timeout=20)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -63,7 +64,19 @@ def test_nebula_up_then_demo_in_an_empty_folder(tmp_path: Path) -> None:
         assert (var / "nebula.db").exists()  # SQLite, no database server
         assert (var / "broker").is_dir()  # the embedded broker
         demo = subprocess.Popen(
-            up.command("demo", "--url", up.url, "--electra-steps", "4", "--abnet-steps", "2"),
+            up.command(
+                "demo",
+                "--url",
+                up.url,
+                "--electra-steps",
+                "4",
+                "--abnet-steps",
+                "2",
+                "--login-file",
+                str(var / "demo-admin.json"),
+                "--cleanup",
+                "--json",
+            ),
             cwd=up.folder,
             env=up.env,
             stdout=subprocess.PIPE,
@@ -89,6 +102,30 @@ def test_nebula_up_then_demo_in_an_empty_folder(tmp_path: Path) -> None:
         assert "bob downloading alice's raw text: 403" in output
         assert "bob downloading his model trained on alice's text: 403 (use-only)" in output
         assert "after alice released it: 200" in output
+        # a summary a person reads, then (--json) the figures
+        summary = output[output.index("Summary") :]
+        assert "ABNet fine-tuning, encoder on" in summary
+        assert "The demo's users and their data were removed (--cleanup)." in summary
+        assert '"cleanup_left": []' in summary
+        # each ABNet metric once in the table, not once per role
+        abnet_rows = [
+            line.split("│")[2].strip()
+            for line in output[: output.index("Summary")].splitlines()
+            if line.count("│") >= 3 and line.split("│")[1].strip() == "abnet_finetune"
+        ]
+        assert abnet_rows and len(abnet_rows) == len(set(abnet_rows)), abnet_rows
+        assert not any(row.startswith(("encoder.", "decoder.")) for row in abnet_rows), abnet_rows
+        # --cleanup: the demo's users are gone (their login refused)
+        # (the console wraps lines at its width)
+        users = re.search(
+            r"users:\s+(\S+)\s+\(data\s+owner\),\s+(\S+)\s+\(data\s+scientist\)", output
+        )
+        assert users, output[-4000:]
+        for email in users.groups():
+            login = httpx.post(
+                f"{up.url}/api/v1/auth/login", json={"email": email, "password": "x" * 16}
+            )
+            assert login.status_code in (401, 403), login.text
 
     # two switches, two workers and their pool children ran the jobs
     assert len(seen) >= 4, seen

@@ -228,6 +228,8 @@ def deployment(
                     str(ca_path),
                     "--broker-url",
                     f"amqp://{site.control_plane_ip}:{AMQP_PORT}/{vhost}",
+                    # the machine's shared RabbitMQ has no TLS listener to point at
+                    "--insecure-plain-broker",
                 ),
                 env=cp_env,
                 check=True,

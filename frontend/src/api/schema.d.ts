@@ -549,6 +549,10 @@ export interface paths {
         /**
          * Create Cluster
          * @description Register a cluster by its switch address (and, on RabbitMQ, give it its broker user).
+         *
+         *     Where the broker user cannot be made, the cluster is still registered and the answer
+         *     says so: `broker_user` is "missing" and `broker_problem` names the reason and the fix
+         *     (also in the audit log and in GET /clusters).
          */
         post: operations["create_cluster_api_v1_clusters_post"];
         delete?: never;
@@ -1945,6 +1949,10 @@ export interface components {
         };
         /** ClusterOut */
         ClusterOut: {
+            /** Broker Problem */
+            broker_problem?: string | null;
+            /** Broker User */
+            broker_user?: ("ok" | "missing") | null;
             /**
              * Created At
              * Format: date-time

@@ -167,6 +167,9 @@ export interface Cluster {
   slots_by_tenant?: { tenant: string; slots: number; you?: boolean }[];
   /** Jobs waiting for slots there. */
   queued_jobs?: number;
+  /** Its RabbitMQ user: "missing" when making it failed (broker_problem says why and the fix). */
+  broker_user?: "ok" | "missing" | null;
+  broker_problem?: string | null;
 }
 
 /** A switch or worker process of a cluster that reports in. */

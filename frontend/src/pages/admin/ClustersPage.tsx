@@ -178,6 +178,12 @@ export function ClusterHealth({ cluster }: { cluster: Cluster }) {
         {jobs} running job{jobs === 1 ? "" : "s"}
       </Badge>
       <ClusterQueue cluster={cluster} />
+      {cluster.broker_user === "missing" ? (
+        <>
+          <Badge status="failed">no broker user</Badge>
+          <span className="muted">{cluster.broker_problem}</span>
+        </>
+      ) : null}
     </p>
   );
 }

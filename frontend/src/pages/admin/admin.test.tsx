@@ -60,6 +60,24 @@ describe("UsersPage", () => {
 });
 
 describe("cluster health", () => {
+  it("says when a cluster has no broker user, with the reason and the fix", async () => {
+    mockApi({
+      "GET /me": admin,
+      "GET /clusters": page([
+        {
+          id: "c2", name: "beta", switch_host: "10.0.0.6", switch_port: 7443, switch_online: false, workers_online: 0, running_jobs: 0,
+          broker_user: "missing", broker_problem: "rabbitmqctl list_users failed; run `nebula clusters broker-user beta` on the control plane",
+        },
+      ]),
+      "GET /clusters/c2/certificates": page([]),
+      "GET /clusters/c2/presence": page([]),
+    });
+    renderPage(<ClustersPage />, { path: "/admin/clusters", route: "/admin/clusters" });
+    const health = await screen.findByLabelText("Health of beta");
+    expect(within(health).getByText("no broker user")).toBeInTheDocument();
+    expect(within(health).getByText(/nebula clusters broker-user beta/)).toBeInTheDocument();
+  });
+
   it("shows each cluster's switch, workers and jobs, the processes, and follows changes live", async () => {
     vi.useFakeTimers({ shouldAdvanceTime: true });
     let workers = 2;
