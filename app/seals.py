@@ -47,9 +47,19 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     # the owner, and so who may read each dataset in it (there is no membership table)
     "workspaces": ("id", "owner_id", "data_key_wrapped"),
     # owner_id: who may download; workspace_id: whose data key opens it; sha256: which bytes;
-    # deleted_at: a deleted dataset must stay deleted; discoverable: who may ask for it
-    "datasets": ("id", "workspace_id", "owner_id", "kind", "sha256", "discoverable", "deleted_at"),
-    # a grant: who may use which dataset, decided by whom, until when
+    # deleted_at: a deleted dataset must stay deleted; discoverable: who may ask for it;
+    # default_clusters: where an approval lets it go when its owner names no clusters
+    "datasets": (
+        "id",
+        "workspace_id",
+        "owner_id",
+        "kind",
+        "sha256",
+        "discoverable",
+        "deleted_at",
+        "default_clusters",
+    ),
+    # a grant: who may use which dataset, decided by whom, until when, on which clusters
     "access_requests": (
         "id",
         "dataset_id",
@@ -59,6 +69,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
         "decided_at",
         "expires_at",
         "ended_at",
+        "clusters",
     ),
     # an approved release makes a derived dataset downloadable
     "release_requests": ("id", "dataset_id", "requester_id", "status"),

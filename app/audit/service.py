@@ -16,8 +16,8 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from app.audit import refusals
 from app import seals
+from app.audit import refusals
 from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
 from app.audit.models import AuditEvent
 from app.audit.refusals import Verdict

@@ -10,7 +10,7 @@ unsealed would also seal a row someone inserted into the database in the meantim
 A database with none of these rows needs no secret.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 """
 
 from __future__ import annotations
@@ -21,14 +21,23 @@ import sqlalchemy as sa
 from alembic import context, op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
 # SEALED_FIELDS as of this revision; a later change to app/seals.py re-seals in its own.
 FIELDS: dict[str, tuple[str, ...]] = {
     "workspaces": ("id", "owner_id", "data_key_wrapped"),
-    "datasets": ("id", "workspace_id", "owner_id", "kind", "sha256", "discoverable", "deleted_at"),
+    "datasets": (
+        "id",
+        "workspace_id",
+        "owner_id",
+        "kind",
+        "sha256",
+        "discoverable",
+        "deleted_at",
+        "default_clusters",
+    ),
     "access_requests": (
         "id",
         "dataset_id",
@@ -38,6 +47,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "decided_at",
         "expires_at",
         "ended_at",
+        "clusters",
     ),
     "release_requests": ("id", "dataset_id", "requester_id", "status"),
     "release_approvals": ("id", "request_id", "owner_id", "status"),

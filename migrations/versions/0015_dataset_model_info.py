@@ -1,7 +1,7 @@
 """A `model` dataset's description (architecture, sizes, tokenizer) as checked at upload.
 
 Revision ID: 0015
-Revises: 0010
+Revises: 0014
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0010"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from workers.private_files import write_private_file
 from workers.switch.core import (
     SwitchCore,
     log,
 )
-from workers.private_files import write_private_file
 from workers.switch.stream import cut
 from workers.switch.tls import (
     CrlInfo,
