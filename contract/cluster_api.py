@@ -85,6 +85,11 @@ class ErrorCode(StrEnum):
     other = "other"
 
 
+# the codes as a body field takes them (strict validation takes no enum from JSON text)
+ErrorCodeName = Literal["training", "input", "artifact", "link", "resources", "other"]
+assert set(ErrorCodeName.__args__) == {c.value for c in ErrorCode}  # type: ignore[attr-defined]
+
+
 class RoleReport(StrictIn):
     """How a role ended, in numbers only; metric names come from the job kind's table
     (contract/kinds.py `metrics`), checked by the control plane."""
@@ -101,7 +106,7 @@ class FinishIn(StrictIn):
     """One per role and attempt: a second answers 409."""
 
     outcome: Literal["succeeded", "failed", "stopped"]
-    error_code: ErrorCode | None = None
+    error_code: ErrorCodeName | None = None
     # printable ASCII, short: a class name or a few words, never a line of data
     error: str | None = Field(default=None, max_length=MAX_ERROR_MESSAGE, pattern=r"^[\x20-\x7e]*$")
     report: RoleReport = Field(default_factory=RoleReport)

@@ -266,7 +266,12 @@ class RoleSession:
     ) -> str:
         """Report how the role ended; returns the job's status."""
         body = FinishIn.model_validate(
-            {"outcome": outcome, "error_code": error_code, "error": error, "report": report or {}}
+            {
+                "outcome": outcome,
+                "error_code": None if error_code is None else error_code.value,
+                "error": error,
+                "report": report or {},
+            }
         )
         return FinishOut.model_validate(
             self._post("finish", body.model_dump(mode="json"))

@@ -435,7 +435,7 @@ def finish(
     *,
     call: RoleCall,
     outcome: str,
-    error_code: ErrorCode | None,
+    error_code: str | None,
     error: str | None,
     report: RoleReport,
 ) -> str:
@@ -459,7 +459,7 @@ def finish(
                 size_bytes=len(json.dumps(details)),
                 details={"role": call.role, "attempt": call.attempt, **details},
             )
-        code = (error_code or ErrorCode.other).value
+        code = error_code or ErrorCode.other.value
         attempts.finish_role(
             db,
             job_id=call.job_id,

@@ -38,6 +38,7 @@ from app.jobs.schemas import (
 )
 from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
+from app.releases.models import DatasetSource
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset, DatasetKind, Workspace
@@ -122,7 +123,41 @@ def _column_exposures(
             dataset = db.get(Dataset, dataset_id)
             if dataset is not None and dataset.kind == DatasetKind.parallel:
                 exposures.update((dataset_id, cluster, c) for c in _COLUMN_NAMES)
+            elif dataset is not None and dataset.kind == DatasetKind.model:
+                exposures.update((p, cluster, c) for p, c in _columns_in_model(db, dataset_id))
     return exposures
+
+
+def _columns_in_model(db: Session, model_id: str) -> set[tuple[str, int]]:
+    """(parallel dataset, column) that a job's model output was trained on directly.
+
+    The role that stored the model (its artifact's details) read one column of each
+    parallel input; sending the model to a cluster sends what it learned of that column.
+    """
+    artifact = db.scalar(select(JobArtifact).where(JobArtifact.dataset_id == model_id).limit(1))
+    if artifact is None:
+        return set()
+    job = db.get(Job, artifact.job_id)
+    role = artifact.details.get("role")
+    if job is None or not isinstance(role, str) or job.kind not in KINDS:
+        return set()
+    sources = set(
+        db.scalars(
+            select(DatasetSource.source_id).where(
+                DatasetSource.dataset_id == model_id, DatasetSource.direct.is_(True)
+            )
+        )
+    )
+    found: set[tuple[str, int]] = set()
+    try:
+        reads = role_reads(job.kind, role, job.config)
+    except KeyError:
+        return set()
+    for name, column in reads.items():
+        source = job.inputs.get(name)
+        if source in sources and column is not None:
+            found.add((source, column))
+    return found
 
 
 def _check_columns_apart(

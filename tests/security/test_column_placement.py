@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.audit.models import AuditEvent
+from app.jobs import attempts
 from app.jobs.models import Job
+from app.jobs.outputs import store_job_output
 from app.settings import Settings
 from support import Account, Platform, model_file_bytes, register_clusters
 
@@ -95,3 +97,65 @@ def test_a_swapped_second_abnet_job_is_refused_so_no_cluster_gets_both_columns(
     # the same sides again, or a fresh cluster for one side, are fine
     assert _abnet(client, bob, parallel, model, "cluster-a", "cluster-b")[0] == 202
     assert _abnet(client, bob, parallel, model, "cluster-c", "cluster-b")[0] == 202
+
+
+def test_a_model_trained_on_one_column_counts_as_that_column(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    """The decoder's adapters learned the target column: sent to the encoder's cluster, they
+    would give it both sides, so the placement is refused as the column itself would be."""
+    alice = platform.user()
+    parallel = _upload(client, alice, "parallel", PAIRS)
+    base = _upload(client, alice, "model", model_file_bytes())
+    status, first = _abnet(client, alice, parallel, base, "cluster-a", "cluster-b")
+    assert status == 202, first
+    with platform.factory() as db:
+        job = db.get(Job, first["id"])
+        assert job is not None
+        adapters, size = store_job_output(
+            db,
+            job_id=job.id,
+            workspace_id=job.workspace_id,
+            owner_id=job.owner_id,
+            name="decoder.safetensors",
+            kind="model",
+            chunks=[model_file_bytes("decoder")],
+            settings=settings,
+        )
+        # as the cluster API records the decoder's artifact (app/cluster_api/service.py)
+        attempts.add_artifact(
+            db,
+            job_id=job.id,
+            name="decoder.safetensors",
+            kind="adapters",
+            dataset_id=adapters,
+            size_bytes=size,
+            details={"role": "decoder", "attempt": 1},
+        )
+        db.commit()
+    assert client.post(f"{API}/jobs/{first['id']}/cancel", headers=alice.headers).status_code == 202
+    # the encoder's cluster A already holds the source column; the target's adapters too: no
+    answer = client.post(
+        f"{API}/workspaces/{_workspace(client, alice)}/jobs",
+        json={
+            "kind": "abnet_finetune",
+            "config": {},
+            "inputs": {"parallel": parallel, "source_model": adapters, "target_model": base},
+            "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+        },
+        headers=alice.headers,
+    )
+    assert answer.status_code == 403, answer.text
+    assert "cluster 'cluster-a' already received the source column" in answer.json()["detail"]
+    # on the decoder's side, where the target column already went, it is fine
+    answer = client.post(
+        f"{API}/workspaces/{_workspace(client, alice)}/jobs",
+        json={
+            "kind": "abnet_finetune",
+            "config": {},
+            "inputs": {"parallel": parallel, "source_model": base, "target_model": adapters},
+            "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
+        },
+        headers=alice.headers,
+    )
+    assert answer.status_code == 202, answer.text

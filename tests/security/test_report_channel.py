@@ -17,6 +17,7 @@ from safetensors.numpy import save as save_safetensors
 from sqlalchemy import select
 
 from app.accounts.models import Role
+from app.audit.models import AuditEvent
 from app.jobs.models import JobArtifact, JobMetric
 from app.settings import Settings
 from app.workspaces.models import Workspace
@@ -170,3 +171,15 @@ def test_a_repeated_artifact_put_is_refused_and_takes_no_quota(roles: Roles) -> 
     with roles.platform.factory() as db:
         assert db.get(Workspace, roles.workspace).storage_bytes_used == used  # type: ignore[union-attr]
     assert [a.kind for a in roles.artifacts()] == ["model"]
+
+
+def test_a_failure_is_a_code_and_a_short_message(roles: Roles) -> None:
+    body = {"outcome": "failed", "error_code": "training", "error": "ValueError"}
+    status, answer = roles.call("POST", "discriminator", "finish", json=body)
+    assert status == 200, answer
+    job = roles.client.get(f"{API}/jobs/{roles.job_id}", headers=roles.alice.headers).json()
+    # the attempt restarts; the reason names the code and the message, nothing more
+    assert job["attempt"] == 2 and job["error"] is None
+    with roles.platform.factory() as db:
+        restart = db.scalars(select(AuditEvent).where(AuditEvent.action == "job.restart")).one()
+    assert restart.details["reason"] == "role discriminator failed: training: ValueError"

@@ -2246,12 +2246,6 @@ export interface components {
             token: string;
         };
         /**
-         * ErrorCode
-         * @description Why a role failed, from a fixed list: error text is a channel out of the cluster too.
-         * @enum {string}
-         */
-        ErrorCode: "training" | "input" | "artifact" | "link" | "resources" | "other";
-        /**
          * ErrorOut
          * @description The body of every error answer.
          */
@@ -2292,7 +2286,8 @@ export interface components {
         FinishIn: {
             /** Error */
             error?: string | null;
-            error_code?: components["schemas"]["ErrorCode"] | null;
+            /** Error Code */
+            error_code?: ("training" | "input" | "artifact" | "link" | "resources" | "other") | null;
             /**
              * Outcome
              * @enum {string}
