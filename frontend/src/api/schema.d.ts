@@ -1971,6 +1971,7 @@ export interface components {
             /** Id */
             id: string;
             kind: components["schemas"]["DatasetKind"];
+            model?: components["schemas"]["ModelInfoOut"] | null;
             /** Name */
             name: string;
             /** Owner Display Name */
@@ -2028,6 +2029,8 @@ export interface components {
             dropout?: number | null;
             /** N Discriminators */
             n_discriminators?: number | null;
+            /** Post Ln */
+            post_ln?: boolean | null;
             /**
              * Preset
              * @default tiny
@@ -2479,6 +2482,29 @@ export interface components {
                     number
                 ][];
             };
+        };
+        /**
+         * ModelInfoOut
+         * @description What a `model` dataset holds, as checked at upload.
+         */
+        ModelInfoOut: {
+            /** Architecture */
+            architecture: string;
+            /**
+             * Format
+             * @enum {string}
+             */
+            format: "huggingface" | "nebula";
+            /** Hidden Size */
+            hidden_size: number;
+            /** Layers */
+            layers: number;
+            /** Parameters */
+            parameters: number;
+            /** Tokenizer */
+            tokenizer: string;
+            /** Vocab Size */
+            vocab_size: number;
         };
         /** OutputOut */
         OutputOut: {
@@ -4274,7 +4300,10 @@ export interface operations {
     };
     get_dataset_content_api_v1_datasets__dataset_id__content_get: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description raw: the bytes as uploaded or stored; huggingface: a Nebula-trained ELECTRA model as a tar of a Hugging Face folder (409 for other models) */
+                format?: "raw" | "huggingface";
+            };
             header?: never;
             path: {
                 /** @description The dataset's id */
@@ -4297,6 +4326,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -5307,7 +5337,7 @@ export interface operations {
                     discoverable?: boolean;
                     /**
                      * Format: binary
-                     * @description text: UTF-8 lines; parallel: UTF-8 source<TAB>target lines; model: a safetensors file
+                     * @description text: UTF-8 lines; parallel: UTF-8 source<TAB>target lines; model: a Nebula safetensors checkpoint, or a tar (plain or gzip) of a Hugging Face folder (config.json, safetensors weights, tokenizer)
                      */
                     file: string;
                     /** @enum {string} */
