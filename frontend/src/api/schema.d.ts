@@ -1515,6 +1515,8 @@ export interface components {
             forward_codec: string;
             /** Micro Batches */
             micro_batches?: number | null;
+            /** Precision */
+            precision?: ("fp32" | "bf16") | null;
             /**
              * Preset
              * @default tiny
@@ -2031,6 +2033,8 @@ export interface components {
             n_discriminators?: number | null;
             /** Post Ln */
             post_ln?: boolean | null;
+            /** Precision */
+            precision?: ("fp32" | "bf16") | null;
             /**
              * Preset
              * @default tiny
