@@ -13,7 +13,7 @@ FRONTEND_DIST := frontend/dist/index.html
 FRONTEND_SOURCES := $(shell find frontend/src -type f 2>/dev/null) frontend/index.html \
 	frontend/vite.config.ts frontend/tsconfig.json frontend/package.json
 
-.PHONY: up test lint typecheck pytest frontend frontend-test api-types api-types-check screenshots bench clean
+.PHONY: up test lint typecheck pytest frontend frontend-test api-types api-types-check screenshots bench clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,3 +88,8 @@ bench: $(BENCH_STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+
+# ELECTRA and ABNet with every role on CUDA against the CPU run (tests/workers/training/test_gpu.py);
+# where torch sees no CUDA device the tests are skipped and pytest prints the reason
+gpu-check: $(STAMP)
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/workers/training/test_gpu.py

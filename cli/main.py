@@ -238,7 +238,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from workers.celery_app import make_celery, queue_for
     from workers.control_plane import ClusterClient, ControlPlaneError
     from workers.presence import PresenceReporter
-    from workers.runner import ClusterSide
+    from workers.runner import ClusterSide, resolve_device
     from workers.worker_state import credential_path, current_side, set_side
 
     cluster, broker_url = args.cluster, settings.broker_url
@@ -281,9 +281,14 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
         raise SystemExit(f"the control plane refused this worker: {exc.detail}") from None
     if serves != cluster:
         raise SystemExit(f"the credential belongs to cluster {serves!r}, not {cluster!r}")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     set_side(
         ClusterSide(
             cluster=cluster,
+            device=device,
             switch_address=switch,
             ca_path=Path(ca_path),
             scratch_dir=(args.scratch_dir or state_dir / "scratch").resolve(),
@@ -638,6 +643,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--switch", default=None, help="HOST:PORT of the switch (else its state)")
     worker.add_argument("--ca", default=None, help="the platform CA (with --switch)")
     worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default="auto",
+        help="where roles train: cpu, cuda (refused without one), auto (CUDA when present)",
+    )
     worker.add_argument("--control-plane", default=None, help="its URL (https unless on loopback)")
     worker.add_argument("--control-plane-ca", type=Path, default=None, help="CA of its HTTPS")
     worker.add_argument(

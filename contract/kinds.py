@@ -9,7 +9,7 @@ it from `GET /api/v1/job-kinds`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
@@ -30,6 +30,9 @@ CodecSpec = Annotated[
     ),
 ]
 
+
+# fp32, or bf16 autocast (matmuls in bfloat16, norms and losses in float32), CPU or CUDA
+Precision = Literal["fp32", "bf16"]
 
 AUTO_CODEC = "auto"  # a codec field's value that lets the link's measurement choose
 
@@ -60,7 +63,15 @@ class JobConfig(StrictIn):
 class ElectraJobConfig(JobConfig):
     """Scenario-I: generator on one cluster, discriminators on another."""
 
-    OVERRIDES = ("steps", "batch_size", "n_discriminators", "ckpt_every", "dropout", "post_ln")
+    OVERRIDES = (
+        "steps",
+        "batch_size",
+        "n_discriminators",
+        "ckpt_every",
+        "dropout",
+        "post_ln",
+        "precision",
+    )
     PRESETS = ELECTRA_PRESETS
 
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -73,6 +84,7 @@ class ElectraJobConfig(JobConfig):
     # BERT's post-LN body instead of Nebula's pre-LN one: the model then exports as a
     # Hugging Face ELECTRA (GET /datasets/{id}/content?format=huggingface)
     post_ln: bool | None = None
+    precision: Precision | None = None
 
 
 class AbnetJobConfig(JobConfig):
@@ -87,6 +99,7 @@ class AbnetJobConfig(JobConfig):
         "backward_codec",
         "auto_max_error",
         "compress_from_step",
+        "precision",
     )
     PRESETS = ABNET_PRESETS
 
@@ -100,6 +113,7 @@ class AbnetJobConfig(JobConfig):
     backward_codec: CodecSpec = "int8"
     auto_max_error: float | None = Field(default=None, gt=0.0, lt=1.0)
     compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
+    precision: Precision | None = None
 
     @field_validator("forward_codec", "backward_codec")
     @classmethod

@@ -45,6 +45,22 @@ log = logging.getLogger("nebula.runner")
 METRICS_FLUSH_S = 1.0
 
 
+def resolve_device(choice: str) -> str:
+    """`nebula worker --device`: cpu, cuda (refused where no CUDA device is), or auto (CUDA
+    when present)."""
+    import torch
+
+    if choice not in ("cpu", "cuda", "auto"):
+        raise ValueError(f"device must be cpu, cuda or auto, not {choice!r}")
+    if choice == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if choice == "cuda":
+        raise ValueError("--device cuda, but torch sees no CUDA device on this host")
+    return "cpu"
+
+
 @dataclass(frozen=True)
 class ClusterSide:
     """What a worker knows: its cluster, its switch, the CA, the control plane, its credential."""
@@ -58,6 +74,7 @@ class ClusterSide:
     control_plane_ca: Path | None = None  # trust for an https control plane; None: the system's
     main_pid: int = field(default_factory=os.getpid)  # the worker's main process (pre-fork)
     rendezvous_host: str = "127.0.0.1"  # where the cluster's other workers reach this host
+    device: str = "cpu"  # where every role of this worker trains (`nebula worker --device`)
 
     def client(self) -> ClusterClient:
         """A client of the cluster API with this cluster's worker credential."""
@@ -219,28 +236,32 @@ def _read_inputs(session: RoleSession) -> RoleInputs:
     return inputs
 
 
-RoleEntry = Callable[[Any, Link, RoleInputs, Path, Hooks, int], RoleResult]
+# (config, link, inputs, checkpoint folder, hooks, seed, device) -> the role's result
+RoleEntry = Callable[[Any, Link, RoleInputs, Path, Hooks, int, str], RoleResult]
 
 
 def _electra_generator(
-    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int
+    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int, device: str
 ) -> RoleResult:
     from workers.training.electra import run_electra_generator
 
     init = inputs.files.get("init_generator")
+    text = inputs.text("text")
     return run_electra_generator(
-        cfg, link, inputs.text("text"), ckpt_dir, hooks, seed=seed, init_model=init
+        cfg, link, text, ckpt_dir, hooks, seed=seed, device=device, init_model=init
     )
 
 
 def _electra_discriminator(
-    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int
+    cfg: Any, link: Link, inputs: RoleInputs, ckpt_dir: Path, hooks: Hooks, seed: int, device: str
 ) -> RoleResult:
     from workers.training.electra import run_electra_discriminator
 
     # without the text (discriminator_reads_text=false) whole sequences cross instead
     text, init = inputs.lines.get("text"), inputs.files.get("init_discriminator")
-    return run_electra_discriminator(cfg, link, text, ckpt_dir, hooks, seed=seed, init_model=init)
+    return run_electra_discriminator(
+        cfg, link, text, ckpt_dir, hooks, seed=seed, device=device, init_model=init
+    )
 
 
 def _abnet_side(
@@ -250,6 +271,7 @@ def _abnet_side(
     ckpt_dir: Path,
     hooks: Hooks,
     seed: int,
+    device: str,
     *,
     encoder: bool,
 ) -> RoleResult:
@@ -258,10 +280,18 @@ def _abnet_side(
     lines, model, evals = inputs.text("parallel"), inputs.model(), inputs.lines.get("eval")
     if encoder:
         return run_abnet_encoder(
-            cfg, link, lines, model, ckpt_dir, hooks, eval_source_lines=evals, seed=seed
+            cfg,
+            link,
+            lines,
+            model,
+            ckpt_dir,
+            hooks,
+            eval_source_lines=evals,
+            seed=seed,
+            device=device,
         )
     return run_abnet_decoder(
-        cfg, link, lines, model, ckpt_dir, hooks, eval_target_lines=evals, seed=seed
+        cfg, link, lines, model, ckpt_dir, hooks, eval_target_lines=evals, seed=seed, device=device
     )
 
 
@@ -399,7 +429,7 @@ def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> R
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / REPLICA_OF
     seed = int(claim.config.get("seed", 0))
     return run_discriminator_replica(
-        cfg, rank, rendezvous, ckpt_dir, seed=seed, key=session.checkpoint_key
+        cfg, rank, rendezvous, ckpt_dir, seed=seed, device=side.device, key=session.checkpoint_key
     )
 
 
@@ -426,7 +456,7 @@ def _run_trainer(
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
     seed = int(claim.config.get("seed", 0))
     entry = ROLE_ENTRIES[(claim.kind, claim.role)]
-    return entry(cfg, link, inputs, ckpt_dir, hooks, seed)
+    return entry(cfg, link, inputs, ckpt_dir, hooks, seed, side.device)
 
 
 def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:

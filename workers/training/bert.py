@@ -19,8 +19,9 @@ run.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -194,6 +195,19 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x, valid)
         return self.ln_f(x)
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """A job's `precision`: bf16 autocast (matmuls in bfloat16, norms and losses in float32)
+    on CPU or CUDA, or plain float32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def count_parameters(module: nn.Module) -> int:

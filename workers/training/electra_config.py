@@ -50,6 +50,7 @@ class ElectraConfig(PresetConfig):
     # BERT's post-LN layout instead of Nebula's pre-LN one: what a Hugging Face ELECTRA
     # computes, so the models export (GET /datasets/{id}/content?format=huggingface)
     post_ln: bool = False
+    precision: str = "fp32"  # or "bf16": autocast on CPU and CUDA
     # optimisation (AdamW, linear warm-up then decay)
     steps: int = 600
     lr_generator: float = 1e-3  # small models on small data tolerate a high rate
@@ -65,6 +66,8 @@ class ElectraConfig(PresetConfig):
     def __post_init__(self) -> None:
         if self.n_discriminators < 1 or self.batch_size < 1 or self.steps < 1:
             raise ValueError("n_discriminators, batch_size and steps must be at least 1")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError("precision must be fp32 or bf16")
         if not 0.0 < self.mask_prob < 1.0:
             raise ValueError("mask_prob must lie strictly between 0 and 1")
         if self.min_token_frequency < 1:

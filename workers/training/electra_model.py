@@ -28,6 +28,7 @@ from torch import nn
 from workers.training.bert import (
     BertConfig,
     Encoder,
+    autocast,
     count_parameters,
     init_weights,
     set_dropout_generator,
@@ -176,11 +177,12 @@ class GeneratorSide:
         masked = (draw < self.cfg.mask_prob) & maskable  # (B, T)
         if not bool(masked.any()):
             masked[0, 1] = True  # every sequence holds a token at 1; keeps the loss defined
-        logits = self.model(ids.masked_fill(masked, sp.mask), valid, masked)  # (M, V)
-        loss = F.cross_entropy(logits, ids[masked])
+        with autocast(self.device, self.cfg.precision):
+            logits = self.model(ids.masked_fill(masked, sp.mask), valid, masked)  # (M, V)
+            loss = F.cross_entropy(logits, ids[masked])
         (loss / self.cfg.n_discriminators).backward()
         with torch.no_grad():
-            logits = logits.detach().clone()
+            logits = logits.detach().to(torch.float32, copy=True)
             logits[:, list(sp.special)] = float("-inf")  # never sample [PAD], [MASK], ...
             probs = torch.softmax(logits, dim=-1)
             sampled = torch.multinomial(probs, 1, generator=self.rng_mask).squeeze(1)  # (M,)
@@ -232,8 +234,9 @@ class DiscriminatorSide:
         ids = batch.ids.to(self.device)
         target = batch.replaced.to(self.device)
         valid = ids != self.special.pad
-        logits = self.model(ids, valid)  # (B, T)
-        loss = F.binary_cross_entropy_with_logits(logits[valid], target[valid].float())
+        with autocast(self.device, self.cfg.precision):
+            logits = self.model(ids, valid)  # (B, T)
+            loss = F.binary_cross_entropy_with_logits(logits[valid], target[valid].float())
         (loss * scale).backward()
         with torch.no_grad():
             acc = ((logits[valid] > 0) == target[valid]).float().mean()

@@ -61,7 +61,11 @@ class AbnetConfig(PresetConfig):
     eval_batch_size: int = 100
     recv_timeout_s: float = 900.0
 
+    precision: str = "fp32"  # or "bf16": autocast on CPU and CUDA
+
     def __post_init__(self) -> None:
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError("precision must be fp32 or bf16")
         if min(self.batch_size, self.micro_batches, self.steps, self.ckpt_every) < 1:
             raise ValueError("batch_size, micro_batches, steps and ckpt_every must be at least 1")
         if not 1 <= self.activation_chunks <= self.batch_size:

@@ -22,7 +22,7 @@ from torch import nn
 
 from workers.training.abnet.config import AbnetConfig
 from workers.training.abnet.model import AdaptedDecoder, AdaptedEncoder, init_adapters
-from workers.training.bert import set_dropout_generator
+from workers.training.bert import autocast, set_dropout_generator
 from workers.training.data import (
     CLS,
     MASK,
@@ -108,7 +108,9 @@ class EncoderSide:
         """Encoder output (B, S, C) and source lengths (B,) of a batch of source ids."""
         ids = ids.to(self.device)
         valid = ids != self.special.pad
-        return self.model(ids, valid), valid.sum(1)
+        with autocast(self.device, self.cfg.precision):
+            h = self.model(ids, valid)
+        return h.float(), valid.sum(1)  # float32 on the wire whatever the precision
 
     def step(self, step: int) -> None:
         """One optimizer step on the accumulated adapter gradients."""
@@ -177,10 +179,12 @@ class DecoderSide:
         scores = scores.masked_fill(~real, 2.0)
         ranks = scores.argsort(1).argsort(1)
         masked = ranks < n_mask.unsqueeze(1)  # (B, T)
-        logits = self.model(ids.masked_fill(masked, sp.mask), valid, memory, memory_valid)
-        token_loss = F.cross_entropy(logits[masked], ids[masked])
-        length_loss = F.cross_entropy(self.model.predict_length(memory, memory_valid), lengths)
-        loss = token_loss + self.cfg.length_loss_weight * length_loss
+        with autocast(self.device, self.cfg.precision):
+            logits = self.model(ids.masked_fill(masked, sp.mask), valid, memory, memory_valid)
+            token_loss = F.cross_entropy(logits[masked], ids[masked])
+            length_logits = self.model.predict_length(memory, memory_valid)
+            length_loss = F.cross_entropy(length_logits, lengths)
+            loss = token_loss + self.cfg.length_loss_weight * length_loss
         (loss / self.cfg.micro_batches).backward()
         with torch.no_grad():
             acc = (logits[masked].argmax(-1) == ids[masked]).float().mean()
@@ -218,7 +222,8 @@ class DecoderSide:
         memory = memory.to(self.device)
         memory_valid = _prefix_mask(src_lengths.to(self.device), memory.shape[1])
         B, K, rounds = memory.shape[0], cfg.length_candidates, cfg.decode_iterations
-        length_logits = self.model.predict_length(memory, memory_valid)  # (B, tgt_len + 1)
+        with autocast(self.device, cfg.precision):
+            length_logits = self.model.predict_length(memory, memory_valid).float()  # (B, L+1)
         length_logits[:, 0] = float("-inf")
         lengths = length_logits.topk(K, dim=-1).indices.clamp(1, cfg.tgt_len - 2)  # (B, K)
         L = lengths.reshape(-1)  # (BK,)
@@ -235,7 +240,8 @@ class DecoderSide:
         valid = ids != sp.pad
         logp = torch.zeros(B * K, T, device=self.device)
         for it in range(rounds):
-            logits = self.model(ids, valid, mem, mem_valid)  # (BK, T, V)
+            with autocast(self.device, cfg.precision):
+                logits = self.model(ids, valid, mem, mem_valid).float()  # (BK, T, V)
             logits[..., list(sp.special)] = float("-inf")
             best_logp, best = logits.log_softmax(-1).max(-1)
             update = ids == sp.mask
