@@ -1,6 +1,7 @@
-"""Switch throughput on loopback: raw TLS vs the switch path vs a gRPC relay.
+"""Switch throughput and small-frame round trips on loopback, against raw TLS and gRPC.
 
-1 GiB of float32 tensors in 4 MiB frames, each way measured in this process:
+1 GiB (``--mib``) of float32 tensors in 4 MiB frames, each path measured in a process
+of its own, ``--rounds`` (>= 3) interleaved rounds, median and spread of each:
 
 (a) one raw Python TLS socket, one hop, the ceiling for pure Python;
 (b) worker -> switch A -> switch B -> worker, with every check switched on; each
@@ -8,16 +9,33 @@
 (c) a pass-through relay of the same three TLS hops made of plain gRPC streams,
     the way Flower and NVFlare move messages.
 
+(d) the round trip of a 16-byte frame, worker -> switch A -> switch B -> worker and
+    back (p50, p99), beside a 3-hop gRPC relay's streaming ping-pong and three raw TLS
+    hops' (two relays in threads) in the same rounds.
+
+``--against REV`` adds the switch of another commit (a temporary git worktree of REV,
+run with its own ``workers`` package) to every round, (b) and (d) both, so that a
+change to the hot path is measured against its parent in the same interleaving.
+``--profile DIR`` writes a cProfile of each switch process (all its threads) per path.
+
 Prints a table, writes bench/results/switch_throughput.json.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import cProfile
 import json
 import multiprocessing
 import os
 import platform
+import pstats
+import queue
 import socket
+import ssl
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,17 +49,26 @@ from pathlib import Path
 import grpc
 import torch
 from rich.console import Console
-from rich.progress import Progress
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.pki import ca
-from workers.switch.client import SwitchLink
-from workers.switch.server import Switch, SwitchConfig, crl_from_file
-from workers.switch.tls import client_context, server_context
+def _argv_value(flag: str, default: str | None = None) -> str | None:
+    """A flag's value from argv, read before the project is imported (--code-root picks
+    which checkout's packages this process imports; spawned switches inherit it)."""
+    if flag in sys.argv:
+        return sys.argv[sys.argv.index(flag) + 1]
+    return default
 
-TOTAL = 1 << 30
+
+CODE_ROOT = Path(_argv_value("--code-root") or Path(__file__).resolve().parent.parent)
+sys.path.insert(0, str(CODE_ROOT))
+
+from app.pki import ca  # noqa: E402
+from workers.switch.client import SwitchLink  # noqa: E402
+from workers.switch.server import Switch, SwitchConfig, crl_from_file  # noqa: E402
+from workers.switch.tls import client_context, server_context  # noqa: E402
+
+TOTAL = int(_argv_value("--mib", "1024") or 1024) << 20
 FRAME = 4 << 20
 FRAMES = TOTAL // FRAME
 RESULTS = Path(__file__).parent / "results" / "switch_throughput.json"
@@ -71,13 +98,10 @@ class Pki:
         return key_path, cert_path
 
 
-def measure(
-    run: Callable[[Callable[[], None]], tuple[float, float] | None], progress: Progress, label: str
-) -> dict:
+def measure(run: Callable[[Callable[[], None]], tuple[float, float] | None]) -> dict:
     """Wall and CPU seconds of one run; `run` calls its argument once per frame received."""
-    task = progress.add_task(label, total=FRAMES)
     wall, cpu = time.perf_counter(), time.process_time()
-    own = run(lambda: progress.advance(task))
+    own = run(lambda: None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if own is not None:  # the run timed itself (it had processes to start first)
         wall, cpu = own
@@ -120,8 +144,28 @@ def raw_tls(pki: Pki, on_frame: Callable[[], None]) -> None:
     listener.close()
 
 
-def run_switch(config: SwitchConfig, pipe: Connection) -> None:
+def _profile_threads() -> list[cProfile.Profile]:
+    """Profile every thread started from now on in this process (cProfile sees only the
+    thread that enables it); returns the list each thread adds its profile to as it ends."""
+    profiles: list[cProfile.Profile] = []
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            run(self)
+        finally:
+            profile.disable()
+            profiles.append(profile)
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
+    return profiles
+
+
+def run_switch(config: SwitchConfig, pipe: Connection, profile_to: str | None = None) -> None:
     """A switch in its own process, as deployed: addresses out, peers and marks in."""
+    profiles = _profile_threads() if profile_to else None
     switch = Switch(config).start()
     pipe.send((switch.worker_address, switch.peer_address))
     mark = time.process_time()
@@ -134,11 +178,23 @@ def run_switch(config: SwitchConfig, pipe: Connection) -> None:
         elif command == "stop":
             pipe.send(time.process_time() - mark)
             switch.stop()
+            if profiles and profile_to:
+                stats = pstats.Stats(*profiles)
+                stats.dump_stats(profile_to + ".pstats")
+                with open(profile_to + ".txt", "w") as out:
+                    pstats.Stats(profile_to + ".pstats", stream=out).sort_stats(
+                        "tottime"
+                    ).print_stats(40)
             return
 
 
-def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
-    """(b) worker -> switch A -> switch B -> worker, all checks on; returns the switches' CPU s."""
+@contextlib.contextmanager
+def switch_pair(
+    pki: Pki, profile_to: str | None = None
+) -> Iterator[tuple[Callable[[str, str, str], SwitchLink], Callable[[], float]]]:
+    """Switches A and B in processes of their own; yields (link(cluster, role, peer),
+    mark()): mark() starts the switches' CPU clocks; the CPU seconds they spent since
+    are returned by the context's `cpu` list after it closes."""
 
     def config(cluster: str) -> SwitchConfig:
         key, cert = pki.files[cluster]
@@ -155,7 +211,8 @@ def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
     procs, pipes, addresses = {}, {}, {}
     for cluster in ("cluster-a", "cluster-b"):
         pipes[cluster], child = spawn.Pipe()
-        procs[cluster] = spawn.Process(target=run_switch, args=(config(cluster), child))
+        target = f"{profile_to}-{cluster}" if profile_to else None
+        procs[cluster] = spawn.Process(target=run_switch, args=(config(cluster), child, target))
         procs[cluster].start()
     for cluster in procs:
         addresses[cluster] = pipes[cluster].recv()
@@ -176,34 +233,190 @@ def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
             peer_role=peer,
         )
 
+    def mark() -> float:
+        for pipe in pipes.values():
+            pipe.send(("mark",))
+        return 0.0
+
+    spent: list[float] = []
     try:
-        with link("cluster-a", "G", "D") as sender, link("cluster-b", "D", "G") as receiver:
-            sender.send("warmup", b"x")  # the first frame waits for the switches to connect
-            assert receiver.recv("warmup", timeout=60) == b"x"
-            for pipe in pipes.values():
-                pipe.send(("mark",))
-            wall, cpu = time.perf_counter(), time.process_time()
-
-            def receive() -> None:
-                for i in range(FRAMES):
-                    got = receiver.recv("acts", timeout=60)
-                    assert isinstance(got, torch.Tensor) and int(got[0]) == i
-                    on_frame()
-
-            thread = threading.Thread(target=receive)
-            thread.start()
-            for tensor in payloads():
-                sender.send("acts", tensor)
-            thread.join()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        yield link, mark
     finally:
-        switch_cpu = 0.0
         for pipe in pipes.values():
             pipe.send(("stop",))
-            switch_cpu += pipe.recv()
+            spent.append(pipe.recv())
         for proc in procs.values():
             proc.join()
-    return wall, cpu + switch_cpu
+        SWITCH_CPU.append(sum(spent))
+
+
+SWITCH_CPU: list[float] = []
+
+
+def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
+    """(b) worker -> switch A -> switch B -> worker, all checks on; returns the switches' CPU s."""
+    with (
+        switch_pair(pki, _argv_value("--profile-to")) as (link, mark),
+        link("cluster-a", "G", "D") as sender,
+        link("cluster-b", "D", "G") as receiver,
+    ):
+        sender.send("warmup", b"x")  # the first frame waits for the switches to connect
+        assert receiver.recv("warmup", timeout=60) == b"x"
+        mark()
+        wall, cpu = time.perf_counter(), time.process_time()
+
+        def receive() -> None:
+            for i in range(FRAMES):
+                got = receiver.recv("acts", timeout=60)
+                assert isinstance(got, torch.Tensor) and int(got[0]) == i
+                on_frame()
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        for tensor in payloads():
+            sender.send("acts", tensor)
+        thread.join()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return wall, cpu + SWITCH_CPU[-1]
+
+
+def _percentiles(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50_us": pick(0.5) * 1e6, "p99_us": pick(0.99) * 1e6, "n": len(ordered)}
+
+
+def _ping_pong(send: Callable[[bytes], None], receive: Callable[[], bytes]) -> dict:
+    """RTT_COUNT round trips of a 16-byte message after a warm-up; p50 and p99."""
+    message = b"0123456789abcdef"
+    samples = []
+    for i in range(RTT_WARMUP + RTT_COUNT):
+        start = time.perf_counter()
+        send(message)
+        assert receive() == message
+        if i >= RTT_WARMUP:
+            samples.append(time.perf_counter() - start)
+    return _percentiles(samples)
+
+
+def switch_rtt(pki: Pki) -> dict:
+    """(d) a 16-byte frame worker -> switch A -> switch B -> worker, and back."""
+    with (
+        switch_pair(pki) as (link, _),
+        link("cluster-a", "G", "D") as g,
+        link("cluster-b", "D", "G") as d,
+    ):
+
+        def echo() -> None:
+            for _ in range(RTT_WARMUP + RTT_COUNT):
+                d.send("pong", d.recv("ping", timeout=60))
+
+        thread = threading.Thread(target=echo, daemon=True)
+        thread.start()
+        result = _ping_pong(
+            lambda m: g.send("ping", m),
+            lambda: bytes(g.recv("pong", timeout=60)),
+        )
+        thread.join()
+    return result
+
+
+def grpc_rtt(pki: Pki) -> dict:
+    """(d) a 16-byte message through a 3-hop gRPC relay of bidirectional streams, and back."""
+    ca_pem = pki.ca_path.read_bytes()
+    key, cert = (p.read_bytes() for p in pki.files["cluster-b"])
+    server_creds = grpc.ssl_server_credentials([(key, cert)], ca_pem, require_client_auth=True)
+    client_creds = grpc.ssl_channel_credentials(ca_pem, key, cert)
+    options = [("grpc.ssl_target_name_override", "cluster-b")]
+    servers: list[grpc.Server] = []
+
+    def serve(handler: Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
+        method = grpc.stream_stream_rpc_method_handler(handler)
+        server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler("relay", {"Pong": method})]
+        )
+        port = server.add_secure_port("127.0.0.1:0", server_creds)
+        server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    def echo(messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        yield from messages
+
+    def forwarder(
+        target: str,
+    ) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
+        pong = grpc.secure_channel(target, client_creds, options=options).stream_stream(
+            "/relay/Pong"
+        )
+
+        def forward(messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            yield from pong(messages)
+
+        return forward
+
+    relay_a = serve(forwarder(serve(forwarder(serve(echo)))))
+    outbox: queue.Queue[bytes | None] = queue.Queue()
+    pong = grpc.secure_channel(relay_a, client_creds, options=options).stream_stream("/relay/Pong")
+    answers = pong(iter(outbox.get, None))
+    try:
+        return _ping_pong(outbox.put, lambda: next(answers))
+    finally:
+        outbox.put(None)
+        for server in servers:
+            server.stop(None)
+
+
+def raw_tls_rtt(pki: Pki) -> dict:
+    """(d) a 16-byte message through three raw TLS hops (two relays in threads), and back."""
+    key, cert = pki.files["cluster-b"]
+    server_ctx = server_context(cert_path=cert, key_path=key, ca_path=None)
+    client_ctx = client_context(ca_path=pki.ca_path)
+    listeners: list[socket.socket] = []
+
+    def connect(address: tuple[str, int]) -> ssl.SSLSocket:
+        raw = socket.create_connection(address)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return client_ctx.wrap_socket(raw, server_hostname="cluster-b")
+
+    def pump(src: ssl.SSLSocket, dst: ssl.SSLSocket) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+
+    def hop(onward: tuple[str, int] | None) -> tuple[str, int]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+
+        def accept() -> None:
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = server_ctx.wrap_socket(conn, server_side=True)
+            if onward is None:  # the far end: echo
+                pump(sock, sock)
+                return
+            out = connect(onward)
+            threading.Thread(target=pump, args=(out, sock), daemon=True).start()
+            pump(sock, out)
+
+        threading.Thread(target=accept, daemon=True).start()
+        return listener.getsockname()[:2]
+
+    client = connect(hop(hop(hop(None))))
+
+    def receive() -> bytes:
+        got = b""
+        while len(got) < 16:
+            got += client.recv(16 - len(got))
+        return got
+
+    try:
+        return _ping_pong(client.sendall, receive)
+    finally:
+        client.close()
+        for listener in listeners:
+            listener.close()
 
 
 def grpc_relay(pki: Pki, on_frame: Callable[[], None]) -> None:
@@ -257,53 +470,216 @@ def grpc_relay(pki: Pki, on_frame: Callable[[], None]) -> None:
         server.stop(None)
 
 
-def main() -> None:
-    """Run the three paths once each and report."""
-    console = Console()
+RTT_WARMUP = 50
+RTT_COUNT = int(_argv_value("--rtt-count", "1000") or 1000)
+THROUGHPUT = {"raw_tls": raw_tls, "switch": switch_path, "grpc_relay": grpc_relay}
+ROUND_TRIP = {"switch_rtt": switch_rtt, "grpc_rtt": grpc_rtt, "raw_tls_3hop_rtt": raw_tls_rtt}
+
+
+def one(path: str) -> dict:
+    """Measure one path in this process (the orchestrator's child)."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         pki = Pki(Path(tmp))
-        with Progress(console=console) as progress:
-            results = {
-                "raw_tls": measure(lambda f: raw_tls(pki, f), progress, "(a) raw TLS socket"),
-                "switch": measure(lambda f: switch_path(pki, f), progress, "(b) switch path"),
-                "grpc_relay": measure(lambda f: grpc_relay(pki, f), progress, "(c) gRPC relay"),
-            }
-    raw = results["raw_tls"]["mb_s"]
-    table = Table(title=f"1 GiB of float32 in 4 MiB frames, loopback, {os.cpu_count()} CPUs")
-    for column in ("path", "MB/s", "vs raw TLS", "vs gRPC relay", "CPU s per GiB"):
-        table.add_column(column, justify="right" if column != "path" else "left")
-    names = {
-        "raw_tls": "(a) raw TLS socket, 1 hop",
-        "switch": "(b) worker > switch A > switch B > worker",
-        "grpc_relay": "(c) gRPC relay, 3 TLS hops",
-    }
-    for key, row in results.items():
-        table.add_row(
-            names[key],
-            f"{row['mb_s']:.0f}",
-            f"{row['mb_s'] / raw:.2f}",
-            f"{row['mb_s'] / results['grpc_relay']['mb_s']:.2f}",
-            f"{row['cpu_s_per_gib']:.2f}",
+        if path in THROUGHPUT:
+            runner = THROUGHPUT[path]
+            return measure(lambda f: runner(pki, f))
+        return ROUND_TRIP[path](pki)
+
+
+def child(
+    paths: list[str], code_root: Path, args: argparse.Namespace, profile_to: Path | None
+) -> dict:
+    """Run `one` for each of `paths`, in turn, in a fresh process importing the packages
+    of `code_root` (one process a round: starting one costs more than a path here)."""
+    command = [sys.executable, __file__, "--one", ",".join(paths), "--code-root", str(code_root)]
+    command += ["--mib", str(args.mib), "--rtt-count", str(args.rtt_count)]
+    if profile_to is not None:
+        command += ["--profile-to", str(profile_to)]
+    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    if done.returncode:
+        raise RuntimeError(f"{paths} at {code_root} failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@contextlib.contextmanager
+def checkout(rev: str | None) -> Iterator[Path | None]:
+    """A temporary git worktree of `rev` (None: nothing)."""
+    if rev is None:
+        yield None
+        return
+    here = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "against"
+        subprocess.run(
+            ["git", "-C", str(here), "worktree", "add", "--detach", str(path), rev],
+            check=True,
+            capture_output=True,
         )
-    console.print(table)
-    summary = {
-        "switch_mb_s": round(results["switch"]["mb_s"], 1),
-        "raw_tls_mb_s": round(raw, 1),
-        "grpc_relay_mb_s": round(results["grpc_relay"]["mb_s"], 1),
-        "switch_vs_raw_tls": round(results["switch"]["mb_s"] / raw, 3),
-        "switch_vs_grpc_relay": round(results["switch"]["mb_s"] / results["grpc_relay"]["mb_s"], 3),
-        "cpu_s_per_gib": {k: round(v["cpu_s_per_gib"], 3) for k, v in results.items()},
+        try:
+            yield path
+        finally:
+            subprocess.run(
+                ["git", "-C", str(here), "worktree", "remove", "--force", str(path)],
+                check=False,
+                capture_output=True,
+            )
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min and max of a path's rounds."""
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "rounds": [round(v, 3) for v in values],
+    }
+
+
+def main() -> None:
+    """Interleave the rounds of every path, report medians and spreads."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--rtt-count", type=int, default=1000)
+    parser.add_argument("--against", metavar="REV", help="also measure this commit's switch")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="cProfile the switches")
+    parser.add_argument("--only", help="comma-separated paths to run (default: all)")
+    parser.add_argument("--note", default="", help="a note stored with the figures")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--code-root", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps({path: one(path) for path in args.one.split(",")}))
+        return
+    if args.rounds < 3:
+        parser.error("at least 3 rounds: one run cannot tell a change from noise")
+    here = Path(__file__).resolve().parent.parent
+    console = Console()
+    with checkout(args.against) as other:
+        roots = {"": here} | ({"@against": other} if other is not None else {})
+        mine = ["raw_tls", "switch", "grpc_relay", "switch_rtt", "grpc_rtt", "raw_tls_3hop_rtt"]
+        if args.only:
+            mine = [p for p in mine if p in args.only.split(",")]
+        theirs = [p for p in mine if p.startswith("switch")]
+        got: dict[str, list[dict]] = {}
+        for n in range(args.rounds):
+            # the two checkouts alternate which goes first, and the paths rotate in a round
+            shift = n % len(mine)
+            runs = [("", mine[shift:] + mine[:shift])]
+            if other is not None:
+                runs.insert(
+                    n % 2, ("@against", theirs[n % len(theirs) :] + theirs[: n % len(theirs)])
+                )
+            for tag, paths in runs:
+                profile_to = None
+                if args.profile is not None and "switch" in paths:
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    name = f"switch{tag.replace('@', '-')}-round{n + 1}"
+                    profile_to = args.profile.resolve() / name
+                console.print(f"round {n + 1}/{args.rounds}{tag}: {', '.join(paths)}")
+                for path, result in child(paths, roots[tag], args, profile_to).items():
+                    got.setdefault(path + tag, []).append(result)
+    summary = summarize(got, args)
+    print_table(console, summary)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
+
+
+def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
+    """Medians and spreads per path, and the ratios the targets name (medians of rounds)."""
+    paths: dict[str, dict] = {}
+    for name, runs in got.items():
+        if "mb_s" in runs[0]:
+            paths[name] = {
+                "mb_s": spread([r["mb_s"] for r in runs]),
+                "cpu_s_per_gib": spread([r["cpu_s_per_gib"] for r in runs]),
+            }
+        else:
+            paths[name] = {
+                "p50_us": spread([r["p50_us"] for r in runs]),
+                "p99_us": spread([r["p99_us"] for r in runs]),
+            }
+
+    def med(path: str, key: str) -> float | None:
+        return paths[path][key]["median"] if path in paths else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    raw_cpu = med("raw_tls", "cpu_s_per_gib")
+    summary: dict = {
+        "switch_vs_grpc_relay": ratio(med("switch", "mb_s"), med("grpc_relay", "mb_s")),
+        "switch_vs_raw_tls": ratio(med("switch", "mb_s"), med("raw_tls", "mb_s")),
+        # three raw hops cost three times one hop's CPU per GiB
+        "switch_cpu_per_gib_vs_3_raw_hops": ratio(
+            med("switch", "cpu_s_per_gib"), 3 * raw_cpu if raw_cpu else None
+        ),
+        "small_frame_rtt_p50_vs_grpc": ratio(
+            med("switch_rtt", "p50_us"), med("grpc_rtt", "p50_us")
+        ),
+        "small_frame_rtt_p99_vs_grpc": ratio(
+            med("switch_rtt", "p99_us"), med("grpc_rtt", "p99_us")
+        ),
+        "small_frame_rtt_p50_vs_3_raw_hops": ratio(
+            med("switch_rtt", "p50_us"), med("raw_tls_3hop_rtt", "p50_us")
+        ),
+    }
+    if args.against:
+        summary["against"] = args.against
+        summary["switch_vs_against"] = ratio(med("switch", "mb_s"), med("switch@against", "mb_s"))
+        summary["switch_cpu_per_gib_vs_against"] = ratio(
+            med("switch", "cpu_s_per_gib"), med("switch@against", "cpu_s_per_gib")
+        )
+        summary["small_frame_rtt_p50_vs_against"] = ratio(
+            med("switch_rtt", "p50_us"), med("switch_rtt@against", "p50_us")
+        )
+    summary |= {
+        "paths": paths,
+        "rounds": args.rounds,
         "payload_bytes": TOTAL,
         "frame_bytes": FRAME,
+        "small_frame_bytes": 16,
+        "round_trips_per_round": args.rtt_count,
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
+        "note": args.note,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
-    console.print(f"wrote {RESULTS}")
+    return summary
+
+
+def print_table(console: Console, summary: dict) -> None:
+    table = Table(title=f"switch bench, {summary['rounds']} interleaved rounds, median [min-max]")
+    for column in ("path", "MB/s", "CPU s per GiB", "p50 us", "p99 us"):
+        table.add_column(column, justify="right" if column != "path" else "left")
+
+    def cell(row: dict, key: str) -> str:
+        if key not in row:
+            return ""
+        s = row[key]
+        return f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]"
+
+    for name, row in summary["paths"].items():
+        table.add_row(
+            name,
+            cell(row, "mb_s"),
+            cell(row, "cpu_s_per_gib"),
+            cell(row, "p50_us"),
+            cell(row, "p99_us"),
+        )
+    console.print(table)
+    for key, value in summary.items():
+        if key.startswith(("switch_", "small_frame")) and value is not None:
+            console.print(f"{key}: {value}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ from workers.switch.protocol import NEED_DATA, Buffer, Connection, Event, Frame
 from workers.switch.shaper import Shaper
 
 READ_CHUNK = 256 * 1024
+# a body this small goes out in one write with its header: one TLS record and one system
+# call instead of two (an SSLSocket has no sendmsg); a larger one is never copied
+COALESCE_BYTES = 64 * 1024
 
 
 def tune(sock: socket.socket, *, keepalive_s: int = 5) -> None:
@@ -114,6 +117,8 @@ class FrameStream:
         bounds a write that makes no progress.
         """
         buffers = self.conn.send(frame)
+        if len(buffers) == 2 and memoryview(buffers[1]).nbytes <= COALESCE_BYTES:
+            buffers = [b"".join(buffers)]
         total = 0
         pieces = shaper.chunks(buffers) if shaper is not None else buffers
         for piece in pieces:
