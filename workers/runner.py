@@ -453,6 +453,10 @@ def _run_trainer(
     )
     links.append(link)
     hooks.on_stop = link.close
+    if hooks.stopped:
+        # told to stop while the inputs were read, before there was a link to close: a
+        # HELLO to a peer that already failed would otherwise be resent until the timeout
+        link.close()
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
     seed = int(claim.config.get("seed", 0))
     entry = ROLE_ENTRIES[(claim.kind, claim.role)]
