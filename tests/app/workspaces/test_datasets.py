@@ -351,8 +351,13 @@ def test_patch_switches_discoverable_and_the_catalog_shows_metadata_only(
         "derived_by_job_id",
         "derived_from_names",
         "model",  # a model's description (architecture, sizes); null for text
+        # where an approval would let it go (shown before asking), and where the caller's
+        # jobs may send it: no grant held, so no limit of one
+        "default_clusters",
+        "allowed_clusters",
     }
     assert entry["derived_from"] == [] and entry["release"] == "not_needed"
+    assert entry["default_clusters"] == "any"
     assert client.get(f"{API}/catalog?q=shared&kind=text", headers=bob.headers).json()["total"] == 1
     assert client.get(f"{API}/catalog?q=nothing", headers=bob.headers).json()["total"] == 0
     assert client.get(f"{API}/catalog?kind=model", headers=bob.headers).json()["total"] == 0
