@@ -148,8 +148,9 @@ def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from
         for key in ("loss", "token_loss", "length_loss", "token_accuracy"):
             assert abs(r[key] - h[key]) <= 1e-5, (step, key)
     # float32 before step 3, low rank from then on: the forward bytes drop at step 3
+    # (each step's bytes follow its sentences' lengths: only valid positions cross)
     sent = [h["bytes_to_decoder"] for h in s.history]
-    assert sent[0] == sent[1] and sent[2] < 0.5 * sent[1]
+    assert max(sent[2:]) < 0.5 * min(sent[:2])
     assert [h["loss"] for h in s.history] == [h["loss"] for h in t.history]
 
 
@@ -251,7 +252,9 @@ def test_neither_cluster_receives_the_other_sides_tokens(
             coded = unpack_coded(payload)
             assert coded.spec == "int8"
             g = parse_spec("int8").decode(coded.blob)
-            assert g.dtype == torch.float32 and g.shape[0] == cfg.batch_size
+            # the valid positions of a micro-batch only: (sum of its lengths, width)
+            assert g.dtype == torch.float32 and g.dim() == 2
+            assert g.shape[0] <= cfg.batch_size * cfg.src_len
         elif ch == SYNC:
             assert isinstance(payload, bytes)
             assert isinstance(unpack_sync(payload), StepSync | EvalScore)
@@ -401,3 +404,111 @@ def test_the_eval_stream_starts_from_the_training_streams_basis() -> None:
     target = warm.book.get("eval", spec)
     assert isinstance(source, LowRankCodec) and isinstance(target, LowRankCodec)
     assert err_warm < 0.9 * err_cold
+
+
+def _padded_reference(
+    cfg: AbnetConfig, plm: bytes, pairs: Pairs, steps: int
+) -> list[dict[str, float]]:
+    """ABNet trained with the whole padded (B, S, C) tensors handed across, no codec."""
+    from workers.training.abnet.sides import DecoderSide, EncoderSide, step_metrics
+    from workers.training.electra import load_pretrained
+
+    enc = EncoderSide(cfg, load_pretrained(plm), pairs["train"][0][:200], SEED, "cpu")
+    dec = DecoderSide(cfg, load_pretrained(plm), pairs["train"][1][:200], enc.d_model, SEED, "cpu")
+    history = []
+    for k in range(1, steps + 1):
+        stats = []
+        for m in range(cfg.micro_batches):
+            index = enc.indices(k, m)
+            h, src_len = enc.forward(enc.data[index])
+            grad, st = dec.train_micro(index, h.detach().clone(), src_len)
+            h.backward(grad)
+            stats.append(st)
+        enc.step(k)
+        dec.step(k)
+        history.append(step_metrics(stats))
+    return history
+
+
+def test_padding_free_crossings_equal_the_padded_reference(plm: bytes, pairs: Pairs) -> None:
+    cfg = small(steps=4)
+    padded = _padded_reference(cfg, plm, pairs, 4)
+    run = train_abnet_local(
+        cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED
+    )
+    for step, (r, h) in enumerate(zip(padded, run.history, strict=True), 1):
+        for key in ("loss", "token_loss", "length_loss", "token_accuracy"):
+            assert abs(r[key] - h[key]) <= 1e-6, (step, key)
+
+
+def test_only_valid_positions_cross_and_the_padding_is_rebuilt() -> None:
+    from workers.training.abnet.wire import (
+        FORWARD,
+        StreamDecoder,
+        StreamEncoder,
+        pack_valid,
+        round_trip,
+        unpack_valid,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([3, 0, 5, 1])
+    x = torch.randn(4, 6, 8, generator=gen)
+    packed = pack_valid(x, lengths)
+    assert packed.shape == (9, 8)
+    assert torch.equal(packed[:3], x[0, :3]) and torch.equal(packed[3:8], x[2, :5])
+    rebuilt = unpack_valid(packed, lengths, 6)
+    mask = torch.arange(6).unsqueeze(0) < lengths.unsqueeze(1)
+    assert torch.equal(rebuilt[mask], x[mask]) and not rebuilt[~mask].any()
+    # what crosses for a whole batch: the valid rows, chunk by chunk, in fewer bytes
+    cfg = small(forward_codec="none")
+    encoder, decoder = (
+        StreamEncoder(cfg, "forward", FORWARD),
+        StreamDecoder(cfg, "forward", FORWARD),
+    )
+    out = round_trip(encoder, decoder, 1, x, 2, lengths)
+    assert torch.equal(out, rebuilt)
+    assert len(encoder.encode(1, pack_valid(x, lengths)).blob) < len(encoder.encode(1, x).blob) / 2
+
+
+@pytest.mark.parametrize(
+    ("lengths", "positions", "reason"),
+    [
+        ([3, 7, 2], 6, "exceeds the tensor's 6 positions"),
+        ([3, 2, 2], 0, "claims 0 positions"),
+        ([3, 2, 2], 25, "claims 25 positions, the limit is 24"),
+    ],
+)
+def test_a_frame_whose_lengths_do_not_fit_is_refused_before_allocation(
+    lengths: list[int], positions: int, reason: str
+) -> None:
+    from workers.training.abnet.wire import Batch, Kind, pack_meta, unpack_meta
+
+    batch = Batch(Kind.TRAIN, 1, 0, torch.arange(3), torch.tensor(lengths), 1, positions)
+    with pytest.raises(ValueError, match=reason):
+        unpack_meta(pack_meta(batch, 10, 255), max_chunks=4, max_len=24)
+
+
+def test_lengths_summing_past_the_batch_or_a_blob_past_them_are_refused() -> None:
+    from workers.compression import WireError
+    from workers.training.abnet.wire import (
+        FORWARD,
+        StreamDecoder,
+        StreamEncoder,
+        check_lengths,
+        pack_valid,
+    )
+
+    with pytest.raises(ValueError, match="sum to 13, more than the batch's 12 positions"):
+        check_lengths(torch.tensor([4, 4, 5]), 4, 24)
+    with pytest.raises(ValueError, match="negative"):
+        check_lengths(torch.tensor([4, -1, 2]), 4, 24)
+    cfg = small(forward_codec="none")
+    encoder, decoder = (
+        StreamEncoder(cfg, "forward", FORWARD),
+        StreamDecoder(cfg, "forward", FORWARD),
+    )
+    x = torch.randn(3, 6, 8)
+    coded = encoder.encode(1, pack_valid(x, torch.tensor([6, 6, 6])))  # 18 rows
+    with pytest.raises(WireError, match=r"claims shape \(18, 8\), the stream expects \(9, 8\)"):
+        decoder.decode(coded, (9, 8), 9 * 8)  # the lengths the meta declared sum to 9

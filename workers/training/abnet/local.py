@@ -57,9 +57,9 @@ def train_abnet_local(
         for m in range(cfg.micro_batches):
             index = enc.indices(k, m)
             h, src_len = enc.forward(enc.data[index])
-            memory = round_trip(*forward, k, h, cfg.activation_chunks)
+            memory = round_trip(*forward, k, h, cfg.activation_chunks, src_len)
             grad, st = dec.train_micro(index, memory, src_len)
-            h.backward(round_trip(*backward, k, grad, 1).to(h.device))
+            h.backward(round_trip(*backward, k, grad, 1, src_len).to(h.device))
             stats.append(st)
         enc.step(k)
         dec.step(k)
@@ -77,6 +77,7 @@ def train_abnet_local(
             with torch.no_grad():
                 h, src_len = enc.forward(src_ids[lo : lo + cfg.eval_batch_size])
             enc.model.train()
-            hyps += dec.translate(round_trip(*evaluation, last, h, cfg.activation_chunks), src_len)
+            memory = round_trip(*evaluation, last, h, cfg.activation_chunks, src_len)
+            hyps += dec.translate(memory, src_len)
         score = bleu(hyps, [s.rstrip("\r\n") for s in eval_target_lines])
     return LocalAbnetRun(enc, dec, history, score)

@@ -63,9 +63,11 @@ from workers.training.abnet.wire import (
     pack_coded,
     pack_meta,
     pack_sync,
+    pack_valid,
     unpack_coded,
     unpack_meta,
     unpack_sync,
+    unpack_valid,
 )
 from workers.training.data import encode_lines
 from workers.training.electra import load_pretrained
@@ -142,7 +144,7 @@ class _Encoder:
         self.sender: Stage[tuple[Batch, torch.Tensor] | Control, None] = Stage(
             "abnet-encoder-send", self._send
         )
-        self.grads: Stage[tuple[int, tuple[int, ...]], torch.Tensor] = Stage(
+        self.grads: Stage[tuple[int, tuple[int, ...], torch.Tensor], torch.Tensor] = Stage(
             "abnet-encoder-recv", self._receive_grad
         )
         self.synced = loop.result.start_step  # T's StepSyncs read through this step
@@ -160,21 +162,26 @@ class _Encoder:
         self.link.send(META, meta)
         n = len(meta)
         encoder = self.encoders[batch.kind]
-        for piece in chunks(h, batch.chunks):
-            payload = pack_coded(encoder.encode(batch.step, piece))
+        pieces = zip(chunks(h, batch.chunks), chunks(batch.src_len, batch.chunks), strict=True)
+        for piece, lengths in pieces:
+            # only the valid positions cross; T rebuilds the padding from the lengths
+            payload = pack_coded(encoder.encode(batch.step, pack_valid(piece, lengths)))
             self.link.send(ACT, payload)
             n += len(payload)
         self.sent.add(batch.kind, batch.step, n)
         if batch.kind == Kind.TRAIN:
             self.choices[batch.step] = auto_metrics("forward", encoder)
 
-    def _receive_grad(self, expected: tuple[int, tuple[int, ...]]) -> torch.Tensor:
-        step, shape = expected
+    def _receive_grad(self, expected: tuple[int, tuple[int, ...], torch.Tensor]) -> torch.Tensor:
+        step, (_, positions, width), lengths = expected
         coded = unpack_coded(self.link.recv(GRAD, timeout=self.cfg.recv_timeout_s))
         if coded.step != step:
             raise RuntimeError(f"expected a gradient of step {step}, got one of {coded.step}")
-        # the gradient of exactly what was sent: another shape is refused before it is built
-        return self.grad_decoder.decode(coded, shape, math.prod(shape))
+        # the gradient of exactly the valid positions sent: another shape is refused
+        # before it is built; the padding's gradient is zero (T masks it)
+        shape = (int(lengths.sum()), width)
+        packed = self.grad_decoder.decode(coded, shape, math.prod(shape))
+        return unpack_valid(packed, lengths, positions)
 
     # -- the compute thread
 
@@ -182,8 +189,10 @@ class _Encoder:
         index = self.side.indices(k, micro)
         h, src_len = self.side.forward(self.side.data[index])  # (B, S, C)
         n_chunks = min(self.cfg.activation_chunks, len(index))
-        self.sender.put((Batch(Kind.TRAIN, k, micro, index, src_len, n_chunks), h.detach()))
-        self.grads.put((k, tuple(h.shape)))
+        positions = h.shape[1]
+        batch = Batch(Kind.TRAIN, k, micro, index, src_len.cpu(), n_chunks, positions)
+        self.sender.put((batch, h.detach()))
+        self.grads.put((k, tuple(h.shape), src_len.cpu()))
         pending.append(h)
 
     def train_step(self, k: int) -> None:
@@ -230,7 +239,8 @@ class _Encoder:
                 index = torch.arange(lo, min(lo + self.cfg.eval_batch_size, n_eval))
                 h, src_len = self.side.forward(self.eval_ids[index])
                 n_chunks = min(self.cfg.activation_chunks, len(index))
-                self.sender.put((Batch(Kind.EVAL, k, 0, index, src_len, n_chunks), h))
+                batch = Batch(Kind.EVAL, k, 0, index, src_len.cpu(), n_chunks, h.shape[1])
+                self.sender.put((batch, h))
         self.side.model.train()
         self.sender.put(Control(Kind.EVAL_END, k))
         score = unpack_sync(expect_bytes(self.link.recv(SYNC, timeout=self.cfg.recv_timeout_s)))
@@ -344,7 +354,7 @@ class _Decoder:
             return None
         timeout = self.cfg.recv_timeout_s
         meta = expect_bytes(self.link.recv(META, timeout=timeout))
-        item = unpack_meta(meta, self.cfg.activation_chunks)
+        item = unpack_meta(meta, self.cfg.activation_chunks, self.cfg.src_len)
         if isinstance(item, Control):
             self.done = item.kind == Kind.STOP
             return item
@@ -356,12 +366,15 @@ class _Decoder:
             raise ValueError(f"source lengths of step {item.step} exceed {self.cfg.src_len}")
         decoder = self.decoders[item.kind]
         pieces = []
-        for rows in chunks(item.index, item.chunks):
+        for lengths in chunks(item.src_len, item.chunks):
             coded = unpack_coded(self.link.recv(ACT, timeout=timeout))
             if coded.step != item.step:
                 raise RuntimeError(f"activations of step {coded.step} inside step {item.step}")
-            shape = (len(rows), None, self.d_model)
-            pieces.append(decoder.decode(coded, shape, len(rows) * self.cfg.src_len * self.d_model))
+            # the valid positions only, as many rows as the lengths say (checked in
+            # unpack_meta): any other shape is refused before it is built
+            shape = (int(lengths.sum()), self.d_model)
+            packed = decoder.decode(coded, shape, math.prod(shape))
+            pieces.append(unpack_valid(packed, lengths, item.positions))
         return item, torch.cat(pieces)
 
     def _send(self, item: tuple[int, torch.Tensor] | StepSync | EvalScore) -> None:
@@ -386,7 +399,8 @@ class _Decoder:
         elif (batch.step, batch.micro) != (loop.next_step, len(self.stats)):
             raise RuntimeError(f"out-of-order micro-batch {batch.micro} of step {batch.step}")
         grad, st = self.side.train_micro(batch.index, memory, batch.src_len)
-        self.sender.put((batch.step, grad))  # S backpropagates it while this side goes on
+        # S backpropagates it while this side goes on; only the valid positions cross
+        self.sender.put((batch.step, pack_valid(grad, batch.src_len)))
         self.stats.append(st)
         if len(self.stats) < cfg.micro_batches:
             return

@@ -71,8 +71,9 @@ class Batch:
     step: int
     micro: int
     index: torch.Tensor  # (B,) pair indices
-    src_len: torch.Tensor  # (B,) source lengths
+    src_len: torch.Tensor  # (B,) source lengths: the valid positions of each sentence
     chunks: int
+    positions: int = 0  # S, the padded length the receiver rebuilds (B, S, C) at
 
 
 def pack_meta(item: Batch | Control, max_index: int, max_len: int) -> bytes:
@@ -83,12 +84,19 @@ def pack_meta(item: Batch | Control, max_index: int, max_len: int) -> bytes:
         "index": pack_uint(item.index, max_index),
         "src_len": pack_uint(item.src_len, max_len),
     }
-    header = {"kind": str(item.kind), "step": item.step, "micro": item.micro, "chunks": item.chunks}
+    header = {
+        "kind": str(item.kind),
+        "step": item.step,
+        "micro": item.micro,
+        "chunks": item.chunks,
+        "positions": item.positions,
+    }
     return pack_message(header, arrays)
 
 
-def unpack_meta(blob: bytes, max_chunks: int) -> Batch | Control:
-    """Inverse of `pack_meta`; ValueError on anything else."""
+def unpack_meta(blob: bytes, max_chunks: int, max_len: int | None = None) -> Batch | Control:
+    """Inverse of `pack_meta`; ValueError on anything else, lengths that do not fit the
+    tensor (`check_lengths`) included, before anything of the batch is allocated."""
     header, arrays = unpack_message(blob)
     kind, step = Kind(header["kind"]), _int(header, "step")
     if kind in (Kind.EVAL_END, Kind.STOP):
@@ -97,7 +105,48 @@ def unpack_meta(blob: bytes, max_chunks: int) -> Batch | Control:
     index, src_len = unpack_int(arrays["index"]), unpack_int(arrays["src_len"])
     if not 1 <= chunks <= max_chunks or len(index) != len(src_len) or chunks > len(index):
         raise ValueError(f"malformed batch header {header}")
-    return Batch(kind, step, _int(header, "micro"), index, src_len, chunks)
+    positions = _int(header, "positions")
+    check_lengths(src_len, positions, max_len)
+    return Batch(kind, step, _int(header, "micro"), index, src_len, chunks, positions)
+
+
+def check_lengths(lengths: torch.Tensor, positions: int, max_len: int | None = None) -> None:
+    """ValueError, with the reason, unless `lengths` can be the valid prefixes of a
+    (len(lengths), positions, C) tensor: each within 0..positions, positions within
+    1..max_len, so that they sum to at most the batch's len(lengths) x positions."""
+    if positions < 1 or (max_len is not None and positions > max_len):
+        raise ValueError(f"the batch claims {positions} positions, the limit is {max_len}")
+    if len(lengths) == 0:
+        return
+    if int(lengths.min()) < 0:
+        raise ValueError(f"a declared length is negative ({int(lengths.min())})")
+    total, room = int(lengths.sum()), len(lengths) * positions
+    if total > room:
+        raise ValueError(f"declared lengths sum to {total}, more than the batch's {room} positions")
+    if int(lengths.max()) > positions:
+        raise ValueError(
+            f"a declared length ({int(lengths.max())}) exceeds the tensor's {positions} positions"
+        )
+
+
+def _prefix(lengths: torch.Tensor, positions: int) -> torch.Tensor:
+    """(B, positions) bool, True at the first lengths[b] positions of each row."""
+    return torch.arange(positions, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def pack_valid(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The valid positions of a padded (B, S, C) tensor as one (sum(lengths), C) matrix,
+    sentence after sentence: padding never crosses."""
+    return x[_prefix(lengths.to(x.device), x.shape[1])]
+
+
+def unpack_valid(packed: torch.Tensor, lengths: torch.Tensor, positions: int) -> torch.Tensor:
+    """The padded (B, positions, C) tensor `pack_valid` came from, zeros at the padding.
+    `lengths` must have passed `check_lengths` and `packed` have sum(lengths) rows."""
+    mask = _prefix(lengths.to(packed.device), positions)
+    out = packed.new_zeros((len(lengths), positions, packed.shape[-1]))
+    out[mask] = packed
+    return out
 
 
 @dataclass(frozen=True)
@@ -253,13 +302,21 @@ class StreamDecoder:
 
 
 def round_trip(
-    encoder: StreamEncoder, decoder: StreamDecoder, step: int, x: torch.Tensor, n_chunks: int
+    encoder: StreamEncoder,
+    decoder: StreamDecoder,
+    step: int,
+    x: torch.Tensor,
+    n_chunks: int,
+    lengths: torch.Tensor,
 ) -> torch.Tensor:
-    """What the far side decodes of `x`, chunk by chunk (the single-process reference's link)."""
+    """What the far side decodes of the padded (B, S, C) `x`, chunk by chunk, only the
+    valid positions crossing (the single-process reference's link)."""
     out = []
-    for piece in chunks(x, n_chunks):
-        shape = tuple(piece.shape)
-        out.append(decoder.decode(encoder.encode(step, piece), shape, piece.numel()))
+    for piece, lens in zip(chunks(x, n_chunks), chunks(lengths, n_chunks), strict=True):
+        packed = pack_valid(piece, lens)
+        shape = tuple(packed.shape)
+        got = decoder.decode(encoder.encode(step, packed), shape, packed.numel())
+        out.append(unpack_valid(got, lens, x.shape[1]))
     return torch.cat(out)
 
 
