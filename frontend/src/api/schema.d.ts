@@ -308,47 +308,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/api/v1/auth/oidc/callback": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /**
-         * Oidc Callback
-         * @description Where the provider sends the browser back: a session and the workspaces, or a page
-         *     that says why not (every outcome audited with the provider and the subject).
-         */
-        get: operations["oidc_callback_api_v1_auth_oidc_callback_get"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
-    "/api/v1/auth/oidc/login": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /**
-         * Oidc Login
-         * @description Send the browser to the identity provider (authorization code flow with PKCE).
-         */
-        get: operations["oidc_login_api_v1_auth_oidc_login_get"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/api/v1/auth/reset-password": {
         parameters: {
             query?: never;
@@ -3782,51 +3741,6 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["OidcInfoOut"];
                 };
-            };
-            400: components["responses"]["BadRequest"];
-        };
-    };
-    oidc_callback_api_v1_auth_oidc_callback_get: {
-        parameters: {
-            query?: {
-                state?: string;
-                code?: string;
-                error?: string;
-            };
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description Successful Response */
-            200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "text/html": string;
-                };
-            };
-            400: components["responses"]["BadRequest"];
-            422: components["responses"]["Invalid"];
-        };
-    };
-    oidc_login_api_v1_auth_oidc_login_get: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        requestBody?: never;
-        responses: {
-            /** @description Successful Response */
-            302: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content?: never;
             };
             400: components["responses"]["BadRequest"];
         };
