@@ -153,7 +153,9 @@ def _sso_page(status_code: int, message: str) -> HTMLResponse:
     return page
 
 
-@router.get("/auth/oidc/login", response_class=RedirectResponse, status_code=302)
+# The two browser legs of single sign-on answer redirects and pages, not JSON: they are
+# for browsers, not API clients, and stay out of the OpenAPI document.
+@router.get("/auth/oidc/login", include_in_schema=False)
 def oidc_login(request: Request, db: SessionDep, settings: SettingsDep) -> Response:
     """Send the browser to the identity provider (authorization code flow with PKCE)."""
     if not oidc.enabled(settings):
@@ -177,7 +179,7 @@ def oidc_login(request: Request, db: SessionDep, settings: SettingsDep) -> Respo
     return answer
 
 
-@router.get("/auth/oidc/callback", response_class=HTMLResponse)
+@router.get("/auth/oidc/callback", include_in_schema=False)
 def oidc_callback(
     request: Request,
     db: SessionDep,
