@@ -175,7 +175,16 @@ class JobKindSpec(BaseModel):
 
 def _auto_metrics(*streams: str) -> frozenset[str]:
     """What the `auto` codec reports for each of `streams` (workers/training/abnet/wire.py)."""
-    fields = ("choice", "rel_error", "wire_bytes", "measured", "bandwidth_mbit")
+    fields = (
+        "choice",
+        "rel_error",
+        "wire_bytes",
+        "measured",
+        "bandwidth_mbit",
+        "measured_error",
+        "profiles",
+        "over_bound",
+    )
     return frozenset(f"auto.{stream}.{field}" for stream in streams for field in fields)
 
 

@@ -249,6 +249,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/forgot-password": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Forgot Password
+         * @description Mail a reset link if the address has an account; the answer is the same either way.
+         */
+        post: operations["forgot_password_api_v1_auth_forgot_password_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/login": {
         parameters: {
             query?: never;
@@ -283,6 +303,46 @@ export interface paths {
          * @description End the current session (or API token) at once.
          */
         post: operations["logout_api_v1_auth_logout_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/oidc": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Oidc Info
+         * @description Whether single sign-on is on, the provider's name, and whether passwords still work.
+         */
+        get: operations["oidc_info_api_v1_auth_oidc_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/reset-password": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Reset Password
+         * @description Set a new password with a reset link's token; every session of the account ends.
+         */
+        post: operations["reset_password_api_v1_auth_reset_password_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -993,7 +1053,7 @@ export interface paths {
         put?: never;
         /**
          * Create Token
-         * @description A new API token; the secret is in this answer only.
+         * @description A new API token; the secret is in this answer only. With a second factor: `otp` too.
          */
         post: operations["create_token_api_v1_me_tokens_post"];
         delete?: never;
@@ -1017,6 +1077,70 @@ export interface paths {
          * @description Revoke one of the caller's API tokens.
          */
         delete: operations["revoke_token_api_v1_me_tokens__token_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/totp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Totp Status
+         * @description Whether the caller has a second factor, and how many recovery codes remain.
+         */
+        get: operations["totp_status_api_v1_me_totp_get"];
+        put?: never;
+        /**
+         * Totp Enrol
+         * @description Begin enrolling a TOTP factor: the secret, its otpauth URI and a QR code, shown once.
+         */
+        post: operations["totp_enrol_api_v1_me_totp_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/totp/confirm": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Totp Confirm
+         * @description Finish enrolling with a code from the app; ten recovery codes, shown once.
+         */
+        post: operations["totp_confirm_api_v1_me_totp_confirm_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/totp/remove": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Totp Remove
+         * @description Remove the caller's second factor and recovery codes, proven by a code now.
+         */
+        post: operations["totp_remove_api_v1_me_totp_remove_post"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -1299,6 +1423,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/users/{user_id}/reset-link": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Issue Reset Link
+         * @description A one-time password reset link for the user, valid 30 minutes; shown this once.
+         */
+        post: operations["issue_reset_link_api_v1_users__user_id__reset_link_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/users/{user_id}/suspend": {
         parameters: {
             query?: never;
@@ -1562,6 +1706,8 @@ export interface components {
             forward_codec: string;
             /** Micro Batches */
             micro_batches?: number | null;
+            /** Precision */
+            precision?: ("fp32" | "bf16") | null;
             /**
              * Preset
              * @default tiny
@@ -1949,10 +2095,6 @@ export interface components {
         };
         /** ClusterOut */
         ClusterOut: {
-            /** Broker Problem */
-            broker_problem?: string | null;
-            /** Broker User */
-            broker_user?: ("ok" | "missing") | null;
             /**
              * Created At
              * Format: date-time
@@ -2025,6 +2167,10 @@ export interface components {
          *     }
          */
         ClusterSlotsIn: {
+            /** Broker Problem */
+            broker_problem?: string | null;
+            /** Broker User */
+            broker_user?: ("ok" | "missing") | null;
             /**
              * Role Slots
              * @description Roles that may run at once; null: the platform default
@@ -2088,6 +2234,7 @@ export interface components {
             /** Id */
             id: string;
             kind: components["schemas"]["DatasetKind"];
+            model?: components["schemas"]["ModelInfoOut"] | null;
             /** Name */
             name: string;
             /** Owner Display Name */
@@ -2150,6 +2297,10 @@ export interface components {
             dropout?: number | null;
             /** N Discriminators */
             n_discriminators?: number | null;
+            /** Post Ln */
+            post_ln?: boolean | null;
+            /** Precision */
+            precision?: ("fp32" | "bf16") | null;
             /**
              * Preset
              * @default tiny
@@ -2299,6 +2450,25 @@ export interface components {
         FinishOut: {
             /** Job Status */
             job_status: string;
+        };
+        /**
+         * ForgotPasswordIn
+         * @example {
+         *       "email": "ada@example.org"
+         *     }
+         */
+        ForgotPasswordIn: {
+            /**
+             * Email
+             * Format: email
+             * @example ada@example.org
+             */
+            email: string;
+        };
+        /** ForgotPasswordOut */
+        ForgotPasswordOut: {
+            /** Detail */
+            detail: string;
         };
         /** HealthOut */
         HealthOut: {
@@ -2559,6 +2729,11 @@ export interface components {
              */
             email: string;
             /**
+             * Otp
+             * @description a TOTP code, or a recovery code, when the account has a second factor
+             */
+            otp?: string | null;
+            /**
              * Password
              * Format: password
              */
@@ -2612,6 +2787,29 @@ export interface components {
             };
         };
         /**
+         * ModelInfoOut
+         * @description What a `model` dataset holds, as checked at upload.
+         */
+        ModelInfoOut: {
+            /** Architecture */
+            architecture: string;
+            /**
+             * Format
+             * @enum {string}
+             */
+            format: "huggingface" | "nebula";
+            /** Hidden Size */
+            hidden_size: number;
+            /** Layers */
+            layers: number;
+            /** Parameters */
+            parameters: number;
+            /** Tokenizer */
+            tokenizer: string;
+            /** Vocab Size */
+            vocab_size: number;
+        };
+        /**
          * NarrowIn
          * @example {
          *       "clusters": [
@@ -2625,6 +2823,15 @@ export interface components {
              * @description A subset of the clusters the grant allows now; empty is 422 (revoke instead)
              */
             clusters: string[];
+        };
+        /** OidcInfoOut */
+        OidcInfoOut: {
+            /** Enabled */
+            enabled: boolean;
+            /** Password Login */
+            password_login: boolean;
+            /** Provider Name */
+            provider_name: string;
         };
         /** OutputOut */
         OutputOut: {
@@ -2648,6 +2855,20 @@ export interface components {
              * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
              */
             new_password: string;
+        };
+        /** PasswordResetIn */
+        PasswordResetIn: {
+            /**
+             * New Password
+             * Format: password
+             * @description 12 to 256 characters, at least 4 distinct; not the email address, not a common password
+             */
+            new_password: string;
+            /**
+             * Token
+             * Format: password
+             */
+            token: string;
         };
         /**
          * PersonOut
@@ -2838,6 +3059,16 @@ export interface components {
              */
             signature: string;
         };
+        /** ResetLinkOut */
+        ResetLinkOut: {
+            /**
+             * Expires At
+             * Format: date-time
+             */
+            expires_at: string;
+            /** Url */
+            url: string;
+        };
         /**
          * ResidencyGrantOut
          * @description A grant one of the job's inputs rests on, and the clusters it allows.
@@ -2930,6 +3161,11 @@ export interface components {
             expires_in_days: number;
             /** Name */
             name: string;
+            /**
+             * Otp
+             * @description a TOTP code, or a recovery code, when the account has a second factor
+             */
+            otp?: string | null;
         };
         /** TokenCreatedOut */
         TokenCreatedOut: {
@@ -2977,6 +3213,39 @@ export interface components {
             name: string;
             /** Revoked At */
             revoked_at: string | null;
+        };
+        /** TotpCodeIn */
+        TotpCodeIn: {
+            /** Code */
+            code: string;
+        };
+        /** TotpConfirmOut */
+        TotpConfirmOut: {
+            /** Recovery Codes */
+            recovery_codes: string[];
+        };
+        /** TotpEnrolIn */
+        TotpEnrolIn: {
+            /** Secret */
+            secret?: string | null;
+        };
+        /** TotpEnrolOut */
+        TotpEnrolOut: {
+            /** Otpauth Uri */
+            otpauth_uri: string;
+            /** Qr Svg */
+            qr_svg: string;
+            /** Secret */
+            secret: string;
+        };
+        /** TotpStatusOut */
+        TotpStatusOut: {
+            /** Enrolled */
+            enrolled: boolean;
+            /** Recovery Codes Left */
+            recovery_codes_left: number;
+            /** Required */
+            required: boolean;
         };
         /**
          * UserCreateIn
@@ -3475,9 +3744,11 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     revoke_api_v1_access_requests__request_id__revoke_post: {
@@ -3674,6 +3945,35 @@ export interface operations {
             403: components["responses"]["Forbidden"];
         };
     };
+    forgot_password_api_v1_auth_forgot_password_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForgotPasswordIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForgotPasswordOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
+        };
+    };
     login_api_v1_auth_login_post: {
         parameters: {
             query?: never;
@@ -3698,6 +3998,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
@@ -3723,6 +4024,54 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
+        };
+    };
+    oidc_info_api_v1_auth_oidc_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OidcInfoOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+        };
+    };
+    reset_password_api_v1_auth_reset_password_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PasswordResetIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     get_catalog_api_v1_catalog_get: {
@@ -4423,8 +4772,10 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     list_worker_credentials_api_v1_clusters__cluster_id__worker_credentials_get: {
@@ -4610,7 +4961,10 @@ export interface operations {
     };
     get_dataset_content_api_v1_datasets__dataset_id__content_get: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description raw: the bytes as uploaded or stored; huggingface: a Nebula-trained ELECTRA model as a tar of a Hugging Face folder (409 for other models) */
+                format?: "raw" | "huggingface";
+            };
             header?: never;
             path: {
                 /** @description The dataset's id */
@@ -4633,6 +4987,7 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
         };
@@ -4968,6 +5323,7 @@ export interface operations {
             408: components["responses"]["RequestTimeout"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
         };
     };
     revoke_token_api_v1_me_tokens__token_id__delete: {
@@ -4993,6 +5349,121 @@ export interface operations {
             401: components["responses"]["NotAuthenticated"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
+        };
+    };
+    totp_status_api_v1_me_totp_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TotpStatusOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+        };
+    };
+    totp_enrol_api_v1_me_totp_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TotpEnrolIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TotpEnrolOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+        };
+    };
+    totp_confirm_api_v1_me_totp_confirm_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TotpCodeIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TotpConfirmOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
+        };
+    };
+    totp_remove_api_v1_me_totp_remove_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TotpCodeIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
         };
@@ -5480,6 +5951,36 @@ export interface operations {
             429: components["responses"]["TooManyAttempts"];
         };
     };
+    issue_reset_link_api_v1_users__user_id__reset_link_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The user's id */
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResetLinkOut"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["Invalid"];
+            429: components["responses"]["TooManyAttempts"];
+        };
+    };
     suspend_user_api_v1_users__user_id__suspend_post: {
         parameters: {
             query?: never;
@@ -5673,7 +6174,7 @@ export interface operations {
                     discoverable?: boolean;
                     /**
                      * Format: binary
-                     * @description text: UTF-8 lines; parallel: UTF-8 source<TAB>target lines; model: a safetensors file
+                     * @description text: UTF-8 lines; parallel: UTF-8 source<TAB>target lines; model: a Nebula safetensors checkpoint, or a tar (plain or gzip) of a Hugging Face folder (config.json, safetensors weights, tokenizer)
                      */
                     file: string;
                     /** @enum {string} */
