@@ -53,6 +53,10 @@ class ClusterOut(BaseModel):
     slots_in_use: int = 0
     slots_by_tenant: list[TenantSlotsOut] = []
     queued_jobs: int = 0
+    # its RabbitMQ user: "ok", "missing" (broker_problem says why and what to run), or null
+    # where the broker has no per-cluster users
+    broker_user: Literal["ok", "missing"] | None = None
+    broker_problem: str | None = None
 
 
 class ClusterSlotsIn(StrictIn):
@@ -61,10 +65,6 @@ class ClusterSlotsIn(StrictIn):
     role_slots: int | None = Field(
         ge=1, le=100_000, description="Roles that may run at once; null: the platform default"
     )
-    # its RabbitMQ user: "ok", "missing" (broker_problem says why and what to run), or null
-    # where the broker has no per-cluster users
-    broker_user: Literal["ok", "missing"] | None = None
-    broker_problem: str | None = None
 
 
 class PresenceOut(BaseModel):

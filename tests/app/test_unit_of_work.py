@@ -23,6 +23,10 @@ OWNER_FUNCTIONS = {
     ("jobs/dispatch.py", "_run"): "the reaper's housekeeping pass",
     ("pki/service.py", "ensure_platform_keys"): "start-up, in sessions of its own",
     ("audit/flushing.py", "flush_once"): "a pass that appends ended refusal windows",
+    ("jobs/dispatch.py", "schedule_and_dispatch"): (
+        "fair-share placement after the caller's commit; each placed job's dispatch its own unit"
+    ),
+    ("api_errors.py", "_audit_tampering"): "the tampering event, in a session of its own",
 }
 
 
@@ -62,4 +66,8 @@ def test_services_never_commit_outside_the_named_moments() -> None:
 def test_the_scan_sees_commits() -> None:
     """The check above would catch one: the routes do commit, and so do the named owners."""
     assert _commits(APP / "grants" / "routes.py")
-    assert {f for f, _ in _commits(APP / "jobs" / "dispatch.py")} == {"reap_once", "_run"}
+    assert {f for f, _ in _commits(APP / "jobs" / "dispatch.py")} == {
+        "reap_once",
+        "_run",
+        "schedule_and_dispatch",
+    }

@@ -260,6 +260,7 @@ def test_one_member_cannot_escape_quotas_by_making_workspaces(settings: Settings
             "max_workspaces": 5,
             "storage_bytes_limit": 1000,
             "max_concurrent_jobs": 2,
+            "roles_per_cluster": 16,
             "workspaces": 3,
             "storage_bytes_used": 600,
             "active_jobs": 1,
