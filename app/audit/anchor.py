@@ -14,7 +14,7 @@ import dataclasses
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,6 +100,85 @@ def signature_holds(anchor: Anchor, key: Ed25519PublicKey) -> bool:
     except (InvalidSignature, ValueError):
         return False
     return True
+
+
+class MirrorConflict(Exception):
+    """The mirror already holds a different anchor for the same seq."""
+
+
+class AnchorMirror:
+    """A write-once copy of the anchors in a folder on another mount or host.
+
+    Each anchor is its own file `<seq>.json`, created with O_EXCL and never opened for
+    writing again: the writer cannot replace or cut back what it pushed, whatever happens
+    to the local file. Point it at a folder on storage the control plane's host cannot
+    rewrite (an NFS export with an append-only/immutable policy, a mounted write-once
+    bucket, a second server's share) so that rewriting history needs that host too.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> AnchorMirror | None:
+        """The configured mirror (NEBULA_AUDIT_ANCHOR_MIRROR), or None."""
+        where = settings.audit_anchor_mirror.strip()
+        if not where:
+            return None
+        return cls(Path(where.removeprefix("file://")))
+
+    def _file(self, seq: int) -> Path:
+        return self.path / f"{seq:012d}.json"
+
+    def push(self, anchor: Anchor) -> bool:
+        """Copy `anchor` once; True if written now, False if the same one was there already.
+
+        MirrorConflict when a different anchor already holds its seq; OSError when the
+        mirror cannot be reached.
+        """
+        line = anchor.to_line()
+        try:
+            fd = os.open(
+                self._file(anchor.seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444
+            )
+        except FileExistsError:
+            if self.get(anchor.seq) != anchor:
+                raise MirrorConflict(
+                    f"the anchor mirror {self.path} holds another anchor for seq {anchor.seq}"
+                ) from None
+            return False
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def get(self, seq: int) -> Anchor | None:
+        """The mirrored anchor of `seq`, or None (absent, or torn by a crash mid-write)."""
+        try:
+            return Anchor.from_line(self._file(seq).read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None
+
+    def seqs(self) -> list[int]:
+        """Every mirrored seq, newest first (OSError when the mirror cannot be read)."""
+        found = []
+        for name in os.listdir(self.path):
+            stem, _, ext = name.partition(".")
+            if ext == "json" and stem.isdigit():
+                found.append(int(stem))
+        return sorted(found, reverse=True)
+
+    def newest(self, valid: Callable[[Anchor], bool]) -> Anchor | None:
+        """The newest mirrored anchor that `valid` accepts (its signature holds), or None."""
+        for seq in self.seqs():
+            anchor = self.get(seq)
+            if anchor is not None and valid(anchor):
+                return anchor
+        return None
 
 
 class AnchorLog:
