@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, NoReturn, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -26,7 +26,8 @@ from app.audit.anchor import (
     MirrorConflict,
     anchor_signing_key,
     sign,
-    signature_holds,
+    signed_by_any,
+    trusted_public_keys,
 )
 from app.audit.models import AuditEvent
 from app.audit.refusals import Verdict
@@ -354,8 +355,8 @@ class _Findings:
 
 
 def _valid_anchor(line: Anchor | None, settings: Settings) -> Anchor | None:
-    public = anchor_signing_key(settings).public_key()
-    return line if line is not None and signature_holds(line, public) else None
+    keys = trusted_public_keys(settings)
+    return line if line is not None and signed_by_any(line, keys) else None
 
 
 def _read_anchors(anchors: AnchorLog, settings: Settings) -> tuple[Anchor | None, Anchor | None]:
@@ -378,9 +379,9 @@ def _against_mirror(
     mirror = AnchorMirror.for_settings(settings)
     if mirror is None:
         return newest
-    public = anchor_signing_key(settings).public_key()
+    keys = trusted_public_keys(settings)
     try:
-        mirrored = mirror.newest(lambda a: signature_holds(a, public))
+        mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
     except OSError:
         mirrored = None
     if mirrored is None:
@@ -461,11 +462,12 @@ class AnchorsDisagree(AnchorsMissing):
     """The anchor mirror holds a newer or a different anchor than the local file."""
 
 
-def _check_mirror(mirror: AnchorMirror, newest: Anchor | None, signer: Ed25519PrivateKey) -> None:
+def _check_mirror(
+    mirror: AnchorMirror, newest: Anchor | None, keys: list[Ed25519PublicKey]
+) -> None:
     """Refuse to anchor over a local file that the mirror shows was cut back or rewritten."""
-    public = signer.public_key()
     try:
-        mirrored = mirror.newest(lambda a: signature_holds(a, public))
+        mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
     except OSError as exc:
         log.error("the audit anchor mirror %s cannot be read: %s", mirror.path, exc)
         return  # anchoring goes on locally; verify names the mirror's absence
@@ -510,12 +512,13 @@ def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anch
     """
     key = subkey(settings, Purpose.audit_chain)
     signer = anchor_signing_key(settings)
+    keys = trusted_public_keys(settings)
     anchors = AnchorLog.for_settings(settings)
     mirror = AnchorMirror.for_settings(settings)
     with anchors.locked():
         newest = anchors.newest()
         if mirror is not None:
-            _check_mirror(mirror, newest, signer)
+            _check_mirror(mirror, newest, keys)
         if newest is None and not adopt:
             events = db.scalar(select(func.count()).select_from(AuditEvent)) or 0
             if events:
@@ -532,7 +535,7 @@ def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anch
             seq = legacy_through
             if legacy_through:
                 log.warning("audit events 1..%d predate the keyed chain; anchored as they are", seq)
-        elif not signature_holds(newest, signer.public_key()):
+        elif not signed_by_any(newest, keys):
             log.error("the newest audit anchor is not signed by this control plane; not anchoring")
             return None
         else:
