@@ -129,6 +129,15 @@ def test_anchors_signed_by_the_derived_key_verify_once_its_public_key_is_listed(
     )
     assert listed.returncode == 0, listed.stderr
     settings.audit_anchor_public_keys = listed.stdout.strip()
+    missing = subprocess.run(
+        [sys.executable, "-m", "cli", "audit", "verify"],
+        env=env | {"NEBULA_AUDIT_ANCHOR_KEY_FILE": str(settings.var_dir / "no-such-key.pem")},
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert missing.returncode == 1 and "anchor-key create" in missing.stdout, missing.stdout
 
     with platform.factory() as db:
         assert audit.verify(db, settings=settings).ok
