@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -462,23 +463,34 @@ class AnchorsDisagree(AnchorsMissing):
     """The anchor mirror holds a newer or a different anchor than the local file."""
 
 
+# The newest seq this process has seen in each mirror: after the first pass the anchorer
+# compares against it instead of listing the mirror every interval (a folder of one file per
+# anchor grows without end). Read and written under the anchor file's lock.
+_mirror_high: dict[Path, int] = {}
+
+
 def _check_mirror(
     mirror: AnchorMirror, newest: Anchor | None, keys: list[Ed25519PublicKey]
 ) -> None:
     """Refuse to anchor over a local file that the mirror shows was cut back or rewritten."""
-    try:
-        mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
-    except OSError as exc:
-        log.error("the audit anchor mirror %s cannot be read: %s", mirror.path, exc)
-        return  # anchoring goes on locally; verify names the mirror's absence
-    if mirrored is None:
-        return
-    if newest is None or mirrored.seq > newest.seq:
+    high = _mirror_high.get(mirror.path)
+    if high is None:
+        try:
+            mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
+        except OSError as exc:
+            log.error("the audit anchor mirror %s cannot be read: %s", mirror.path, exc)
+            return  # anchoring goes on locally; verify names the mirror's absence
+        high = mirrored.seq if mirrored is not None else -1
+    local = newest.seq if newest is not None else -1
+    if high > local:
         raise AnchorsDisagree(
-            f"the anchor mirror {mirror.path} holds a signed anchor at seq {mirrored.seq} but"
+            f"the anchor mirror {mirror.path} holds a signed anchor at seq {high} but"
             f" the local anchor file ends at seq {newest.seq if newest else 'nothing'}: it was"
             " cut back; restore it from the mirror (nothing is signed until then)"
         )
+    _mirror_high[mirror.path] = high
+    if newest is None:
+        return
     copy = mirror.get(newest.seq)
     if copy is not None and copy != newest:
         raise AnchorsDisagree(
@@ -493,6 +505,7 @@ def _push(mirror: AnchorMirror | None, anchor: Anchor) -> None:
         return
     try:
         mirror.push(anchor)
+        _mirror_high[mirror.path] = max(_mirror_high.get(mirror.path, -1), anchor.seq)
     except MirrorConflict as exc:
         raise AnchorsDisagree(f"{exc}: the local anchor file was rewritten") from exc
     except OSError as exc:
