@@ -26,7 +26,7 @@ class Purpose(StrEnum):
     ca_key_wrap = "ca-key-wrap"  # encrypts the CA's private key at rest
     job_token_key_wrap = "job-token-key-wrap"  # encrypts the job-token signing key
     audit_chain = "audit-chain"  # keys the audit log's hash chain
-    audit_anchor = "audit-anchor"  # Ed25519 seed that signs the chain's heads kept outside the DB
+    audit_anchor = "audit-anchor"  # the anchor key of earlier releases (now a key file; migration)
     csrf = "csrf"  # binds CSRF tokens to sessions
     checkpoints = "checkpoints"  # derives each job's key for what it leaves on clusters
     row_seal = "row-seal"  # MACs the rows that confer access (app/seals.py)

@@ -134,6 +134,15 @@ class Settings(BaseSettings):
     # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
     # newer than the last anchor could be deleted unseen by someone with database rights
     audit_anchor_interval_s: float = 1.0
+    # a folder on another mount or host that receives a write-once copy of every anchor
+    # (one O_EXCL file each); verify checks the local file against it. Empty: no mirror
+    audit_anchor_mirror: str = ""
+    # the Ed25519 key that signs anchors (PKCS#8 PEM, mode 0600; `nebula audit anchor-key
+    # create`). None: var_dir/audit_anchor_key, made at first start (same host: see
+    # docs/audit.md, key ceremony). Retired keys' public halves (base64, comma-separated)
+    # still verify the anchors they signed
+    audit_anchor_key_file: Path | None = None
+    audit_anchor_public_keys: str = ""
     # Refusals (denied lookups, locked-out logins): identical ones within a window are one
     # counted row; each user and each address has this many distinct ones recorded per
     # window, and past that a denied lookup answers 429 (app/audit/refusals.py)

@@ -131,12 +131,18 @@ def _reset_link(args: argparse.Namespace, settings: Settings) -> int:
 
 def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit import service as audit
+    from app.audit.anchor import AnchorKeyError
     from app.db import make_sessionmaker
 
     engine = _engine(settings)
-    with make_sessionmaker(engine)() as db:
-        result = audit.verify(db, settings=settings)
-    engine.dispose()
+    try:
+        with make_sessionmaker(engine)() as db:
+            result = audit.verify(db, settings=settings)
+    except AnchorKeyError as exc:
+        print(f"audit chain not checked: {exc}")
+        return 1
+    finally:
+        engine.dispose()
     if result.ok:
         print(f"audit chain ok: {result.count} events, signed head at seq {result.anchored_seq}")
         return 0
@@ -163,6 +169,39 @@ def _audit_adopt(args: argparse.Namespace, settings: Settings) -> int:
         f"first anchor signed at seq {anchor.seq}; events 1..{anchor.legacy_through}"
         " kept as an unkeyed chain, pinned by it"
     )
+    return 0
+
+
+def _anchor_key(args: argparse.Namespace, settings: Settings) -> int:
+    from app.audit.anchor import (
+        AnchorKeyError,
+        anchor_key_path,
+        anchor_signing_key,
+        create_anchor_key,
+        derived_anchor_key,
+        public_key_b64,
+    )
+
+    if args.action == "create":
+        path = args.out or anchor_key_path(settings)
+        try:
+            public = create_anchor_key(path)
+        except FileExistsError:
+            print(f"{path} exists; a key is never replaced (rotate to a new file)", file=sys.stderr)
+            return 1
+        print(f"anchor signing key written to {path} (mode 0600)")
+        print(f"public key: {public_key_b64(public)}")
+        return 0
+    if args.action == "derived-public":
+        # the key releases before the key file derived from the platform secret: list it in
+        # NEBULA_AUDIT_ANCHOR_PUBLIC_KEYS while moving to a key file (docs/audit.md)
+        print(public_key_b64(derived_anchor_key(settings).public_key()))
+        return 0
+    try:
+        print(public_key_b64(anchor_signing_key(settings).public_key()))
+    except AnchorKeyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -760,6 +799,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="sign the chain as it stands as the first anchor (an upgrade from a release"
         " without the keyed chain); refused once an anchor file exists",
     ).set_defaults(run=_audit_adopt)
+    anchor_key = audit.add_parser(
+        "anchor-key",
+        help="the key that signs the audit anchors: create one (0600, never overwritten),"
+        " print its public key, or the public key earlier releases derived",
+    )
+    anchor_key.add_argument("action", choices=["create", "public", "derived-public"])
+    anchor_key.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where create writes the key (default: NEBULA_AUDIT_ANCHOR_KEY_FILE or"
+        " var/audit_anchor_key)",
+    )
+    anchor_key.set_defaults(run=_anchor_key)
     return parser
 
 

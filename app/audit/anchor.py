@@ -3,8 +3,11 @@
 Someone with rights over the database can delete the newest events and leave a chain
 that still verifies; they cannot reach the data directory nor sign. Each line of
 `<data dir>/audit/anchors.jsonl` is one head `(seq, hash)` signed with an Ed25519 key
-derived from the platform secret for this purpose alone (not the CA's, not the
-job-token key), so the table is checked against the newest line.
+of its own, kept in a key file (NEBULA_AUDIT_ANCHOR_KEY_FILE; by default var/audit_anchor_key,
+made at first start), so the table is checked against the newest line. The key is not
+derived from the platform secret: whoever holds that secret alone cannot sign an anchor.
+Releases before this one derived it (`derived_anchor_key`); docs/audit.md says how such a
+deployment moves to a key file.
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ import base64
 import dataclasses
 import fcntl
 import json
+import logging
 import os
-from collections.abc import Iterator
+import secrets
+import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,10 +28,18 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
 
 from app.keyring import Purpose, subkey
 from app.settings import Settings
+
+log = logging.getLogger("nebula.audit")
 
 # Lines are ~250 bytes; reading the tail in blocks this size finds the last one at once.
 _TAIL_BLOCK = 4096
@@ -74,9 +88,96 @@ class Anchor:
             raise ValueError(f"not an anchor line: {exc}") from exc
 
 
-def anchor_signing_key(settings: Settings) -> Ed25519PrivateKey:
-    """The control plane's anchor key, derived from the platform secret (never stored)."""
+class AnchorKeyError(Exception):
+    """The anchor key file is missing (where configured), unreadable or readable by others."""
+
+
+def derived_anchor_key(settings: Settings) -> Ed25519PrivateKey:
+    """The anchor key earlier releases derived from the platform secret (migration only)."""
     return Ed25519PrivateKey.from_private_bytes(subkey(settings, Purpose.audit_anchor))
+
+
+def anchor_key_path(settings: Settings) -> Path:
+    """Where this deployment's anchor key file is (configured, or under var_dir)."""
+    return settings.audit_anchor_key_file or settings.var_dir / "audit_anchor_key"
+
+
+def create_anchor_key(path: Path) -> Ed25519PublicKey:
+    """Make a new anchor key at `path`: 0600 from its first byte, never replacing a file.
+
+    FileExistsError when `path` exists (a key is never overwritten: rotate to a new path).
+    """
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # complete before it has its name: two processes starting at once read the same key
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, pem)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    finally:
+        tmp.unlink()
+    return key.public_key()
+
+
+def anchor_signing_key(settings: Settings) -> Ed25519PrivateKey:
+    """The control plane's anchor key, read from its key file.
+
+    With no key file configured and none under var_dir yet (a new single-host deployment),
+    one is made there, with a warning that it lives on the same host as the log it signs.
+    """
+    path = anchor_key_path(settings)
+    if not path.exists():
+        if settings.audit_anchor_key_file is not None:
+            raise AnchorKeyError(
+                f"the audit anchor key file {path} (NEBULA_AUDIT_ANCHOR_KEY_FILE) does not"
+                " exist: make it with `nebula audit anchor-key create --out PATH`"
+            )
+        try:
+            create_anchor_key(path)
+            log.warning(
+                "made the audit anchor signing key %s on this host: whoever controls this host"
+                " can sign anchors; keep anchors mirrored off the host (NEBULA_AUDIT_ANCHOR_MIRROR)"
+                " and see docs/audit.md, key ceremony",
+                path,
+            )
+        except FileExistsError:
+            pass  # another process made it first: read that one
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_IMODE(mode) & 0o077:
+            raise AnchorKeyError(
+                f"the audit anchor key file {path} is readable by others"
+                f" (mode {stat.S_IMODE(mode):04o}): chmod 600 it"
+            )
+        with os.fdopen(os.dup(fd), "rb") as f:
+            pem = f.read()
+    finally:
+        os.close(fd)
+    key = load_pem_private_key(pem, password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise AnchorKeyError(f"the audit anchor key file {path} does not hold an Ed25519 key")
+    return key
+
+
+def trusted_public_keys(settings: Settings) -> list[Ed25519PublicKey]:
+    """The current key's public half, then the retired ones (NEBULA_AUDIT_ANCHOR_PUBLIC_KEYS)."""
+    keys = [anchor_signing_key(settings).public_key()]
+    for text in settings.audit_anchor_public_keys.split(","):
+        if text.strip():
+            keys.append(Ed25519PublicKey.from_public_bytes(base64.b64decode(text.strip())))
+    return keys
+
+
+def signed_by_any(anchor: Anchor, keys: list[Ed25519PublicKey]) -> bool:
+    """Whether one of `keys` signed `anchor` as it reads now."""
+    return any(signature_holds(anchor, key) for key in keys)
 
 
 def public_key_b64(key: Ed25519PublicKey) -> str:
@@ -100,6 +201,85 @@ def signature_holds(anchor: Anchor, key: Ed25519PublicKey) -> bool:
     except (InvalidSignature, ValueError):
         return False
     return True
+
+
+class MirrorConflict(Exception):
+    """The mirror already holds a different anchor for the same seq."""
+
+
+class AnchorMirror:
+    """A write-once copy of the anchors in a folder on another mount or host.
+
+    Each anchor is its own file `<seq>.json`, created with O_EXCL and never opened for
+    writing again: the writer cannot replace or cut back what it pushed, whatever happens
+    to the local file. Point it at a folder on storage the control plane's host cannot
+    rewrite (an NFS export with an append-only/immutable policy, a mounted write-once
+    bucket, a second server's share) so that rewriting history needs that host too.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> AnchorMirror | None:
+        """The configured mirror (NEBULA_AUDIT_ANCHOR_MIRROR), or None."""
+        where = settings.audit_anchor_mirror.strip()
+        if not where:
+            return None
+        return cls(Path(where.removeprefix("file://")))
+
+    def _file(self, seq: int) -> Path:
+        return self.path / f"{seq:012d}.json"
+
+    def push(self, anchor: Anchor) -> bool:
+        """Copy `anchor` once; True if written now, False if the same one was there already.
+
+        MirrorConflict when a different anchor already holds its seq; OSError when the
+        mirror cannot be reached.
+        """
+        line = anchor.to_line()
+        try:
+            fd = os.open(
+                self._file(anchor.seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444
+            )
+        except FileExistsError:
+            if self.get(anchor.seq) != anchor:
+                raise MirrorConflict(
+                    f"the anchor mirror {self.path} holds another anchor for seq {anchor.seq}"
+                ) from None
+            return False
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def get(self, seq: int) -> Anchor | None:
+        """The mirrored anchor of `seq`, or None (absent, or torn by a crash mid-write)."""
+        try:
+            return Anchor.from_line(self._file(seq).read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None
+
+    def seqs(self) -> list[int]:
+        """Every mirrored seq, newest first (OSError when the mirror cannot be read)."""
+        found = []
+        for name in os.listdir(self.path):
+            stem, _, ext = name.partition(".")
+            if ext == "json" and stem.isdigit():
+                found.append(int(stem))
+        return sorted(found, reverse=True)
+
+    def newest(self, valid: Callable[[Anchor], bool]) -> Anchor | None:
+        """The newest mirrored anchor that `valid` accepts (its signature holds), or None."""
+        for seq in self.seqs():
+            anchor = self.get(seq)
+            if anchor is not None and valid(anchor):
+                return anchor
+        return None
 
 
 class AnchorLog:

@@ -54,7 +54,9 @@ class AuditNamedList(BaseModel):
 
 
 class ProblemOut(BaseModel):
-    kind: Literal["removed", "rewritten", "forged", "tail_deleted", "unanchored"]
+    kind: Literal[
+        "removed", "rewritten", "forged", "tail_deleted", "unanchored", "anchors_disagree"
+    ]
     first_seq: int
     last_seq: int
     detail: str

@@ -9,16 +9,27 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from app import seals
 from app.audit import refusals
-from app.audit.anchor import Anchor, AnchorLog, anchor_signing_key, sign, signature_holds
+from app.audit.anchor import (
+    Anchor,
+    AnchorLog,
+    AnchorMirror,
+    MirrorConflict,
+    anchor_signing_key,
+    sign,
+    signed_by_any,
+    trusted_public_keys,
+)
 from app.audit.models import AuditEvent
 from app.audit.refusals import Verdict
 from app.db import Page, begin_writing, utcnow
@@ -264,7 +275,9 @@ def flush_refusals(db: Session, *, everything: bool = False) -> int:
     return len(rows)
 
 
-ProblemKind = Literal["removed", "rewritten", "forged", "tail_deleted", "unanchored"]
+ProblemKind = Literal[
+    "removed", "rewritten", "forged", "tail_deleted", "unanchored", "anchors_disagree"
+]
 
 _PROBLEM_TEXT: dict[str, str] = {
     "removed": "missing from the middle of the chain",
@@ -294,6 +307,22 @@ class Problem:
             return (
                 "unanchored: no valid signed anchor, so deleted newest events would go unseen;"
                 " restore the anchor file (data dir audit/anchors.jsonl) from its backup"
+            )
+        if self.kind == "anchors_disagree":
+            if self.first_seq < self.last_seq:
+                return (
+                    f"anchors_disagree: the local anchor file ends at seq {self.first_seq} but"
+                    f" the anchor mirror holds a signed anchor at seq {self.last_seq}: the file"
+                    " was cut back; restore it from the mirror and treat it as tampering"
+                )
+            if self.first_seq > self.last_seq:
+                return (
+                    "anchors_disagree: the anchor mirror cannot be read or holds no anchor"
+                    f" while the local file is at seq {self.first_seq}"
+                )
+            return (
+                f"anchors_disagree: the local anchor at seq {self.first_seq} is not the one"
+                " the anchor mirror holds: the file was rewritten; treat it as tampering"
             )
         span = (
             f"event {self.first_seq}"
@@ -327,8 +356,8 @@ class _Findings:
 
 
 def _valid_anchor(line: Anchor | None, settings: Settings) -> Anchor | None:
-    public = anchor_signing_key(settings).public_key()
-    return line if line is not None and signature_holds(line, public) else None
+    keys = trusted_public_keys(settings)
+    return line if line is not None and signed_by_any(line, keys) else None
 
 
 def _read_anchors(anchors: AnchorLog, settings: Settings) -> tuple[Anchor | None, Anchor | None]:
@@ -339,15 +368,49 @@ def _read_anchors(anchors: AnchorLog, settings: Settings) -> tuple[Anchor | None
         return None, None
 
 
+def _against_mirror(
+    newest: Anchor | None, settings: Settings, findings: _Findings
+) -> Anchor | None:
+    """Check the local newest anchor against the mirror; the newer of the two counts.
+
+    A mirror holding a newer signed anchor means the local file was cut back (events after
+    it may be gone unseen), and one holding another anchor for the same seq means it was
+    rewritten: both are named. Without a mirror, `newest` as it is.
+    """
+    mirror = AnchorMirror.for_settings(settings)
+    if mirror is None:
+        return newest
+    keys = trusted_public_keys(settings)
+    try:
+        mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
+    except OSError:
+        mirrored = None
+    if mirrored is None:
+        if newest is not None and newest.seq > 0:
+            findings.add("anchors_disagree", newest.seq, newest.seq - 1)
+        return newest
+    local_seq = newest.seq if newest is not None else -1
+    if mirrored.seq > local_seq:
+        findings.add("anchors_disagree", max(local_seq, 0), mirrored.seq)
+        return mirrored
+    if newest is not None:
+        copy = mirror.get(newest.seq)
+        if copy is not None and copy != newest:
+            findings.add("anchors_disagree", newest.seq, newest.seq)
+            return copy
+    return newest
+
+
 def verify(db: Session, *, settings: Settings) -> Verification:
     """Check every event's keyed hash and link, and the table against the newest anchor."""
     key = subkey(settings, Purpose.audit_chain)
     first, newest = _read_anchors(AnchorLog.for_settings(settings), settings)
+    findings = _Findings()
+    newest = _against_mirror(newest, settings, findings)
     legacy_through = newest.legacy_through if newest is not None else 0
     anchored_seq = newest.seq if newest is not None else 0
     # the oldest anchor pins the head of the unkeyed legacy events, the newest one the tail
     pinned = {a.seq: a.hash for a in (first, newest) if a is not None and a.seq > 0}
-    findings = _Findings()
     expected_seq, prev_hash, count = 1, GENESIS_HASH, 0
     rows: Iterator[AuditEvent] = db.scalars(
         select(AuditEvent).order_by(AuditEvent.seq).execution_options(yield_per=1000)
@@ -396,6 +459,59 @@ class AnchorsMissing(Exception):
     """The anchor file is gone (or holds no anchor) while the table holds events."""
 
 
+class AnchorsDisagree(AnchorsMissing):
+    """The anchor mirror holds a newer or a different anchor than the local file."""
+
+
+# The newest seq this process has seen in each mirror: after the first pass the anchorer
+# compares against it instead of listing the mirror every interval (a folder of one file per
+# anchor grows without end). Read and written under the anchor file's lock.
+_mirror_high: dict[Path, int] = {}
+
+
+def _check_mirror(
+    mirror: AnchorMirror, newest: Anchor | None, keys: list[Ed25519PublicKey]
+) -> None:
+    """Refuse to anchor over a local file that the mirror shows was cut back or rewritten."""
+    high = _mirror_high.get(mirror.path)
+    if high is None:
+        try:
+            mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
+        except OSError as exc:
+            log.error("the audit anchor mirror %s cannot be read: %s", mirror.path, exc)
+            return  # anchoring goes on locally; verify names the mirror's absence
+        high = mirrored.seq if mirrored is not None else -1
+    local = newest.seq if newest is not None else -1
+    if high > local:
+        raise AnchorsDisagree(
+            f"the anchor mirror {mirror.path} holds a signed anchor at seq {high} but"
+            f" the local anchor file ends at seq {newest.seq if newest else 'nothing'}: it was"
+            " cut back; restore it from the mirror (nothing is signed until then)"
+        )
+    _mirror_high[mirror.path] = high
+    if newest is None:
+        return
+    copy = mirror.get(newest.seq)
+    if copy is not None and copy != newest:
+        raise AnchorsDisagree(
+            f"the local anchor at seq {newest.seq} differs from the anchor mirror's copy: the"
+            " file was rewritten; restore it from the mirror (nothing is signed until then)"
+        )
+
+
+def _push(mirror: AnchorMirror | None, anchor: Anchor) -> None:
+    """Copy `anchor` to the mirror; an unreachable mirror is logged and retried next pass."""
+    if mirror is None:
+        return
+    try:
+        mirror.push(anchor)
+        _mirror_high[mirror.path] = max(_mirror_high.get(mirror.path, -1), anchor.seq)
+    except MirrorConflict as exc:
+        raise AnchorsDisagree(f"{exc}: the local anchor file was rewritten") from exc
+    except OSError as exc:
+        log.error("audit anchor %d not copied to the mirror %s: %s", anchor.seq, mirror.path, exc)
+
+
 def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anchor | None:
     """Sign the chain's head into the anchor file if it moved; returns the newest anchor.
 
@@ -409,9 +525,13 @@ def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anch
     """
     key = subkey(settings, Purpose.audit_chain)
     signer = anchor_signing_key(settings)
+    keys = trusted_public_keys(settings)
     anchors = AnchorLog.for_settings(settings)
+    mirror = AnchorMirror.for_settings(settings)
     with anchors.locked():
         newest = anchors.newest()
+        if mirror is not None:
+            _check_mirror(mirror, newest, keys)
         if newest is None and not adopt:
             events = db.scalar(select(func.count()).select_from(AuditEvent)) or 0
             if events:
@@ -428,7 +548,7 @@ def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anch
             seq = legacy_through
             if legacy_through:
                 log.warning("audit events 1..%d predate the keyed chain; anchored as they are", seq)
-        elif not signature_holds(newest, signer.public_key()):
+        elif not signed_by_any(newest, keys):
             log.error("the newest audit anchor is not signed by this control plane; not anchoring")
             return None
         else:
@@ -452,9 +572,11 @@ def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anch
                 break
             seq, head = event.seq, event.hash
         if newest is not None and seq == newest.seq:
+            _push(mirror, newest)  # a mirror configured later, or one that was unreachable
             return newest
         anchor = sign(signer, seq=seq, hash=head, legacy_through=legacy_through, at=utcnow())
         anchors.append(anchor)
+        _push(mirror, anchor)
         return anchor
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from app.audit import service as audit
-from app.audit.anchor import AnchorLog
+from app.audit.anchor import AnchorLog, AnchorMirror, MirrorConflict, anchor_signing_key, sign
 from app.audit.anchoring import Anchorer
 from app.audit.models import AuditEvent
 from app.audit.service import GENESIS_HASH, Actor
@@ -110,3 +110,94 @@ def test_a_new_deployment_anchors_its_empty_table_and_adopt_is_explicit(
     _events(platform, 2)
     with platform.factory() as db:
         assert audit.verify(db, settings=settings).ok
+
+
+def _mirrored(settings: Settings, tmp_path: Path) -> Path:
+    mirror = tmp_path / "mirror"  # stands for a folder on another host's write-once share
+    mirror.mkdir()
+    settings.audit_anchor_mirror = str(mirror)
+    return mirror
+
+
+def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
+    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
+) -> None:
+    """Delete the newest events, cut the file back to an older anchor: the mirror names it."""
+    mirror = _mirrored(settings, tmp_path)
+    _events(platform, 3)
+    anchors = AnchorLog.for_settings(settings)
+    older = anchors.newest()
+    assert older is not None
+    saved = anchors.path.read_bytes()
+    _events(platform, 3)
+    newest = anchors.newest()
+    assert newest is not None and newest.seq > older.seq
+    assert AnchorMirror(mirror).get(newest.seq) == newest  # pushed as it was signed
+    assert (mirror / f"{newest.seq:012d}.json").stat().st_mode & 0o222 == 0
+
+    disable_audit_triggers(platform.factory)
+    with platform.factory() as db:
+        db.execute(delete(AuditEvent).where(AuditEvent.seq > older.seq))
+        db.commit()
+    anchors.path.write_bytes(saved)
+
+    with platform.factory() as db:
+        result = audit.verify(db, settings=settings)
+    assert not result.ok
+    found = {(p.kind, p.first_seq, p.last_seq) for p in result.problems}
+    assert ("anchors_disagree", older.seq, newest.seq) in found, result.problems
+    assert ("tail_deleted", older.seq + 1, newest.seq) in found, result.problems
+    env = cli_env(settings) | {"NEBULA_AUDIT_ANCHOR_MIRROR": str(mirror)}
+    cli = subprocess.run(
+        [sys.executable, "-m", "cli", "audit", "verify"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert cli.returncode == 1 and "was cut back" in cli.stdout, cli.stdout
+    # without the mirror the cut is invisible: that is what the mirror is for
+    assert _cli(settings, "verify").returncode == 0
+
+    # the anchorer stops rather than sign over the cut
+    anchorer = Anchorer(client.app.state.read_sessionmaker, settings)  # type: ignore[attr-defined]
+    anchorer.anchor_once()
+    assert anchorer.halted
+    with platform.factory() as db, pytest.raises(audit.AnchorsDisagree, match="cut back"):
+        audit.anchor_head(db, settings=settings)
+    # a process started after the cut (nothing remembered) lists the mirror and stops too
+    audit._mirror_high.clear()
+    with platform.factory() as db, pytest.raises(audit.AnchorsDisagree, match="cut back"):
+        audit.anchor_head(db, settings=settings)
+    assert anchors.newest() == older
+
+
+def test_a_rewritten_local_anchor_differs_from_the_mirror_and_the_mirror_is_write_once(
+    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
+) -> None:
+    mirror = _mirrored(settings, tmp_path)
+    _events(platform, 3)
+    anchors = AnchorLog.for_settings(settings)
+    newest = anchors.newest()
+    assert newest is not None
+    # someone with the signing key re-signs the same seq (say, over a rewritten event)
+    forged = sign(
+        anchor_signing_key(settings),
+        seq=newest.seq,
+        hash="0" * 64,
+        legacy_through=newest.legacy_through,
+        at=newest.signed_at,
+    )
+    with pytest.raises(MirrorConflict):
+        AnchorMirror(mirror).push(forged)  # the writer never replaces a mirrored anchor
+    lines = anchors.path.read_bytes().splitlines(keepends=True)
+    anchors.path.write_bytes(b"".join(lines[:-1]) + forged.to_line())
+    with platform.factory() as db:
+        result = audit.verify(db, settings=settings)
+    assert not result.ok
+    assert any(
+        p.kind == "anchors_disagree" and p.first_seq == p.last_seq == newest.seq
+        for p in result.problems
+    ), result.problems
+    assert any("was rewritten" in p.detail for p in result.problems)

@@ -2946,7 +2946,7 @@ export interface components {
              * Kind
              * @enum {string}
              */
-            kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored";
+            kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored" | "anchors_disagree";
             /** Last Seq */
             last_seq: number;
         };

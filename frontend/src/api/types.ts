@@ -390,7 +390,7 @@ export interface NamedAuditEvent extends AuditEvent {
 
 /** One finding of the audit chain's verification, over a run of events. */
 export interface AuditProblem {
-  kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored";
+  kind: "removed" | "rewritten" | "forged" | "tail_deleted" | "unanchored" | "anchors_disagree";
   first_seq: number;
   last_seq: number;
   detail: string;
