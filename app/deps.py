@@ -27,7 +27,7 @@ from app.audit.service import Actor
 from app.db import Page, begin_reading
 from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
-from app.openapi import security
+from app.openapi import second_factor_gate, security
 from app.routing import InHop
 from app.settings import Settings
 from contract import API_PREFIX as API_PREFIX
@@ -247,6 +247,7 @@ def client_ip(request: Request) -> str | None:
 
 @security({"bearer": []}, {"session_cookie": []})
 @raises(NotAuthenticated, unsafe_only=(Forbidden,))
+@second_factor_gate(refuses=True)
 async def get_caller(request: Request, db: SessionDep, settings: SettingsDep) -> Caller:
     """Authenticate by bearer token or session cookie (with CSRF on unsafe methods).
 
@@ -276,6 +277,7 @@ async def get_caller(request: Request, db: SessionDep, settings: SettingsDep) ->
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
+@second_factor_gate(refuses=False)
 async def allow_enrolling(caller: CallerDep) -> Caller:
     """Any signed-in caller, including a session that may only enrol a second factor."""
     return caller.allow_enrolling()

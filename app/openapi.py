@@ -64,7 +64,20 @@ def security(*requirements: dict[str, list[str]]) -> Callable[[F], F]:
     return mark
 
 
+def second_factor_gate(*, refuses: bool) -> Callable[[F], F]:
+    """Mark a caller dependency for the document: whether the routes that use it refuse (403)
+    a session that may only enrol a second factor (an admin without one, where the platform
+    requires it). A route is refused unless one of its dependencies lifts the gate."""
+
+    def mark(func: F) -> F:
+        func.__second_factor_gate__ = refuses  # type: ignore[attr-defined]
+        return func
+
+    return mark
+
+
 ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
+FORBIDDEN_STATUS = 403
 # Any request may meet these before it reaches a route (app.middleware).
 MIDDLEWARE_STATUSES = {400}  # a NUL byte in the URL
 BODY_LIMIT_STATUS = 413
@@ -135,9 +148,14 @@ def error_statuses(route: RouteContext, method: str) -> set[int]:
     if "{" in str(route.path_format):
         statuses.add(404)  # every path id names something that may be missing or not the caller's
         statuses.add(THROTTLED_STATUS)  # ... and a scan of such ids is throttled
+    gates = set()
     for call in _calls(route):
         errors: tuple[type[DomainError], ...] = declared_errors(call, unsafe=unsafe)
         statuses.update(error.status for error in errors)
+        if hasattr(call, "__second_factor_gate__"):
+            gates.add(bool(call.__second_factor_gate__))
+    if True in gates and False not in gates:
+        statuses.add(FORBIDDEN_STATUS)  # app.deps.ENROL_FIRST
     return statuses
 
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.accounts.models import Role
-from app.deps import AdminDep, CallerDep
+from app.deps import AdminDep, CallerDep, EnrollingCallerDep
 from app.errors import Conflict, raises
 from app.fields import Id, StrictIn, UserIdPath
 from app.openapi import build_document, offline_document
@@ -57,6 +57,10 @@ def test_every_error_answer_is_documented_with_the_one_error_schema(client: Test
     assert "403" in by_route["GET", "/api/v1/users"]["responses"]
     assert "403" not in by_route["GET", "/api/v1/me"]["responses"]
     assert "403" in by_route["POST", "/api/v1/me/tokens"]["responses"]
+    # a session that may only enrol a second factor is refused everywhere but where it enrols
+    assert "403" in by_route["GET", "/api/v1/workspaces"]["responses"]
+    assert "403" in by_route["GET", "/api/v1/datasets/{dataset_id}"]["responses"]
+    assert "403" not in by_route["GET", "/api/v1/me/totp"]["responses"]
     # what the endpoints declare they raise
     assert {"409", "413", "422"} <= set(by_route["POST", "/api/v1/users"]["responses"])
     assert {"401", "429"} <= set(by_route["POST", "/api/v1/auth/login"]["responses"])
@@ -160,6 +164,11 @@ def test_a_new_route_is_documented_from_its_shape_and_its_declared_errors() -> N
         """No input, any signed-in user."""
         return {}
 
+    @router.get("/enrolment")
+    def enrolment(caller: EnrollingCallerDep) -> dict[str, str]:
+        """No input, any signed-in user, even one who may only enrol a second factor."""
+        return {}
+
     app = FastAPI()
     app.include_router(router)
     paths = build_document(app)["paths"]
@@ -169,7 +178,9 @@ def test_a_new_route_is_documented_from_its_shape_and_its_declared_errors() -> N
     expected = {"201", "400", "401", "403", "404", "408", "409", "413", "422", "429"}
     assert set(create["responses"]) == expected
     assert create["security"] == [{"bearer": []}, {"session_cookie": []}]
-    assert set(paths["/api/v1/things"]["get"]["responses"]) == {"200", "400", "401"}
+    # 403: a session that may only enrol a second factor, refused but where it enrols
+    assert set(paths["/api/v1/things"]["get"]["responses"]) == {"200", "400", "401", "403"}
+    assert set(paths["/api/v1/enrolment"]["get"]["responses"]) == {"200", "400", "401"}
 
 
 def test_the_document_is_written_offline_as_served(client: TestClient) -> None:

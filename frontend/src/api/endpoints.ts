@@ -23,6 +23,7 @@ import type {
   Page,
   Presence,
   ReleaseRequest,
+  ResetLink,
   Role,
   SignedCertificate,
   TotpEnrolment,
@@ -84,6 +85,7 @@ export const users = {
   suspend: (id: string) => api.post<User>(`/users/${enc(id)}/suspend`),
   reactivate: (id: string) => api.post<User>(`/users/${enc(id)}/reactivate`),
   remove: (id: string) => api.del(`/users/${enc(id)}`),
+  resetLink: (id: string) => api.post<ResetLink>(`/users/${enc(id)}/reset-link`),
 };
 
 // Workspaces and datasets

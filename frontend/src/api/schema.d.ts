@@ -3586,6 +3586,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -3644,6 +3645,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -4099,6 +4101,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -4522,6 +4525,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -4579,6 +4583,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -4892,6 +4897,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -5048,6 +5054,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
         };
     };
     get_job_api_v1_jobs__job_id__get: {
@@ -5073,6 +5080,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -5101,6 +5109,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -5159,6 +5168,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -5187,6 +5197,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -5237,6 +5248,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -5292,6 +5304,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -5615,6 +5628,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             422: components["responses"]["Invalid"];
         };
     };
@@ -5641,6 +5655,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -6093,6 +6108,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -6152,6 +6168,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];
@@ -6230,6 +6247,7 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["NotAuthenticated"];
+            403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             422: components["responses"]["Invalid"];
             429: components["responses"]["TooManyAttempts"];

@@ -17,6 +17,12 @@ export interface User {
   created_at?: string;
 }
 
+/** A one-time password reset link an admin issues (POST /users/{id}/reset-link): shown once. */
+export interface ResetLink {
+  url: string;
+  expires_at: string;
+}
+
 export interface ApiToken {
   id: string;
   name: string;

@@ -1,9 +1,9 @@
-/** Admin: create users, change role, suspend, reactivate, delete. */
+/** Admin: create users, change role, suspend, reactivate, delete, issue a password reset link. */
 import { useState, type FormEvent } from "react";
 import { users } from "../../api/endpoints";
-import type { Role, User } from "../../api/types";
+import type { ResetLink, Role, User } from "../../api/types";
 import { useUser } from "../../auth/AuthContext";
-import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, Pager } from "../../components/ui";
+import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, Pager, SecretOnce } from "../../components/ui";
 import { formatDate } from "../../format";
 import { useAction, useLoad } from "../../hooks";
 
@@ -67,9 +67,24 @@ function CreateUserForm({ onCreated }: { onCreated: (user: User) => void }) {
   );
 }
 
-function UserRow({ user, isSelf, onChange }: { user: User; isSelf: boolean; onChange: (user: User | null, message: string) => void }) {
+function UserRow({
+  user,
+  isSelf,
+  onChange,
+  onResetLink,
+}: {
+  user: User;
+  isSelf: boolean;
+  onChange: (user: User | null, message: string) => void;
+  onResetLink: (user: User, link: ResetLink) => void;
+}) {
   const action = useAction();
   const label = user.email;
+
+  async function resetLink() {
+    const link = await action.run(() => users.resetLink(user.id));
+    if (link) onResetLink(user, link);
+  }
 
   async function act(kind: "role" | "suspend" | "reactivate" | "delete", role?: Role) {
     const result = await action.run(async () => {
@@ -118,6 +133,11 @@ function UserRow({ user, isSelf, onChange }: { user: User; isSelf: boolean; onCh
         ) : user.status === "deleted" ? null : (
           <>
             {user.status === "active" ? (
+              <button type="button" className="btn" disabled={action.busy} onClick={resetLink} aria-label={`Reset link for ${label}`}>
+                Reset link
+              </button>
+            ) : null}
+            {user.status === "active" ? (
               <ConfirmButton label={`Suspend ${label}`} confirmLabel="Yes, suspend" className="btn" onConfirm={() => act("suspend")} />
             ) : (
               <button type="button" className="btn" disabled={action.busy} onClick={() => act("reactivate")} aria-label={`Reactivate ${label}`}>
@@ -138,6 +158,8 @@ export function UsersPage() {
   const [offset, setOffset] = useState(0);
   const list = useLoad(() => users.list({ limit: PAGE_SIZE, offset }), [offset]);
   const [message, setMessage] = useState<string | null>(null);
+  // held in this page's state only: never fetched again, gone once dismissed
+  const [resetLink, setResetLink] = useState<{ email: string; link: ResetLink } | null>(null);
   const items = list.data?.items ?? [];
 
   return (
@@ -150,6 +172,18 @@ export function UsersPage() {
         }}
       />
       <Notice>{message}</Notice>
+      {resetLink ? (
+        <section className="card" aria-label="Password reset link">
+          <SecretOnce
+            label={`Password reset link for ${resetLink.email}`}
+            value={resetLink.link.url}
+            note={`Give it to ${resetLink.email} yourself. It works once, expires ${formatDate(resetLink.link.expires_at)} and will not be shown again.`}
+          />
+          <button type="button" className="btn" onClick={() => setResetLink(null)}>
+            Done
+          </button>
+        </section>
+      ) : null}
       <ErrorMessage error={list.error} />
       {list.loading && !list.data ? (
         <Loading />
@@ -176,6 +210,10 @@ export function UsersPage() {
                   key={u.id}
                   user={u}
                   isSelf={u.id === me.id}
+                  onResetLink={(u, link) => {
+                    setMessage(null);
+                    setResetLink({ email: u.email, link });
+                  }}
                   onChange={(updated, text) => {
                     setMessage(text);
                     if (updated) list.setData((prev) => ({ total: prev?.total ?? 0, items: (prev?.items ?? []).map((x) => (x.id === updated.id ? updated : x)) }));

@@ -57,6 +57,42 @@ describe("UsersPage", () => {
     expect(screen.queryByRole("button", { name: "Suspend ada@example.org" })).toBeNull();
     expect(screen.queryByRole("button", { name: "Delete ada@example.org" })).toBeNull();
   });
+
+  it("issues a reset link and shows it once, until dismissed", async () => {
+    const url = "http://nebula.example/reset-password#token=secret-one";
+    const fake = mockApi({
+      "GET /me": admin,
+      "GET /users": page([admin, member, { ...member, id: "u-gone", email: "sam@example.org", status: "suspended" }]),
+      "POST /users/u-member/reset-link": reply(201, { url, expires_at: "2026-12-02T05:00:00Z" }),
+    });
+    renderPage(<UsersPage />, { path: "/admin/users", route: "/admin/users" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("button", { name: "Reset link for mia@example.org" }));
+    const shown = await screen.findByRole("region", { name: "Password reset link for mia@example.org, shown once" });
+    expect(within(shown).getByRole("textbox")).toHaveValue(url);
+    expect(shown).toHaveTextContent(/works once, expires .* and will not be shown again/);
+    expect(fake.find("POST", "/users/u-member/reset-link")).toHaveLength(1);
+    // not offered on oneself (forgot password is for that) nor on a suspended account
+    expect(screen.queryByRole("button", { name: "Reset link for ada@example.org" })).toBeNull();
+    expect(screen.queryByRole("button", { name: "Reset link for sam@example.org" })).toBeNull();
+    await user.click(screen.getByRole("button", { name: "Done" }));
+    expect(screen.queryByRole("region", { name: /Password reset link/ })).toBeNull();
+    expect(screen.queryByDisplayValue(url)).toBeNull();
+    expect(fake.find("POST", "/users/u-member/reset-link")).toHaveLength(1);
+  });
+
+  it("shows the API's refusal of a reset link and no link", async () => {
+    mockApi({
+      "GET /me": admin,
+      "GET /users": page([admin, member]),
+      "POST /users/u-member/reset-link": reply(409, { detail: "the user is not active" }),
+    });
+    renderPage(<UsersPage />, { path: "/admin/users", route: "/admin/users" });
+    const user = userEvent.setup();
+    await user.click(await screen.findByRole("button", { name: "Reset link for mia@example.org" }));
+    expect(await screen.findByText("the user is not active")).toBeInTheDocument();
+    expect(screen.queryByRole("region", { name: /Password reset link/ })).toBeNull();
+  });
 });
 
 describe("cluster health", () => {
