@@ -2095,6 +2095,10 @@ export interface components {
         };
         /** ClusterOut */
         ClusterOut: {
+            /** Broker Problem */
+            broker_problem?: string | null;
+            /** Broker User */
+            broker_user?: ("ok" | "missing") | null;
             /**
              * Created At
              * Format: date-time
@@ -2167,10 +2171,6 @@ export interface components {
          *     }
          */
         ClusterSlotsIn: {
-            /** Broker Problem */
-            broker_problem?: string | null;
-            /** Broker User */
-            broker_user?: ("ok" | "missing") | null;
             /**
              * Role Slots
              * @description Roles that may run at once; null: the platform default
