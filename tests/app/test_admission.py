@@ -7,6 +7,7 @@ upload waits for its data holding none, probes never wait.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -70,6 +71,16 @@ def _scope(address: str, path: str = "/api/v1/me", method: str = "GET") -> dict[
     return {"type": "http", "method": method, "path": path, "client": (address, 1), "headers": []}
 
 
+def _run_alone(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """asyncio.run on a thread of its own: this worker's thread may hold another running loop.
+
+    Playwright's sync API, whose browser lives for the whole session, leaves its loop marked
+    running on the main thread, and asyncio.run refuses to start beside it.
+    """
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        thread.submit(asyncio.run, main()).result()
+
+
 async def _settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
@@ -102,7 +113,7 @@ def test_one_address_holds_at_most_its_share_of_the_slots() -> None:
         await asyncio.gather(*tasks)
         assert len(app.inside) == 7  # the waiting ones got their turn
 
-    asyncio.run(run())
+    _run_alone(run)
 
 
 def test_an_upload_waits_for_its_data_holding_no_slot() -> None:
@@ -125,7 +136,7 @@ def test_an_upload_waits_for_its_data_holding_no_slot() -> None:
         app.release.set()
         await asyncio.gather(uploading, reading)
 
-    asyncio.run(run())
+    _run_alone(run)
 
 
 def test_a_cluster_hosts_artifact_uploads_take_none_of_its_turns() -> None:
@@ -142,4 +153,4 @@ def test_a_cluster_hosts_artifact_uploads_take_none_of_its_turns() -> None:
         app.release.set()
         await asyncio.gather(uploading, beating)
 
-    asyncio.run(run())
+    _run_alone(run)
