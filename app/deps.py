@@ -27,7 +27,7 @@ from app.audit.service import Actor
 from app.db import Page, begin_reading
 from app.errors import Forbidden, NotAuthenticated, raises
 from app.keyring import Purpose, subkey
-from app.openapi import second_factor_gate, security
+from app.openapi.marks import second_factor_gate, security
 from app.routing import InHop
 from app.settings import Settings
 from contract import API_PREFIX as API_PREFIX

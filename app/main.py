@@ -26,7 +26,7 @@ from app.middleware import (
     RejectNulMiddleware,
     SecurityHeadersMiddleware,
 )
-from app.openapi import install_document, route_methods
+from app.openapi.document import install_document, route_methods
 from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
 from workers.celery_app import broker_check

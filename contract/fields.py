@@ -36,7 +36,7 @@ class StrictIn(BaseModel):
     `"1"` no number), so the server accepts exactly what the document describes.
 
     No string may hold a NUL character (PostgreSQL text cannot store one); the document states
-    it as a pattern on every request string (app.openapi).
+    it as a pattern on every request string (app.openapi.document).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -31,7 +31,7 @@ from app.errors import (
 from app.fields import JobIdPath
 from app.jobs import dispatch
 from app.jobs.states import FINAL_STATUSES
-from app.openapi import security
+from app.openapi.marks import security
 from app.routing import api_router
 from contract.cluster_api import (
     ClaimIn,

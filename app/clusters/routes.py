@@ -37,7 +37,7 @@ from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, clie
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
 from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
 from app.jobs import dispatch
-from app.openapi import PemResponse
+from app.openapi.marks import PemResponse
 from app.pki import service as pki
 from app.routing import api_router
 from app.settings import Settings

@@ -1,4 +1,4 @@
-"""The OpenAPI document's promises (app/openapi.py): every error status documented with the one
+"""The OpenAPI document's promises (app/openapi/): every error status documented with the one
 error schema, real content types, strict types, and 405 with the path's every method."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from app.accounts.models import Role
 from app.deps import AdminDep, CallerDep, EnrollingCallerDep
 from app.errors import Conflict, raises
 from app.fields import Id, StrictIn, UserIdPath
-from app.openapi import build_document, offline_document
+from app.openapi.document import build_document
+from app.openapi.offline import offline_document
 from support import Platform
 
 

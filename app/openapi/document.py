@@ -10,72 +10,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
-from starlette.responses import Response
 
 from app.api_errors import ERROR_RESPONSES, ErrorOut
 from app.errors import DomainError, declared_errors
 from app.fields import NO_NUL_PATTERN
+from app.openapi.marks import SECURITY_SCHEMES
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-SECURITY_SCHEMES: dict[str, Any] = {
-    "bearer": {
-        "type": "http",
-        "scheme": "bearer",
-        "description": "A session token from POST /auth/login, or an API token (POST /me/tokens)",
-    },
-    "session_cookie": {
-        "type": "apiKey",
-        "in": "cookie",
-        "name": "nebula_session",
-        "description": "The web UI's session; unsafe methods also need the X-CSRF-Token header",
-    },
-    "worker_credential": {
-        "type": "apiKey",
-        "in": "header",
-        "name": "X-Nebula-Worker",
-        "description": "A cluster's worker credential (POST /clusters/{id}/worker-credentials)",
-    },
-    "job_token": {
-        "type": "http",
-        "scheme": "bearer",
-        "description": "The job token of one attempt of one role, from its claim or heartbeat",
-    },
-}
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def security(*requirements: dict[str, list[str]]) -> Callable[[F], F]:
-    """Mark a dependency as the authentication of every route using it.
-
-    Each requirement maps scheme names (SECURITY_SCHEMES) that must all be present; any one
-    requirement will do (OpenAPI's `security`).
-    """
-
-    def mark(func: F) -> F:
-        func.__security__ = list(requirements)  # type: ignore[attr-defined]
-        return func
-
-    return mark
-
-
-def second_factor_gate(*, refuses: bool) -> Callable[[F], F]:
-    """Mark a caller dependency for the document: whether the routes that use it refuse (403)
-    a session that may only enrol a second factor (an admin without one, where the platform
-    requires it). A route is refused unless one of its dependencies lifts the gate."""
-
-    def mark(func: F) -> F:
-        func.__second_factor_gate__ = refuses  # type: ignore[attr-defined]
-        return func
-
-    return mark
-
-
 ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
 FORBIDDEN_STATUS = 403
 # Any request may meet these before it reaches a route (app.middleware).
@@ -83,12 +30,6 @@ MIDDLEWARE_STATUSES = {400}  # a NUL byte in the URL
 BODY_LIMIT_STATUS = 413
 BODY_TIMEOUT_STATUS = 408  # a body that does not arrive in time (app/middleware.py)
 THROTTLED_STATUS = 429  # refusals past the user's or the address's budget (app/audit/refusals.py)
-
-
-class PemResponse(Response):
-    """PEM text (a certificate, a CRL, a public key)."""
-
-    media_type = "application/x-pem-file"
 
 
 def _dependencies(dependant: Dependant) -> Iterator[Dependant]:
@@ -316,36 +257,3 @@ def install_document(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def offline_document() -> dict[str, Any]:
-    """The document the server serves, built with no database, broker or secret at hand."""
-    import tempfile
-    from pathlib import Path
-
-    from pydantic import SecretStr
-
-    from app.main import create_app
-    from app.settings import Settings
-
-    with tempfile.TemporaryDirectory() as folder:
-        settings = Settings(
-            var_dir=Path(folder),
-            # never connected to: building the document reads no data
-            database_url=f"sqlite:///{Path(folder) / 'document.db'}",
-            secret_key=SecretStr("the document needs no secret"),
-            run_reaper=False,
-        )
-        app = create_app(settings)
-        document = app.openapi()
-        app.state.engine.dispose()
-    return document
-
-
-if __name__ == "__main__":
-    # `python -m app.openapi > openapi.json`: the input of client generators (make api-types)
-    import json
-    import sys
-
-    json.dump(offline_document(), sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
