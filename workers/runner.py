@@ -417,7 +417,7 @@ def _await_rendezvous(session: RoleSession, hooks: RoleHooks, timeout_s: float) 
 
 def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> RoleResult:
     """A discriminator replica: no input, no link; the root's process group is its channel."""
-    from workers.training.configs import training_config
+    from workers.training.job_config import training_config
     from workers.training.replicas import run_discriminator_replica
 
     claim = session.claim
@@ -438,7 +438,7 @@ def _run_trainer(
 ) -> RoleResult:
     """A role that trains with its peer through the switch, on the inputs it reads."""
     from workers.switch.client import SwitchLink
-    from workers.training.configs import training_config
+    from workers.training.job_config import training_config
 
     claim = session.claim
     inputs = _read_inputs(session)

@@ -1,8 +1,8 @@
-"""A scenario's config class and a job's configuration turned into one.
+"""What a scenario's config class inherits: its constructors from presets and dicts.
 
 `PresetConfig` gives `ElectraConfig` and `AbnetConfig` their constructors: a preset of
-contract/presets.py with overrides, and a job's dict. `training_config` is what a
-worker calls with a job's validated configuration.
+contract/presets.py with overrides, and a job's dict. Turning a job's configuration into
+one of them is workers/training/job_config.py's, which imports both scenarios.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import Field, fields
 from typing import Any, ClassVar, Self
 
-from contract.kinds import KINDS
 from contract.presets import preset_values
 
 
@@ -43,15 +42,3 @@ class PresetConfig:
         if unknown:
             raise ValueError(f"unknown {cls.SCENARIO} config keys: {sorted(unknown)}")
         return cls(**values)
-
-
-def training_config(kind: str, config: dict[str, Any]) -> Any:
-    """The `ElectraConfig` or `AbnetConfig` of a job: its preset with the job's overrides."""
-    parsed = KINDS[kind].config.model_validate(config)
-    if kind == "electra_pretrain":
-        from workers.training.electra import electra_preset
-
-        return electra_preset(parsed.preset, **parsed.overrides())
-    from workers.training.abnet import abnet_preset
-
-    return abnet_preset(parsed.preset, **parsed.overrides())

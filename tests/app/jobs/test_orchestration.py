@@ -338,8 +338,8 @@ def test_discriminator_replicas_in_two_worker_processes_equal_the_single_process
     """n = 2 discriminators: the root and its replica are two tasks in two worker processes
     of cluster-b, joined at the rendezvous the root publishes through the cluster API; with
     dropout off, the trained model equals one process training on both micro-batches."""
-    from workers.training.configs import training_config
     from workers.training.electra import load_pretrained, train_electra_local
+    from workers.training.job_config import training_config
 
     scientist = running.user("judy")
     lines = corpus["text"].read_text().splitlines()[:400]
