@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.accounts import totp
+from app.accounts.attempts import LOCKED_MESSAGE, Door, attempt_succeeded, begin_attempt
 from app.accounts.models import AuthToken, RecoveryCode, Role, TokenScope, TotpFactor, User
 from app.audit import service as audit
 from app.audit.service import Actor
@@ -183,14 +184,12 @@ def confirm_enrolment(
     Wrong codes count as failed logins of the account. The session that confirms has now
     shown the factor, so a session limited to enrolling becomes a full one.
     """
-    from app.accounts import service
-
-    door = service.Door(actor, "user.totp.confirm", "user", user.id, service.LOCKED_MESSAGE)
-    attempt = service.begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
+    door = Door(actor, "user.totp.confirm", "user", user.id, LOCKED_MESSAGE)
+    attempt = begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
     begin_writing(db)
     factor = db.get(TotpFactor, user.id)
     if factor is None or factor.confirmed_at is not None:
-        service.attempt_succeeded(db, attempt)
+        attempt_succeeded(db, attempt)
         commit_before_raising(db)
         raise Conflict("no enrolment is in progress; begin one first")
     if not (
@@ -200,7 +199,7 @@ def confirm_enrolment(
         audit.record(db, actor=actor, action="user.totp.confirm", subject=user, outcome="failure")
         commit_before_raising(db)
         raise BadRequest(CODE_WRONG)
-    service.attempt_succeeded(db, attempt)
+    attempt_succeeded(db, attempt)
     factor.confirmed_at = utcnow()
     codes = _new_recovery_codes(db, user_id=user.id, settings=settings)
     db.refresh(token)
@@ -217,16 +216,14 @@ def require_fresh_code(
 
     Forbidden without one or with a wrong one; wrong codes count as failed logins.
     """
-    from app.accounts import service
-
     begin_writing(db)
     factor = confirmed_factor(db, user_id=user.id)
     if factor is None:
         return
     if not code:
         raise Forbidden(FRESH_CODE_REQUIRED)
-    door = service.Door(actor, action, "user", user.id, service.LOCKED_MESSAGE)
-    attempt = service.begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
+    door = Door(actor, action, "user", user.id, LOCKED_MESSAGE)
+    attempt = begin_attempt(db, door=door, email=user.email, ip=actor.ip, settings=settings)
     begin_writing(db)
     db.refresh(factor)
     if check_code(db, factor=factor, code=code, settings=settings) is None:
@@ -240,7 +237,7 @@ def require_fresh_code(
         )
         commit_before_raising(db)
         raise Forbidden(FRESH_CODE_REQUIRED)
-    service.attempt_succeeded(db, attempt)
+    attempt_succeeded(db, attempt)
 
 
 def remove(db: Session, *, actor: Actor, user: User, code: str, settings: Settings) -> None:

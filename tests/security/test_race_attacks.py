@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.accounts import passwords
+from app.accounts import attempts, passwords
 from app.accounts import service as accounts
 from app.audit.service import SYSTEM
 from app.clusters import service as clusters
@@ -124,7 +124,7 @@ def test_the_password_hash_runs_holding_no_database_lock(
         return real_verify(password, hashed, settings)
 
     pg_try_lock = text("SELECT pg_try_advisory_xact_lock(:k)").bindparams(
-        k=accounts._ATTEMPTS_LOCK_KEY
+        k=attempts._ATTEMPTS_LOCK_KEY
     )
     monkeypatch.setattr(passwords, "verify_password", verify_while_probing)
     for password in ("wrong", "violet-harbor-cinnamon-42"):
