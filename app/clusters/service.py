@@ -21,6 +21,8 @@ from app.clusters.models import (
 )
 from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, Invalid, NotFound
+from app.jobs.models import Job, JobRole
+from app.jobs.states import FINAL_STATUSES, RoleStatus
 from app.settings import Settings
 
 
@@ -181,9 +183,6 @@ def _online(db: Session, *, cluster_id: str, timeout: timedelta) -> list[Cluster
 
 def health(db: Session, *, cluster: Cluster, timeout: timedelta) -> ClusterHealth:
     """Whether the cluster's switch is online, how many workers are, how many jobs run there."""
-    from app.jobs.models import Job, JobRole, RoleStatus
-    from app.jobs.states import FINAL_STATUSES
-
     online = _online(db, cluster_id=cluster.id, timeout=timeout)
     running = db.scalar(
         select(func.count(func.distinct(JobRole.job_id)))
@@ -206,8 +205,6 @@ def presences(
     db: Session, *, cluster: Cluster, timeout: timedelta
 ) -> list[tuple[ClusterPresence, list[str]]]:
     """The online processes of a cluster, each with the roles (job/role) it runs now."""
-    from app.jobs.models import Job, JobRole, RoleStatus
-
     online = _online(db, cluster_id=cluster.id, timeout=timeout)
     rows = db.execute(
         select(JobRole.worker, JobRole.job_id, JobRole.role)
@@ -269,9 +266,6 @@ class SlotUse:
 
 def slot_use(db: Session, *, cluster: Cluster) -> SlotUse:
     """The slots of `cluster` that placed, live jobs hold, per tenant; the jobs queued for it."""
-    from app.jobs.models import Job, JobRole
-    from app.jobs.states import FINAL_STATUSES
-
     rows = db.execute(
         select(Job.owner_id, Job.placed_at.is_not(None), func.count(JobRole.id))
         .join(Job, Job.id == JobRole.job_id)

@@ -60,8 +60,6 @@ def _validate_config(kind: str, config: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str]) -> None:
-    from app.grants.service import check_dataset_usable
-
     spec = KINDS[kind]
     missing = set(spec.inputs) - set(inputs)
     unknown = set(inputs) - set(spec.inputs) - set(spec.optional_inputs)
@@ -72,7 +70,7 @@ def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str])
         )
     wanted = {**spec.inputs, **spec.optional_inputs}
     for name, dataset_id in inputs.items():
-        dataset = check_dataset_usable(db, user_id=user.id, dataset_id=dataset_id)
+        dataset = grants.check_dataset_usable(db, user_id=user.id, dataset_id=dataset_id)
         if dataset.kind != wanted[name]:
             raise Invalid(f"input {name!r} must be a {wanted[name]} dataset, not {dataset.kind}")
 
@@ -505,16 +503,6 @@ def fail_jobs_whose_grants_ended(db: Session) -> list[str]:
     a revocation's (or narrowing's) caller did not stop is caught here too.
     """
     return _fail_jobs_that_lost_a_grant(db, where=true())
-
-
-def set_paused_for_owner(db: Session, *, owner_id: str, paused: bool) -> int:
-    """Hold (or release) the queued jobs of a user, e.g. while they are suspended."""
-    result = db.execute(
-        update(Job)
-        .where(Job.owner_id == owner_id, Job.status == JobStatus.queued)
-        .values(paused=paused)
-    )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def metric_series(db: Session, *, job_id: str) -> dict[str, list[tuple[int, float]]]:

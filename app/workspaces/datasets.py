@@ -37,9 +37,10 @@ from app.releases import provenance
 from app.settings import Settings
 from app.unit_of_work import commit_before_waiting, commit_with_file
 from app.workspaces import service as workspaces
-from app.workspaces.formats import Validator, validator_for
+from app.workspaces.formats import Validator
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.storage import DatasetReader, EncryptedWriter, decrypt_chunks
+from app.workspaces.validators import validator_for
 
 MAX_NAME_LENGTH = 200
 # no control characters, and something besides spaces (names are stripped)

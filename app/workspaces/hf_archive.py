@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.errors import Invalid
+from app.workspaces.formats import SafetensorsValidator
 from contract.hf_layout import HfConfig, check_tensors, parameter_count, parse_config
 from contract.model_limits import ModelTooLarge
 from contract.model_limits import check_bert_config as check_nebula_config
@@ -295,8 +296,6 @@ class HfFolderValidator:
     """Checks a tar of a Hugging Face folder as it streams (see the module docstring)."""
 
     def __init__(self, *, gzip: bool) -> None:
-        from app.workspaces.formats import SafetensorsValidator
-
         self._safetensors = SafetensorsValidator
         self._inflate = zlib.decompressobj(wbits=31) if gzip else None
         self._tar = TarReader(self._member)
@@ -469,8 +468,6 @@ class ModelValidator:
         self.model_info: dict[str, Any] | None = None
 
     def _choose(self) -> None:
-        from app.workspaces.formats import SafetensorsValidator
-
         head = bytes(self._head)
         if head[:2] == b"\x1f\x8b":
             self._inner = HfFolderValidator(gzip=True)
