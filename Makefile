@@ -65,7 +65,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports  # the arrows between the parts: [tool.importlinter] in pyproject.toml
 
 typecheck: $(STAMP)
-	$(BIN)/mypy app cli contract workers
+	$(BIN)/mypy app cli common contract workers
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadfile

@@ -29,7 +29,7 @@ from app.middleware import (
 from app.openapi.document import install_document, route_methods
 from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
-from workers.celery_app import broker_check
+from common.broker import broker_check
 
 # the web UI: inside the installed package (a wheel built with it: setup.py copies
 # frontend/dist to app/static), else the source tree's build (a checkout, `make frontend`)

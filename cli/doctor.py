@@ -69,7 +69,7 @@ def run_checks(
     from app.db import make_engine, make_sessionmaker
     from app.migrate import alembic_config
     from app.pki import service as pki
-    from workers.celery_app import broker_check
+    from common.broker import broker_check
 
     warn = timedelta(days=warn_days)
     checks: list[Check] = []

@@ -225,7 +225,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
-    from workers.switch import agent
+    from workers import switch_agent as agent
     from workers.switch.shaper import ShaperConfig
 
     peers = {}
@@ -274,7 +274,8 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
 def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     import json
 
-    from workers.celery_app import make_celery, queue_for
+    from common.broker import make_celery
+    from contract.queues import queue_for
     from workers.control_plane import ClusterClient, ControlPlaneError
     from workers.presence import PresenceReporter
     from workers.runner import ClusterSide, resolve_device
@@ -372,7 +373,7 @@ def _worker_credential(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit.service import SYSTEM
     from app.clusters import service as clusters
     from app.db import make_sessionmaker
-    from workers.private_files import write_private_file
+    from common.private_files import write_private_file
 
     engine = _engine(settings)
     with make_sessionmaker(engine)() as db:
@@ -405,7 +406,7 @@ def _broker_credentials(args: argparse.Namespace, settings: Settings) -> int:
     from app.clusters import broker
     from app.clusters.bundle import BrokerChoice, broker_url_for
     from app.db import make_sessionmaker
-    from workers.private_files import write_private_file
+    from common.private_files import write_private_file
 
     if not broker.is_rabbitmq(settings.broker_url):
         raise SystemExit("per-cluster broker users need RabbitMQ (NEBULA_BROKER_URL=amqp://...)")

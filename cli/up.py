@@ -33,11 +33,11 @@ from app.db import make_engine, make_sessionmaker
 from app.migrate import upgrade
 from app.pki import service as pki
 from app.settings import Settings
-from workers.celery_app import broker_options
+from common.broker import broker_options
+from common.private_files import write_private_file
 from workers.ports import free_port
-from workers.private_files import write_private_file
 from workers.settings import CONTROL_PLANE_ONLY
-from workers.switch.agent import SwitchFiles
+from workers.switch_agent import SwitchFiles
 from workers.worker_state import credential_path
 
 DEMO_ADMIN_EMAIL = "admin@nebula.demo"

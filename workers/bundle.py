@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from common.private_files import make_private_folder, write_private_file
 from contract.bundle import (
     BROKER_CA_FILE,
     CA_FILE,
@@ -16,7 +17,6 @@ from contract.bundle import (
     MANIFEST,
     ClusterBundle,
 )
-from workers.private_files import make_private_folder, write_private_file
 
 
 def write_bundle(

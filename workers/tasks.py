@@ -8,7 +8,7 @@ import signal
 
 from celery import shared_task
 
-from workers.celery_app import RUN_ROLE_TASK
+from contract.queues import RUN_ROLE_TASK
 from workers.runner import CredentialRefused, run_role
 from workers.worker_state import current_side, main_pid
 

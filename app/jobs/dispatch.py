@@ -31,14 +31,13 @@ from app.jobs.fairshare import SlotJob, fair_order
 from app.jobs.models import Job, JobRole, RoleStatus
 from app.jobs.states import FINAL_STATUSES
 from app.settings import Settings
+from common.broker import celery_for
 from contract.queues import RUN_ROLE_TASK, queue_for
 
 log = logging.getLogger("nebula.jobs")
 
 
 def _send(settings: Settings, *, job_id: str, role: str, attempt: int, cluster: str) -> None:
-    from workers.celery_app import celery_for
-
     # ids only: the role claims its attempt through the cluster API and gets its job
     # token there, so no credential ever sits in the broker
     celery_for(settings.var_dir, settings.broker_url).send_task(

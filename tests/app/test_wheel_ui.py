@@ -22,7 +22,7 @@ def _tree(tmp_path: Path, with_ui: bool) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for package in ("app", "cli", "contract", "workers", "migrations"):
+    for package in ("app", "cli", "common", "contract", "workers", "migrations"):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     if with_ui:
         (src / "frontend" / "dist" / "assets").mkdir(parents=True)

@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 PUBLISH = """
 import sys
 from pathlib import Path
-from workers.celery_app import RUN_ROLE_TASK, make_celery
+from common.broker import make_celery
+from contract.queues import RUN_ROLE_TASK
 app = make_celery("", Path(sys.argv[1]))
 app.send_task(RUN_ROLE_TASK, kwargs={"token": "a job token"}, queue="cluster.a")
 """

@@ -17,9 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
+from common import private_files
+from common.private_files import write_private_file
 from support import cli_env, register_clusters
-from workers import private_files
-from workers.private_files import write_private_file
 
 SECRET = b"the-worker-credential"
 

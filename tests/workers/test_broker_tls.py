@@ -21,7 +21,7 @@ import pytest
 from conftest import service_unavailable
 
 from app.pki import ca
-from workers.celery_app import make_celery
+from common.broker import make_celery
 
 pytestmark = pytest.mark.services
 

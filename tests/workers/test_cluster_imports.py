@@ -7,7 +7,7 @@ import sys
 
 PROBE = """
 import sys
-import workers.runner, workers.tasks, workers.control_plane, workers.switch.agent
+import workers.runner, workers.tasks, workers.control_plane, workers.switch_agent
 bad = sorted(m for m in sys.modules if m == "sqlalchemy" or m.startswith(("sqlalchemy.",
       "app.db", "app.workspaces", "app.grants", "app.pki", "app.audit", "psycopg")))
 print(",".join(bad))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from workers.private_files import write_private_file
+from common.private_files import write_private_file
 from workers.switch.core import (
     SwitchCore,
     log,

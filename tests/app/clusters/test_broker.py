@@ -14,7 +14,7 @@ from kombu import Connection, Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from app.clusters import broker
-from workers.celery_app import queue_for
+from contract.queues import queue_for
 
 pytestmark = pytest.mark.services
 

@@ -33,10 +33,10 @@ from app.clusters import service as clusters
 from app.db import make_engine, make_sessionmaker
 from app.pki import service as pki
 from app.settings import Settings
+from common.private_files import write_private_file
 from support import PASSWORD, LiveServer
+from workers import switch_agent as agent
 from workers.ports import free_port
-from workers.private_files import write_private_file
-from workers.switch import agent
 from workers.worker_state import credential_path
 
 REPO = Path(__file__).resolve().parents[3]

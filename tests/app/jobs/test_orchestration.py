@@ -384,7 +384,7 @@ def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_res
     # last in the module: cluster-b's switch keeps reporting in with the revoked credential
     from app.clusters import service as clusters
     from app.clusters.models import WorkerCredential
-    from workers.private_files import write_private_file
+    from common.private_files import write_private_file
     from workers.worker_state import credential_path
 
     scientist, job = electra_job(running, corpus, "heidi", steps=120)

@@ -1,5 +1,8 @@
 """The Celery application: one queue per cluster, the broker from Nebula's settings.
 
+The control plane sends with it and the clusters' workers consume with it, so it belongs to
+neither; the queue and task names are the contract's (contract/queues.py).
+
 By default the broker is kombu's filesystem transport under the var folder, so a
 single machine needs no server (polling tuned as measured in DESIGN.md); set
 NEBULA_BROKER_URL=redis://... for a real deployment.
@@ -15,9 +18,6 @@ from urllib.parse import urlsplit
 
 from celery import Celery
 from kombu import Connection
-
-from contract.queues import RUN_ROLE_TASK as RUN_ROLE_TASK
-from contract.queues import queue_for as queue_for
 
 
 def broker_options(broker_url: str, var_dir: Path) -> tuple[str, dict[str, Any]]:
@@ -97,7 +97,7 @@ def make_celery(broker_url: str, var_dir: Path, broker_ca: Path | None = None) -
         worker_enable_remote_control=False,
         task_send_sent_event=False,
     )
-    app.conf.include = ["workers.tasks"]
+    app.conf.include = ["workers.tasks"]  # a name the worker imports on start; not imported here
     return app
 
 

@@ -8,6 +8,9 @@ accept their tokens. Afterwards the switch fetches the CRL from the control plan
 (refusing revoked peers within `crl_refresh_s`, failing closed without a fresh CRL)
 and renews its certificate when a third of its life is left, proving possession of
 the current key. The control plane is reached over https unless it is on loopback.
+
+It joins the switch (workers/switch/, which knows nothing of the control plane) to the
+control-plane client (workers/control_plane.py), so it lives beside both.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ import httpx
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from common.private_files import write_private_file
 from contract import API_PREFIX
 from workers.control_plane import ClusterClient, check_control_plane_url, tls_verify
 from workers.presence import PresenceReporter
-from workers.private_files import write_private_file
 from workers.switch.server import Address, Switch, SwitchConfig
 from workers.switch.shaper import ShaperConfig
 from workers.switch.tls import make_switch_key_and_csr

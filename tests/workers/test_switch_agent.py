@@ -17,9 +17,9 @@ from app.clusters import service as clusters
 from app.pki import service as pki
 from app.settings import Settings
 from support import LiveServer, Platform
+from workers import switch_agent as agent
 from workers.control_plane import check_control_plane_url
 from workers.ports import free_port
-from workers.switch import agent
 from workers.switch.client import SwitchLink
 
 
