@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from email_validator import EmailNotValidError, validate_email
-from fastapi import Path
 from pydantic import (
     AfterValidator,
     ConfigDict,
@@ -42,32 +41,6 @@ def example(**body: Any) -> ConfigDict:
     """The model config of a request body that the OpenAPI document shows with `body`."""
     return ConfigDict(json_schema_extra={"examples": [body]})
 
-
-def id_path(resource: str) -> Any:
-    """The path parameter naming one `resource` by its id."""
-    return Path(
-        min_length=36,
-        max_length=36,
-        pattern=UUID_PATTERN,
-        description=f"The {resource}'s id",
-        examples=[EXAMPLE_ID],
-    )
-
-
-UserIdPath = Annotated[str, id_path("user")]
-TokenIdPath = Annotated[str, id_path("API token")]
-WorkspaceIdPath = Annotated[str, id_path("workspace")]
-DatasetIdPath = Annotated[str, id_path("dataset")]
-RequestIdPath = Annotated[str, id_path("access request")]
-ReleaseIdPath = Annotated[str, id_path("release request")]
-ClusterIdPath = Annotated[str, id_path("cluster")]
-JobIdPath = Annotated[str, id_path("job")]
-CredentialIdPath = Annotated[str, id_path("worker credential")]
-# Serials are kept as decimal strings (63 random bits, app.pki.ca.new_serial).
-SerialPath = Annotated[
-    str,
-    Path(pattern=r"^[0-9]{1,64}$", description="Certificate serial, decimal", examples=["42"]),
-]
 
 # RFC 3339 date-time with an offset: what `format: date-time` means. Pydantic alone would also
 # take a bare date, a naive time or a number of seconds (`until=0.5`).

@@ -59,9 +59,9 @@ from app.errors import (
     TooManyAttempts,
     raises,
 )
-from app.fields import TokenIdPath, UserIdPath
 from app.jobs import service as jobs
 from app.keyring import Purpose, subkey
+from app.path_params import TokenIdPath, UserIdPath
 from app.routing import api_router
 from app.settings import Settings
 

@@ -28,10 +28,10 @@ from app.errors import (
     QuotaExceeded,
     raises,
 )
-from app.fields import JobIdPath
 from app.jobs import dispatch
 from app.jobs.states import FINAL_STATUSES
 from app.openapi.marks import security
+from app.path_params import JobIdPath
 from app.routing import api_router
 from contract.cluster_api import (
     ClaimIn,

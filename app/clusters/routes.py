@@ -35,9 +35,9 @@ from app.clusters.schemas import (
 )
 from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
-from app.fields import ClusterIdPath, CredentialIdPath, SerialPath
 from app.jobs import dispatch
 from app.openapi.marks import PemResponse
+from app.path_params import ClusterIdPath, CredentialIdPath, SerialPath
 from app.pki import service as pki
 from app.routing import api_router
 from app.settings import Settings

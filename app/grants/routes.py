@@ -9,7 +9,6 @@ from sqlalchemy.orm import Session
 
 from app.deps import CallerDep, PageDep, SessionDep, WriterDep
 from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
-from app.fields import RequestIdPath
 from app.grants import service
 from app.grants.models import AccessRequest
 from app.grants.schemas import (
@@ -20,6 +19,7 @@ from app.grants.schemas import (
     NarrowIn,
 )
 from app.jobs import service as jobs
+from app.path_params import RequestIdPath
 from app.routing import api_router
 
 router = api_router("access requests")

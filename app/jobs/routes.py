@@ -23,7 +23,6 @@ from app.deps import (
     in_stream_thread,
 )
 from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
-from app.fields import JobIdPath, WorkspaceIdPath
 from app.jobs import dispatch, service
 from app.jobs.models import Job
 from app.jobs.schemas import (
@@ -40,6 +39,7 @@ from app.jobs.schemas import (
     MetricsOut,
 )
 from app.jobs.states import FINAL_STATUSES
+from app.path_params import JobIdPath, WorkspaceIdPath
 from app.routing import api_router
 from app.workspaces.models import Workspace
 

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import User
 from app.deps import CallerDep, PageDep, SessionDep, WriterDep
 from app.errors import Conflict, Forbidden, raises
-from app.fields import DatasetIdPath, ReleaseIdPath
+from app.path_params import DatasetIdPath, ReleaseIdPath
 from app.releases import service
 from app.releases.models import ReleaseRequest, ReleaseStatus
 from app.releases.schemas import ReleaseRequestCreateIn, ReleaseRequestList, ReleaseRequestOut

@@ -16,9 +16,10 @@ from app.accounts.models import Identity, Role, User
 from app.clusters.service import ANY_CLUSTER
 from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, WriterDep
 from app.errors import Conflict, Forbidden, InsufficientStorage, Invalid, QuotaExceeded, raises
-from app.fields import UUID_PATTERN, DatasetIdPath, WorkspaceIdPath
+from app.fields import UUID_PATTERN
 from app.grants import residency
 from app.jobs import service as jobs
+from app.path_params import DatasetIdPath, WorkspaceIdPath
 from app.releases import service as releases
 from app.routing import api_router
 from app.workspaces import datasets, hf_export, service

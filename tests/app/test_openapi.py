@@ -13,9 +13,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app.accounts.models import Role
 from app.deps import AdminDep, CallerDep, EnrollingCallerDep
 from app.errors import Conflict, raises
-from app.fields import Id, StrictIn, UserIdPath
+from app.fields import Id, StrictIn
 from app.openapi.document import build_document
 from app.openapi.offline import offline_document
+from app.path_params import UserIdPath
 from support import Platform
 
 
