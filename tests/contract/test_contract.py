@@ -96,17 +96,78 @@ def test_every_kind_names_roles_that_exist() -> None:
             assert set(role.reads) <= set(kind.inputs) | set(kind.optional_inputs)
 
 
-def test_the_codecs_contract_names_every_other_part_of_the_cluster_side() -> None:
-    # import-linter cannot forbid a package's own parent, so the codecs' contract lists the
-    # cluster side's modules one by one: a new module must join the list
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
-    codecs = next(c for c in config["contracts"] if c["source_modules"] == ["workers.compression"])
-    parts = {
+def _import_rules() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+def _rule(rule_id: str) -> dict:
+    return next(c for c in _import_rules()["contracts"] if c.get("id") == rule_id)
+
+
+def _cluster_side_parts() -> set[str]:
+    return {
         f"workers.{p.stem}"
         for p in (REPO / "workers").iterdir()
         if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
     }
-    assert parts - {"workers.compression"} == set(codecs["forbidden_modules"]) - {"app", "cli"}
+
+
+def test_the_codecs_contract_names_every_other_part_of_the_cluster_side() -> None:
+    # import-linter cannot forbid a package's own parent, so the codecs' contract lists the
+    # cluster side's modules one by one: a new module must join the list
+    codecs = _rule("codecs")
+    assert codecs["source_modules"] == ["workers.compression"]
+    others = set(_import_rules()["root_packages"]) - {"workers", "contract"}
+    assert set(codecs["forbidden_modules"]) == (_cluster_side_parts() - {"workers.compression"}) | (
+        others
+    )
+
+
+def test_the_two_sides_and_the_shared_packages_are_barred_from_each_other() -> None:
+    roots = set(_import_rules()["root_packages"])
+    assert roots == {"app", "cli", "common", "contract", "workers"}
+    # the contract: pure data, known to all, knowing none
+    contract = _rule("contract")
+    assert contract["source_modules"] == ["contract"]
+    assert roots - {"contract"} <= set(contract["forbidden_modules"])
+    assert {"torch", "sqlalchemy", "fastapi", "httpx", "celery"} <= set(
+        contract["forbidden_modules"]
+    )
+    # the neutral package: used by both sides and the command, importing none of them
+    assert _rule("common")["source_modules"] == ["common"]
+    assert {"app", "cli", "workers"} <= set(_rule("common")["forbidden_modules"])
+    # the whole of each side is barred from the whole of the other, and from the command
+    assert _rule("control-plane")["source_modules"] == ["app"]
+    assert {"workers", "cli", "torch"} <= set(_rule("control-plane")["forbidden_modules"])
+    assert _rule("cluster-side")["source_modules"] == ["workers"]
+    assert {"app", "cli"} <= set(_rule("cluster-side")["forbidden_modules"])
+
+
+def test_the_switch_contract_bars_the_control_plane_client_and_the_model() -> None:
+    switch = _rule("switch")
+    assert switch["source_modules"] == ["workers.switch"]
+    assert {
+        "workers.control_plane",  # the client of the cluster API
+        "workers.presence",  # which reports through it
+        "workers.switch_agent",  # which joins the switch to it
+        "workers.training",
+        "workers.compression",
+    } <= set(switch["forbidden_modules"])
+
+
+def test_every_domain_is_layered_and_its_services_speak_no_http() -> None:
+    layers = _rule("domain-layers")
+    assert layers["type"] == "layers"
+    assert layers["containers"] == ["app.*"]  # every domain, new ones included
+    assert [name.strip("()") for name in layers["layers"]] == ["routes", "service", "models"]
+    for rule_id, forbidden in (
+        ("services-without-http", {"fastapi", "starlette"}),
+        ("services-without-celery", {"celery"}),
+    ):
+        rule = _rule(rule_id)
+        assert rule["source_modules"] == ["app.*.service"]
+        assert forbidden <= set(rule["forbidden_modules"])
+        assert not rule.get("allow_indirect_imports", False)  # nor through what they import
 
 
 def test_presets_hold_fields_of_the_training_configs() -> None:
