@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import secrets
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.private_files import create_private_file
 
 
 class Settings(BaseSettings):
@@ -172,22 +174,10 @@ class Settings(BaseSettings):
             return self.secret_key.get_secret_value().encode()
         path = self.var_dir / "secret_key"
         if not path.exists():
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             # 0600 from its first byte, complete before it has its name, and never replaced:
             # two processes starting at once both read the one that was linked first
-            tmp = path.with_name(f".secret_key.{secrets.token_hex(8)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, secrets.token_urlsafe(48).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
+            with contextlib.suppress(FileExistsError):
+                create_private_file(path, secrets.token_urlsafe(48).encode())
         return path.read_text().strip().encode()
 
 

@@ -1,7 +1,7 @@
 """Writing secrets to files: keys, certificates, credentials, bundles.
 
-Used by the switch, the worker side and the command alike, so it lives apart from all
-of them and imports nothing of the project.
+Used by the switch, the worker side, the control plane (its secret, the audit anchor key)
+and the command alike, so it lives apart from all of them and imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -41,6 +41,30 @@ def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def create_private_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Create `path` holding `data` with mode 0600; FileExistsError when anything is there.
+
+    Never replaces: for a file made once and then only read (a key, the platform secret).
+    The data is complete before the file has its name (a new temporary file, then a hard
+    link), so processes racing to create it all read the one that was linked first. A link
+    planted at `path` is not followed: it is something there. A missing folder is made with
+    mode 0700.
+    """
+    target = Path(path)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = _temporary_name(target)
+    fd = os.open(tmp, _NEW_FILE, 0o600)
+    try:
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.link(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def make_private_folder(path: Path) -> None:

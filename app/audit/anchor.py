@@ -18,7 +18,6 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from app.keyring import Purpose, subkey
 from app.settings import Settings
+from common.private_files import create_private_file
 
 log = logging.getLogger("nebula.audit")
 
@@ -109,19 +109,8 @@ def create_anchor_key(path: Path) -> Ed25519PublicKey:
     """
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # complete before it has its name: two processes starting at once read the same key
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, pem)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    finally:
-        tmp.unlink()
+    create_private_file(path, pem)
     return key.public_key()
 
 

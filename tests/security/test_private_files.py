@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from app.settings import Settings
 from common import private_files
-from common.private_files import write_private_file
+from common.private_files import create_private_file, write_private_file
 from support import cli_env, register_clusters
 
 SECRET = b"the-worker-credential"
@@ -72,6 +72,23 @@ def test_a_link_planted_at_the_temporary_name_refuses_the_write(
     assert victim.read_bytes() == b"untouched\n"
     assert not target.exists()
     assert guessed.is_symlink()  # left as found: never written through, never removed by us
+
+
+def test_a_file_made_once_is_private_and_never_replaced(tmp_path: Path, victim: Path) -> None:
+    target = tmp_path / "keys" / "secret_key"
+    create_private_file(target, SECRET)
+    assert _is_private_file(target, SECRET)
+    assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
+    with pytest.raises(FileExistsError):
+        create_private_file(target, b"another secret")
+    assert target.read_bytes() == SECRET
+    # a link planted where the file is to be made is something there: not followed
+    planted = tmp_path / "planted"
+    planted.symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        create_private_file(planted, SECRET)
+    assert victim.read_bytes() == b"untouched\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_temporary_names_are_not_predictable(tmp_path: Path) -> None:
