@@ -1,4 +1,4 @@
-"""Account rules: users, login, sessions, API tokens, lockout, life cycle."""
+"""Account rules: users, login, sessions, API tokens, life cycle (the lockout: attempts.py)."""
 
 from __future__ import annotations
 
