@@ -15,7 +15,7 @@ from app.deps import AdminDep, CallerDep, EnrollingCallerDep
 from app.errors import Conflict, raises
 from app.fields import Id, StrictIn, UserIdPath
 from app.openapi import build_document, offline_document
-from support import Platform
+from support.platforms import Platform
 
 
 def _document(client: TestClient) -> dict[str, Any]:

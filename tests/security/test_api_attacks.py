@@ -26,7 +26,8 @@ from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from cli.up import ensure_demo_admin
-from support import PASSWORD, LiveServer, Platform
+from support.platforms import PASSWORD, Platform
+from support.servers import LiveServer
 from workers.switch.tls import make_switch_key_and_csr
 
 API = "/api/v1"

@@ -17,7 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
-from support import cli_env, register_clusters
+from support.clusters import register_clusters
+from support.platforms import cli_env
 from workers import private_files
 from workers.private_files import write_private_file
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import service_unavailable
 
 from app.pki import ca
+from support.services import service_unavailable
 from workers.celery_app import make_celery
 
 pytestmark = pytest.mark.services

@@ -9,7 +9,8 @@ from sqlalchemy import text, update
 from app.jobs.dispatch import dispatch_job
 from app.jobs.models import JobRole, RoleStatus
 from app.settings import Settings
-from support import Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Platform
 
 from .test_jobs_api import _electra, _submit, _upload
 

@@ -25,18 +25,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import service_unavailable
 from sqlalchemy import select, text
-from switch_support import CuttingProxy
 
 from app.audit import service as audit
 from app.db import make_engine
 from app.jobs.models import JobMetric
 from app.migrate import upgrade
-from support import small_tmpfs
+from support.clusters import RunningPlatform, User, platform_on
+from support.disks import small_tmpfs
+from support.processes import wait_until
+from support.services import service_unavailable
+from support.switches import CuttingProxy
 from workers.ports import free_port
 
-from .conftest import RunningPlatform, User, platform_on, wait_until
 from .test_orchestration import _finished, _job, electra_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]

@@ -14,7 +14,8 @@ from app.audit.service import SYSTEM
 from app.clusters import service as clusters
 from app.jobs.models import Job, JobRole
 from app.settings import Settings
-from support import Account, Platform, model_file_bytes, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform, model_file_bytes
 
 API = "/api/v1"
 TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()

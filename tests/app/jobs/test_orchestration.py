@@ -14,9 +14,9 @@ from sqlalchemy import select
 
 from app.audit.service import SYSTEM as SYSTEM_ACTOR
 from app.jobs.models import JobRole
+from support.clusters import RunningPlatform, User
+from support.processes import wait_until
 from workers.training.data import write_demo_corpus
-
-from .conftest import RunningPlatform, User, wait_until
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

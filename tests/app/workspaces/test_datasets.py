@@ -21,7 +21,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.workspaces.models import Dataset, Workspace
 from app.workspaces.storage import StorageIntegrityError
-from support import Account, Platform
+from support.platforms import Account, Platform
 
 API = "/api/v1"
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from switch_wire import RECORDED
 
+from support.wire import RECORDED
 from workers.switch import protocol as p
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wire-157528f.json"

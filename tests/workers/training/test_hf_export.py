@@ -19,7 +19,7 @@ import transformers
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer
 
-from support import Platform
+from support.platforms import Platform
 from tests.app.workspaces.test_datasets import API, new_workspace, upload
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
 

@@ -20,7 +20,7 @@ import transformers
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from support import Platform
+from support.platforms import Platform
 from tests.app.workspaces.test_datasets import API, new_workspace, upload
 from workers.training.hf_weights import ImportedModel, load_hf_archive
 
