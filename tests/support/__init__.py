@@ -12,7 +12,6 @@ tests/ on the path):
 - browser: a `nebula up` site driven by Chromium
 - hf: small random `transformers` models saved as Hugging Face folders
 - disks: a small tmpfs that fills up
-- wire: the recorded frames of the switch's byte-identical wire
 
 Nothing is imported here, so that `support.switches` and `support.certs` load nothing of `app`.
 """

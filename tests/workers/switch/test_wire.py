@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from support.wire import RECORDED
 from workers.switch import protocol as p
+
+from .recorded_wire import RECORDED
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wire-157528f.json"
 WIRE: dict[str, bytes] = {k: bytes.fromhex(v) for k, v in json.loads(FIXTURE.read_text()).items()}
