@@ -227,3 +227,15 @@ def make_pki(root: Path, name: str = "Test CA") -> Pki:
     pki.ca_path.write_bytes(pem(cert))
     pki.write_crl()
     return pki
+
+
+def localhost_certificate(folder: Path, name: str) -> tuple[Path, Path, Path]:
+    """A CA of its own and a TLS certificate for `localhost` signed by it, written to
+    `<name>-ca.pem`, `<name>.crt` and `<name>.key` in `folder`; returns those paths."""
+    ca_key, ca_cert = root_ca(f"Test CA {name}")
+    key_pem, csr = make_switch_key_and_csr("localhost")
+    paths = folder / f"{name}-ca.pem", folder / f"{name}.crt", folder / f"{name}.key"
+    paths[0].write_bytes(pem(ca_cert))
+    paths[1].write_bytes(sign_csr(ca_key, ca_cert, csr, name="localhost"))
+    paths[2].write_bytes(key_pem)
+    return paths
