@@ -18,9 +18,9 @@ import transformers
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from support.datasets import API, new_workspace, upload
 from support.hf import save_random_model, tar_folder
 from support.platforms import Platform
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
 from workers.training.hf_weights import ImportedModel, load_hf_archive
 
 TOLERANCE = 1e-5
