@@ -37,6 +37,7 @@ from workers.worker_state import credential_path
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTERS = ("cluster-a", "cluster-b")
+ELECTRA_FAST = {"preset": "tiny", "steps": 6, "batch_size": 8, "ckpt_every": 2}
 Address = tuple[str, int]
 
 
@@ -56,6 +57,31 @@ class User:
                 f"{method} {path}: {answer.status_code} {answer.text}"
             )
         return answer.json() if answer.content else None
+
+    def upload(
+        self, path: Path, kind: str, discoverable: bool = False, lines: int | None = None
+    ) -> str:
+        """The file at `path` (its first `lines` lines) as a dataset of `kind`; returns its id."""
+        data = path.read_bytes()
+        if lines is not None:
+            data = b"".join(data.splitlines(keepends=True)[:lines])
+        dataset = self.call(
+            "POST",
+            f"/workspaces/{self.workspace}/datasets",
+            201,
+            data={"name": path.name, "kind": kind, "discoverable": str(discoverable).lower()},
+            files={"file": (path.name, data)},
+        )
+        return str(dataset["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """The job as its owner sees it."""
+        return dict(self.call("GET", f"/jobs/{job_id}", 200))
+
+    def finished(self, job_id: str) -> dict[str, Any] | None:
+        """The job once it has ended (succeeded, failed or cancelled), else None."""
+        job = self.job(job_id)
+        return job if job["status"] in ("succeeded", "failed", "cancelled") else None
 
 
 @dataclass
@@ -124,6 +150,26 @@ class RunningPlatform:
     def start_worker(self, cluster: str) -> None:
         log = self.log_dir / f"worker-{cluster}.log"
         self.workers[cluster] = spawn(self.worker_argv[cluster], log, env=self.worker_env, cwd=REPO)
+
+
+def electra_job(
+    running: RunningPlatform, corpus: dict[str, Path], name: str, *, steps: int
+) -> tuple[User, str]:
+    """A new user's ELECTRA job of `steps` steps on their own text, checkpointing every 4."""
+    user = running.user(name)
+    text = user.upload(corpus["text"], "text", lines=400)
+    job = user.call(
+        "POST",
+        f"/workspaces/{user.workspace}/jobs",
+        202,
+        json={
+            "kind": "electra_pretrain",
+            "config": {**ELECTRA_FAST, "steps": steps, "ckpt_every": 4},
+            "inputs": {"text": text},
+            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
+        },
+    )["id"]
+    return user, str(job)
 
 
 @contextlib.contextmanager

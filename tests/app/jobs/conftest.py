@@ -4,11 +4,13 @@ Redis, the API with its reaper, two switches and one real Celery worker per clus
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from support.clusters import RunningPlatform, platform_on
 from support.services import REDIS_URL, PostgresTemplates, service_unavailable
+from workers.training.data import write_demo_corpus
 
 
 @pytest.fixture(scope="package")
@@ -28,3 +30,9 @@ def running(
     with platform_on(url, REDIS_URL, tmp_path_factory.mktemp("platform") / "var") as platform:
         yield platform
     pg_templates.drop(url)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The demo corpus, written once per test module."""
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
