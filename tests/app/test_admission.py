@@ -18,7 +18,8 @@ from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.middleware import AdmissionMiddleware
 from app.settings import Settings
-from support import PASSWORD, LiveServer, make_user
+from support.platforms import PASSWORD, make_user
+from support.servers import LiveServer
 
 
 def test_a_small_pool_serves_a_crowd_of_reads_and_audited_writes(settings: Settings) -> None:

@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.accounts.models import Role
-from support import Account, Platform
+from support.platforms import Account, Platform
 
 CALLERS = ("anonymous", "member", "auditor", "admin", "other_member")
 

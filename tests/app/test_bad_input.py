@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from app.accounts.models import Role, User
 from app.audit.models import AuditEvent
 from app.workspaces.models import Workspace
-from support import Platform
+from support.platforms import Platform
 
 
 def _counts(platform: Platform) -> tuple[int, int, int]:

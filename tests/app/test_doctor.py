@@ -19,7 +19,7 @@ from app.db import utcnow
 from app.settings import Settings
 from cli.doctor import report, run_checks
 from cli.main import unknown_settings
-from support import Platform, anchor_now
+from support.platforms import Platform, anchor_now
 from workers.switch.tls import make_switch_key_and_csr
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

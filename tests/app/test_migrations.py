@@ -16,7 +16,7 @@ from app.models import Base
 from app.releases.models import DatasetSource
 from app.settings import Settings
 from app.workspaces.models import Dataset, DatasetKind
-from support import Platform
+from support.platforms import Platform
 
 PROVENANCE = "0007"
 SEALS = "0012"  # the revision that seals the rows that confer access  # the revision that brings dataset_sources and release requests

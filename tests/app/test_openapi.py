@@ -17,7 +17,7 @@ from app.fields import Id, StrictIn
 from app.openapi.document import build_document
 from app.openapi.offline import offline_document
 from app.path_params import UserIdPath
-from support import Platform
+from support.platforms import Platform
 
 
 def _document(client: TestClient) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import pytest
 
 from app.accounts.models import Role
 from app.settings import Settings
-from support import PASSWORD, LiveServer, make_user
+from support.platforms import PASSWORD, make_user
+from support.servers import LiveServer
 
 HERE = Path(__file__).resolve().parent
 # Bounded so that both roles together stay within a minute or two on two cores.

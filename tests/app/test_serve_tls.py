@@ -4,39 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from app.pki import ca
+from support.certs import localhost_certificate
+from support.processes import environment, serving
 from workers.control_plane import ClusterClient, Refused, tls_verify
 from workers.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 
-def _server_certificate(folder: Path) -> tuple[Path, Path, Path]:
-    """A CA of the test's own and a certificate for `localhost` signed by it."""
-    ca_key, ca_cert = ca.create_root_ca("Test HTTPS CA")
-    key_pem, csr = ca.make_switch_key_and_csr("localhost")
-    cert_pem = ca.sign_csr(ca_key, ca_cert, csr, cluster_name="localhost")
-    paths = folder / "ca.pem", folder / "server.crt", folder / "server.key"
-    paths[0].write_bytes(ca.certificate_pem(ca_cert))
-    paths[1].write_bytes(cert_pem)
-    paths[2].write_bytes(key_pem)
-    return paths
-
-
 def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Path) -> None:
-    ca_path, cert, key = _server_certificate(tmp_path)
+    ca_path, cert, key = localhost_certificate(tmp_path, "server")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA_")}
-    env.update(NEBULA_VAR_DIR=str(tmp_path / "var"), NEBULA_RUN_REAPER="false")
+    env = environment(NEBULA_VAR_DIR=str(tmp_path / "var"), NEBULA_RUN_REAPER="false")
     nebula = [sys.executable, "-m", "cli"]
     subprocess.run([*nebula, "db", "upgrade"], env=env, check=True, capture_output=True)
     admin = {"email": "ops@tls.example.org", "password": "a long enough password 1"}
@@ -50,23 +37,26 @@ def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Pa
     )
     login_file = tmp_path / "login.json"
     login_file.write_text(json.dumps(admin))
-    server = subprocess.Popen(
-        [*nebula, "serve", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     url = f"https://localhost:{port}"
-    try:
-        deadline, tick = time.monotonic() + 60, threading.Event()
-        while True:
-            try:
-                answer = httpx.get(f"{url}/healthz", verify=tls_verify(ca_path), timeout=5)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                tick.wait(0.2)
+
+    def healthz() -> httpx.Response | None:
+        try:
+            return httpx.get(f"{url}/healthz", verify=tls_verify(ca_path), timeout=5)
+        except httpx.TransportError:
+            return None
+
+    with serving(
+        [*nebula, "serve", "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key)],
+        tmp_path / "serve.log",
+        env=env,
+        ready=lambda _log: healthz() is not None,
+        what="nebula serve over TLS",
+        timeout=60,
+        stop_signal=signal.SIGTERM,
+        stop_timeout=20,
+    ):
+        answer = healthz()
+        assert answer is not None
         assert answer.status_code == 200
         assert answer.http_version in ("HTTP/1.1", "HTTP/2")
         # plain http on the same port gets no API
@@ -92,9 +82,6 @@ def test_the_control_plane_serves_https_and_clusters_reach_it_there(tmp_path: Pa
         untrusted = subprocess.run(demo, env=env, capture_output=True, text=True, timeout=120)
         assert untrusted.returncode == 1
         assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stdout + untrusted.stderr
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
 
 
 def test_serve_wants_the_certificate_and_its_key_together(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from app.migrate import upgrade
 from app.serving import set_nodelay
-from support import nebula_serve
+from support.servers import nebula_serve
 
 
 def test_set_nodelay_on_a_socket_bound_as_uvicorns_workers_bind_it() -> None:

@@ -16,7 +16,9 @@ from app.audit.service import use_chain_key
 from app.db import make_engine, make_sessionmaker
 from app.migrate import upgrade
 from app.settings import Settings
-from support import PASSWORD, make_user, model_file_bytes, nebula_serve, register_clusters
+from support.clusters import register_clusters
+from support.platforms import PASSWORD, make_user, model_file_bytes
+from support.servers import nebula_serve
 
 API = "/api/v1"
 TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()

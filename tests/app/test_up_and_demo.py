@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support import NebulaUp
+from support.servers import NebulaUp
 
 pytestmark = pytest.mark.slow
 

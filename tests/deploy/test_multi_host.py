@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import PostgresTemplates, service_unavailable
 
-from support import PASSWORD
+from support.platforms import PASSWORD
+from support.services import PostgresTemplates, service_unavailable
 from workers.control_plane import tls_verify
 from workers.ports import free_port
 from workers.training.data import write_demo_corpus

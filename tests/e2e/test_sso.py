@@ -1,7 +1,7 @@
 """Single sign-on in Chromium: Nebula's sign-in page, glewlwyd's own login page, back to Nebula.
 
 One `nebula up` configured for a real OpenID provider (Debian's glewlwyd, run by
-tests/support_glewlwyd.py with a client whose redirect URI is this Nebula's callback). The
+tests/support/identity.py with a client whose redirect URI is this Nebula's callback). The
 browser follows every redirect itself: nothing is signed in through an API on its behalf.
 """
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from support import NebulaUp
-from support_glewlwyd import (
+from support.browser import Site
+from support.identity import (
     CLIENT_ID,
     CLIENT_SECRET,
     NEEDS_GLEWLWYD,
@@ -22,6 +22,7 @@ from support_glewlwyd import (
     Glewlwyd,
     run_glewlwyd,
 )
+from support.servers import NebulaUp
 
 try:
     from playwright.sync_api import expect
@@ -29,7 +30,6 @@ except ImportError:  # the browser fixture skips (or fails) with the reason
     expect = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from e2e.conftest import Site
     from playwright.sync_api import Browser
 
 pytestmark = [
@@ -43,8 +43,6 @@ def sso_site(
     browser: Browser, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Site, Glewlwyd]]:
     """`nebula up` signing people in through glewlwyd, and the provider."""
-    from e2e.conftest import Site
-
     up = NebulaUp(tmp_path_factory.mktemp("e2e-sso") / "site")
     callback = f"{up.url}/api/v1/auth/oidc/callback"
     with run_glewlwyd(tmp_path_factory.mktemp("glewlwyd"), callback=callback) as provider:

@@ -1,6 +1,6 @@
 """The security suite uses the switch fixtures too."""
 
-from switch_support import (  # noqa: F401  (fixtures are found by name)
+from support.switches import (  # noqa: F401  (fixtures are found by name)
     configure,
     make_pair,
     pair,

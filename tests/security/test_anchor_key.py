@@ -35,7 +35,7 @@ from app.audit.models import AuditEvent
 from app.audit.service import Actor
 from app.db import utcnow
 from app.settings import Settings
-from support import Platform, anchor_now, cli_env
+from support.platforms import Platform, anchor_now, cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 

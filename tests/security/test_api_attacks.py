@@ -11,38 +11,24 @@ from pathlib import Path
 import httpx
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.accounts import quotas
 from app.accounts import service as accounts
 from app.accounts.models import AuthToken, LoginFailure, Role, User
 from app.audit.service import SYSTEM
-from app.clusters import service as clusters
 from app.db import utcnow
 from app.errors import QuotaExceeded
 from app.main import create_app
 from app.migrate import upgrade
-from app.pki import service as pki
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from cli.up import ensure_demo_admin
-from support import PASSWORD, LiveServer, Platform
-from workers.switch.tls import make_switch_key_and_csr
+from support.clusters import register_clusters
+from support.platforms import PASSWORD, Platform
+from support.servers import LiveServer
 
 API = "/api/v1"
 CONTENT = b"a line whose digest an attacker could confirm by guessing it\n"
-
-
-def clusters_ready(factory: sessionmaker[Session], settings: Settings) -> None:
-    """Two clusters whose switches hold valid certificates, so that jobs may be submitted."""
-    with factory() as db:
-        for name in ("cluster-a", "cluster-b"):
-            cluster = clusters.create(
-                db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1
-            )
-            _key, csr = make_switch_key_and_csr(name)
-            pki.issue(db, actor=SYSTEM, cluster=cluster, csr_pem=csr.decode(), settings=settings)
-        db.commit()
 
 
 def electra(text_id: str) -> dict:
@@ -177,7 +163,7 @@ def test_files_with_secrets_or_data_are_private_from_their_first_byte(tmp_path: 
 def test_an_open_event_stream_ends_when_its_session_is_revoked(settings: Settings) -> None:
     """A stolen session watching a job loses the stream at logout, not when it chooses."""
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=30) as http:
-        clusters_ready(server.app.state.sessionmaker, settings)
+        register_clusters(server.app.state.sessionmaker, settings, "cluster-a", "cluster-b")
         with server.app.state.sessionmaker() as db:
             accounts.create_user(
                 db,
@@ -223,7 +209,7 @@ def test_one_member_cannot_escape_quotas_by_making_workspaces(settings: Settings
     app = create_app(limited)
     with TestClient(app) as client:
         platform = Platform(client, limited)
-        clusters_ready(platform.factory, limited)
+        register_clusters(platform.factory, limited, "cluster-a", "cluster-b")
         member, admin = platform.user(), platform.user(Role.admin)
 
         def workspace(name: str) -> httpx.Response:

@@ -30,7 +30,7 @@ from app.audit.privileges import app_role_grants
 from app.audit.service import Actor, Verification
 from app.db import make_engine, make_sessionmaker
 from app.settings import Settings
-from support import Platform, anchor_now, cli_env, disable_audit_triggers
+from support.platforms import Platform, anchor_now, cli_env, disable_audit_triggers
 
 REPO = Path(__file__).resolve().parents[2]
 # the events a cheat most wants gone (the review's example)

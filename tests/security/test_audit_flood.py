@@ -15,7 +15,7 @@ from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.main import create_app
 from app.settings import Settings
-from support import Platform
+from support.platforms import Platform
 
 API = "/api/v1"
 

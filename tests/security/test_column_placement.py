@@ -17,7 +17,8 @@ from app.jobs import attempts
 from app.jobs.models import Job
 from app.jobs.outputs import store_job_output
 from app.settings import Settings
-from support import Account, Platform, model_file_bytes, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform, model_file_bytes
 
 API = "/api/v1"
 PAIRS = "".join(f"hola {i}\thello {i}\n" for i in range(8)).encode()

@@ -20,7 +20,8 @@ from app.db import utcnow
 from app.jobs.models import Job, JobStatus
 from app.jobs.outputs import store_job_output
 from app.settings import Settings
-from support import Account, Platform, model_file_bytes, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform, model_file_bytes
 
 API = "/api/v1"
 SECRET_TEXT = "".join(f"confidential line {i}\n" for i in range(64)).encode()

@@ -23,7 +23,7 @@ from app.audit.anchoring import Anchorer
 from app.audit.models import AuditEvent
 from app.audit.service import GENESIS_HASH, Actor
 from app.settings import Settings
-from support import Platform, anchor_now, cli_env, disable_audit_triggers
+from support.platforms import Platform, anchor_now, cli_env, disable_audit_triggers
 
 REPO = Path(__file__).resolve().parents[2]
 

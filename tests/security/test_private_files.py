@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient
 from app.settings import Settings
 from common import private_files
 from common.private_files import create_private_file, write_private_file
-from support import cli_env, register_clusters
+from support.clusters import register_clusters
+from support.platforms import cli_env
 
 SECRET = b"the-worker-credential"
 

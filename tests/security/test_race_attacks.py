@@ -24,7 +24,7 @@ from app.errors import DomainError, NotAuthenticated, TooManyAttempts
 from app.main import create_app
 from app.pki import service as pki
 from app.settings import Settings
-from support import Platform
+from support.platforms import Platform
 from workers.switch.tls import load_crl, make_switch_key_and_csr
 
 API = "/api/v1"

@@ -21,7 +21,8 @@ from app.audit.models import AuditEvent
 from app.jobs.models import JobArtifact, JobMetric
 from app.settings import Settings
 from app.workspaces.models import Workspace
-from support import Account, Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform
 
 API = "/api/v1"
 CLUSTER_API = f"{API}/cluster"

@@ -21,7 +21,8 @@ from app.audit.service import use_chain_key
 from app.db import make_engine, make_sessionmaker
 from app.migrate import upgrade
 from app.settings import Settings
-from support import PASSWORD, ServeProcess, make_user, nebula_serve
+from support.platforms import PASSWORD, make_user
+from support.servers import ServeProcess, nebula_serve
 
 # generous: a probe that answers at all while the slow clients hold on is what counts
 ANSWER_TIMEOUT_S = 20.0

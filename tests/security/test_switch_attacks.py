@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from switch_support import Pair
 
 from contract.jobtoken import JobClaims
+from support.switches import Pair
 from workers.switch import protocol as p
 from workers.switch.client import SwitchLink
 from workers.switch.rules import admit_worker

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import save as save_safetensors
 
 from contract.model_limits import ModelTooLarge
-from support import Platform
+from support.platforms import Platform
 from workers.training.bert import BertConfig
 from workers.training.electra import load_pretrained
 

@@ -9,7 +9,6 @@ TLS-terminating load balancer in front of a broker would.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import ssl
 import threading
@@ -18,25 +17,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import service_unavailable
 
-from app.pki import ca
 from common.broker import make_celery
+from support.certs import localhost_certificate
+from support.services import RABBITMQ_URL, service_unavailable
 
 pytestmark = pytest.mark.services
-
-RABBITMQ = os.environ.get("NEBULA_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
-
-
-def _certificate(folder: Path, name: str) -> tuple[Path, Path, Path]:
-    """A CA of its own and a certificate for `localhost` signed by it."""
-    ca_key, ca_cert = ca.create_root_ca(f"Test broker CA {name}")
-    key_pem, csr = ca.make_switch_key_and_csr("localhost")
-    paths = folder / f"{name}-ca.pem", folder / f"{name}.crt", folder / f"{name}.key"
-    paths[0].write_bytes(ca.certificate_pem(ca_cert))
-    paths[1].write_bytes(ca.sign_csr(ca_key, ca_cert, csr, cluster_name="localhost"))
-    paths[2].write_bytes(key_pem)
-    return paths
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -50,13 +36,13 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 @pytest.fixture
 def tls_front(tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """A TLS listener on a free loopback port in front of RabbitMQ; its port and CA."""
-    upstream = urlsplit(RABBITMQ)
+    upstream = urlsplit(RABBITMQ_URL)
     address = (upstream.hostname or "127.0.0.1", upstream.port or 5672)
     try:
         socket.create_connection(address, timeout=5).close()
     except OSError as exc:
         service_unavailable("RabbitMQ", exc)
-    ca_path, cert, key = _certificate(tmp_path, "broker")
+    ca_path, cert, key = localhost_certificate(tmp_path, "broker")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     listener = socket.create_server(("127.0.0.1", 0))
@@ -98,10 +84,10 @@ def test_workers_reach_the_broker_over_tls_with_the_bundles_ca(
     tls_front: tuple[int, Path], tmp_path: Path
 ) -> None:
     port, broker_ca = tls_front
-    credentials = urlsplit(RABBITMQ).netloc.rsplit("@", 1)[0]
+    credentials = urlsplit(RABBITMQ_URL).netloc.rsplit("@", 1)[0]
     url = f"amqps://{credentials}@localhost:{port}//"
     _connects(url, broker_ca, tmp_path)
     # a broker whose certificate the bundle's CA did not sign is refused
-    other_ca, _cert, _key = _certificate(tmp_path, "other")
+    other_ca, _cert, _key = localhost_certificate(tmp_path, "other")
     with pytest.raises(Exception, match=r"CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         _connects(url, other_ca, tmp_path)

@@ -16,7 +16,8 @@ from app.audit.service import SYSTEM
 from app.clusters import service as clusters
 from app.pki import service as pki
 from app.settings import Settings
-from support import LiveServer, Platform
+from support.platforms import Platform
+from support.servers import LiveServer
 from workers import switch_agent as agent
 from workers.control_plane import check_control_plane_url
 from workers.ports import free_port

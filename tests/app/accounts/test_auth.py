@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 from app.accounts.models import AuthToken, LoginFailure, Role, User
 from app.audit.models import AuditEvent
 from app.db import utcnow
-from support import PASSWORD, Platform
+from support.platforms import PASSWORD, Platform
 
 LOGIN = "/api/v1/auth/login"
 

@@ -31,7 +31,7 @@ from app.accounts.models import AuthToken, OidcIdentity, OidcLogin, Role, User
 from app.audit.models import AuditEvent
 from app.main import create_app
 from app.settings import Settings
-from support import Platform, make_user
+from support.platforms import Platform, make_user
 
 CLIENT_ID = "nebula"
 CLIENT_SECRET = "provider-client-secret"

@@ -1,6 +1,6 @@
 """Single sign-on against a real OpenID provider: Debian's glewlwyd, run by the test.
 
-The provider (tests/support_glewlwyd.py) runs from its own SQLite database, with a
+The provider (tests/support/identity.py) runs from its own SQLite database, with a
 client registered for Nebula and people in it. A person signs in at the provider (its
 login API, with the session cookie it sets), the provider's authorization endpoint sends
 the browser back to Nebula with a code, and Nebula takes it from there. Skipped where glewlwyd is not
@@ -23,8 +23,8 @@ from app.accounts.models import AuthToken, OidcIdentity
 from app.audit.models import AuditEvent
 from app.main import create_app
 from app.settings import Settings
-from support import Platform
-from support_glewlwyd import CLIENT_ID, CLIENT_SECRET, NEEDS_GLEWLWYD, Glewlwyd, run_glewlwyd
+from support.identity import CLIENT_ID, CLIENT_SECRET, NEEDS_GLEWLWYD, Glewlwyd, run_glewlwyd
+from support.platforms import Platform
 
 pytestmark = NEEDS_GLEWLWYD
 

@@ -27,7 +27,7 @@ from app.audit.models import AuditEvent
 from app.db import utcnow
 from app.main import create_app
 from app.settings import Settings
-from support import PASSWORD, Platform
+from support.platforms import PASSWORD, Platform
 
 FORGOT = "/api/v1/auth/forgot-password"
 RESET = "/api/v1/auth/reset-password"

@@ -21,7 +21,8 @@ from app.deps import Caller, Credential
 from app.errors import NotAuthenticated, TooManyAttempts
 from app.main import create_app
 from app.settings import Settings
-from support import PASSWORD, LiveServer, Platform, make_user
+from support.platforms import PASSWORD, Platform, make_user
+from support.servers import LiveServer
 
 T = TypeVar("T")
 READS = ["/me", "/workspaces", "/me/tokens", "/catalog", "/access-requests?direction=incoming"]

@@ -14,7 +14,7 @@ from app.accounts.models import AuthToken, RecoveryCode, Role, TotpFactor
 from app.audit.models import AuditEvent
 from app.main import create_app
 from app.settings import Settings
-from support import PASSWORD, Account, Platform
+from support.platforms import PASSWORD, Account, Platform
 
 LOGIN = "/api/v1/auth/login"
 TOTP = "/api/v1/me/totp"

@@ -20,7 +20,7 @@ from app.db import make_engine, make_sessionmaker
 from app.keyring import Purpose, subkey
 from app.main import create_app
 from app.settings import Settings
-from support import Platform, disable_audit_triggers
+from support.platforms import Platform, disable_audit_triggers
 
 
 def test_newest_skips_a_torn_last_line_and_reads_across_blocks(

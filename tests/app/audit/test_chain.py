@@ -17,7 +17,7 @@ from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.audit.service import Actor
 from app.settings import Settings
-from support import Platform, anchor_now, cli_env, disable_audit_triggers
+from support.platforms import Platform, anchor_now, cli_env, disable_audit_triggers
 
 
 def _seed(client: TestClient, platform: Platform, n: int = 6) -> None:

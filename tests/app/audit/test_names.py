@@ -8,7 +8,8 @@ from fastapi.testclient import TestClient
 
 from app.accounts.models import Role
 from app.settings import Settings
-from support import Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Platform
 
 API = "/api/v1"
 

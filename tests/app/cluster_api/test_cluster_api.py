@@ -31,7 +31,9 @@ from app.jobs.models import Job, JobMetric, JobStatus
 from app.pki import service as pki
 from app.settings import Settings
 from contract.jobtoken import sign_job_token
-from support import Account, LiveServer, Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform
+from support.servers import LiveServer
 from workers.control_plane import ClusterClient, RoleSession
 from workers.ports import free_port
 from workers.runner import RoleHooks

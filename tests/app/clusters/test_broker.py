@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from amqp.exceptions import AccessRefused
-from conftest import service_unavailable
 from kombu import Connection, Exchange, Queue
 from kombu.exceptions import OperationalError
 
 from app.clusters import broker
 from contract.queues import queue_for
+from support.services import RABBITMQ_URL
 
 pytestmark = pytest.mark.services
-
-RABBITMQ = os.environ.get("NEBULA_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
 
 
 def _refused() -> pytest.RaisesContext[Exception]:
@@ -26,25 +21,8 @@ def _refused() -> pytest.RaisesContext[Exception]:
     return pytest.raises((AccessRefused, OperationalError), match=r"ACCESS_REFUSED|403")
 
 
-def _ctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "--quiet", *args], check=True, capture_output=True, timeout=60)
-
-
-@pytest.fixture
-def vhost() -> Iterator[str]:
-    """A virtual host of the test's own on the machine's RabbitMQ, removed afterwards."""
-    name = f"nebula-test-{uuid.uuid4().hex[:8]}"
-    try:
-        _ctl("add_vhost", name)
-        _ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    except (OSError, subprocess.CalledProcessError) as exc:
-        service_unavailable("RabbitMQ (rabbitmqctl)", exc)
-    yield name
-    _ctl("delete_vhost", name)
-
-
 def _clusters_on(vhost: str) -> tuple[broker.BrokerTarget, dict[str, str]]:
-    target = broker.target_for(f"{RABBITMQ}/{vhost}")
+    target = broker.target_for(f"{RABBITMQ_URL}/{vhost}")
     suffix = uuid.uuid4().hex[:6]
     names = {side: f"{side}-{suffix}" for side in ("a", "b")}
     urls = {
@@ -59,7 +37,7 @@ def _clusters_on(vhost: str) -> tuple[broker.BrokerTarget, dict[str, str]]:
 def _publish(vhost: str, cluster: str, body: str) -> None:
     """What the control plane does: declare the cluster's queue and send it a task."""
     name = queue_for(cluster)
-    with Connection(f"{RABBITMQ}/{vhost}") as conn:
+    with Connection(f"{RABBITMQ_URL}/{vhost}") as conn:
         queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
         with conn.Producer() as producer:
             producer.publish(body, exchange=queue.exchange, routing_key=name, declare=[queue])
@@ -131,7 +109,7 @@ def test_permission_patterns_name_exactly_one_queue() -> None:
 
 
 def test_broker_passwords_never_look_like_an_option(vhost: str) -> None:
-    target = broker.target_for(f"{RABBITMQ}/{vhost}")
+    target = broker.target_for(f"{RABBITMQ_URL}/{vhost}")
     name = f"opt-{uuid.uuid4().hex[:6]}"
     try:
         passwords = [broker.ensure_cluster_user(target, name) for _ in range(3)]

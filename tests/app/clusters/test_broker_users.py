@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import service_unavailable
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -27,7 +26,8 @@ from app.clusters.bundle import broker_password
 from app.clusters.models import Cluster, ClusterPresence
 from app.settings import Settings, get_settings
 from cli.main import main as nebula_main
-from support import Platform
+from support.platforms import Platform
+from support.services import RABBITMQ_URL
 from workers.bundle import load_bundle
 
 pytestmark = [
@@ -36,29 +36,11 @@ pytestmark = [
     pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),
 ]
 
-RABBITMQ = os.environ.get("NEBULA_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
-
-
-def _ctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "--quiet", *args], check=True, capture_output=True, timeout=60)
-
-
-@pytest.fixture
-def vhost() -> Iterator[str]:
-    name = f"nebula-test-{uuid.uuid4().hex[:8]}"
-    try:
-        _ctl("add_vhost", name)
-        _ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    except (OSError, subprocess.CalledProcessError) as exc:
-        service_unavailable("RabbitMQ (rabbitmqctl)", exc)
-    yield name
-    _ctl("delete_vhost", name)
-
 
 @pytest.fixture
 def settings(settings: Settings, vhost: str) -> Settings:
     """The test's platform with RabbitMQ as its broker, on a virtual host of its own."""
-    return settings.model_copy(update={"broker_url": f"{RABBITMQ}/{vhost}"})
+    return settings.model_copy(update={"broker_url": f"{RABBITMQ_URL}/{vhost}"})
 
 
 @pytest.fixture

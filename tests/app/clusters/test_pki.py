@@ -14,7 +14,7 @@ from sqlalchemy import update
 from app.accounts.models import Role
 from app.clusters.models import EnrollmentToken
 from app.db import utcnow
-from support import Account, Platform
+from support.platforms import Account, Platform
 from workers.switch.tls import load_crl, make_switch_key_and_csr
 
 

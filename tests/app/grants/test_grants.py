@@ -20,7 +20,8 @@ from app.grants import service as grants
 from app.grants.models import AccessRequest
 from app.jobs import service as jobs
 from app.settings import Settings
-from support import Account, Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform
 
 API = "/api/v1"
 LINES = ["first sentence", "zweiter Satz", "troisième phrase"]

@@ -21,7 +21,8 @@ from app.grants.models import AccessRequest
 from app.jobs import dispatch
 from app.jobs.models import Job, JobStatus
 from app.settings import Settings
-from support import Account, Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform
 
 API = "/api/v1"
 CLUSTER_API = f"{API}/cluster"

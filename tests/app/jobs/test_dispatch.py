@@ -9,9 +9,9 @@ from sqlalchemy import text, update
 from app.jobs.dispatch import dispatch_job
 from app.jobs.models import JobRole, RoleStatus
 from app.settings import Settings
-from support import Platform, register_clusters
-
-from .test_jobs_api import _electra, _submit, _upload
+from support.clusters import register_clusters
+from support.jobs import electra_request, submit, upload_dataset
+from support.platforms import Platform
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_two_dispatchers_at_once_send_each_role_once(
     client: TestClient, platform: Platform, settings: Settings
 ) -> None:
     alice = platform.user()
-    status, body = _submit(client, alice, _electra(_upload(client, alice)))
+    status, body = submit(client, alice, electra_request(upload_dataset(client, alice)))
     assert status == 202, body
     job = body["id"]
     with platform.factory() as db:  # as after a failed send: the reaper sends them later

@@ -16,7 +16,8 @@ from app.db import utcnow
 from app.jobs import dispatch
 from app.jobs.models import Job, JobRole, RoleStatus
 from app.settings import Settings
-from support import Account, Platform, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform
 
 API = "/api/v1"
 TEXT = "".join(f"sentence {i}\n" for i in range(16)).encode()

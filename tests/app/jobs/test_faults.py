@@ -25,19 +25,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import service_unavailable
 from sqlalchemy import select, text
-from switch_support import CuttingProxy
 
 from app.audit import service as audit
 from app.db import make_engine
 from app.jobs.models import JobMetric
 from app.migrate import upgrade
-from support import small_tmpfs
+from support.clusters import RunningPlatform, User, electra_job, platform_on
+from support.disks import small_tmpfs
+from support.processes import wait_until
+from support.services import service_unavailable
+from support.switches import CuttingProxy
 from workers.ports import free_port
-
-from .conftest import RunningPlatform, User, platform_on, wait_until
-from .test_orchestration import _finished, _job, electra_job
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -150,7 +149,7 @@ def _electra_running(
     platform: RunningPlatform, corpus: dict[str, Path], name: str
 ) -> tuple[User, str]:
     user, job = electra_job(platform, corpus, name, steps=40)
-    wait_until(lambda: _job(user, job)["step"] >= 3, "the job to make progress", timeout=120)
+    wait_until(lambda: user.job(job)["step"] >= 3, "the job to make progress", timeout=120)
     return user, job
 
 
@@ -160,7 +159,7 @@ def _succeeds(
     """The job ends well, all 40 steps, with every metric point stored exactly once (and,
     given `attempt`, in that attempt: its roles rode the fault out, none was restarted);
     the audit chain verifies."""
-    done = wait_until(lambda: _finished(user, job), f"job {job} to finish", timeout=240)
+    done = wait_until(lambda: user.finished(job), f"job {job} to finish", timeout=240)
     assert done["status"] == "succeeded", done["error"]
     assert done["step"] == 40
     if attempt is not None:
@@ -173,13 +172,6 @@ def _succeeds(
     assert counts and max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:5]
     with platform.factory() as db:
         assert audit.verify(db, settings=platform.settings).ok
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from workers.training.data import write_demo_corpus
-
-    return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def _outage(stop: Callable[[], None], start: Callable[[], None], seconds: float) -> None:
@@ -250,7 +242,7 @@ def test_a_30_second_cut_between_the_switches_and_the_job_succeeds(
     user, job = _electra_running(platform, corpus, "vera")
     _link_outage(links, CuttingProxy.down, 30.0)
     # the cut came mid-job, and the switches kept dialling each other through it, refused
-    assert _job(user, job)["status"] == "running"
+    assert user.job(job)["status"] == "running"
     assert all(link.refused > before for link, before in zip(links, refused, strict=True))
     _succeeds(platform, user, job, attempt=1)
 
@@ -264,7 +256,7 @@ def test_a_30_second_silent_cut_between_the_switches_and_the_job_succeeds(
     stalls = [_stalls(platform, name) for name in platform.switches]
     user, job = _electra_running(platform, corpus, "wren")
     _link_outage(links, CuttingProxy.blackhole, 30.0)
-    assert _job(user, job)["status"] == "running"
+    assert user.job(job)["status"] == "running"
     # each switch's bytes were taken and lost; it noticed by itself, and dialled again into
     # the silence (a connection the blackhole took in, beside the one it caught open)
     for link, (blackholed, discarded) in zip(links, before, strict=True):
@@ -306,7 +298,7 @@ def test_a_full_data_disk_fails_the_job_storing_its_output_with_a_clear_error(
 ) -> None:
     platform, disk = small_data_disk
     user, job = electra_job(platform, corpus, "sam", steps=6)  # its model does not fit
-    done = wait_until(lambda: _finished(user, job), "the job to end", timeout=240)
+    done = wait_until(lambda: user.finished(job), "the job to end", timeout=240)
     assert done["status"] == "failed" and "storage is full" in done["error"], done
     # nothing half-written: the input's file is all the disk holds; the API still answers
     inputs = [

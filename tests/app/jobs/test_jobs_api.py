@@ -14,11 +14,16 @@ from app.audit.service import SYSTEM
 from app.clusters import service as clusters
 from app.jobs.models import Job, JobRole
 from app.settings import Settings
-from support import Account, Platform, model_file_bytes, register_clusters
-
-API = "/api/v1"
-TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()
-PLACEMENT = {"generator": "cluster-a", "discriminator": "cluster-b"}
+from support.clusters import register_clusters
+from support.jobs import (
+    API,
+    PLACEMENT,
+    electra_request,
+    first_workspace,
+    submit,
+    upload_dataset,
+)
+from support.platforms import Platform, model_file_bytes
 
 
 @pytest.fixture
@@ -27,49 +32,12 @@ def clusters_ready(platform: Platform, settings: Settings, client: TestClient) -
     register_clusters(platform.factory, settings, "cluster-a", "cluster-b")
 
 
-def _workspace(client: TestClient, user: Account) -> str:
-    return str(client.get(f"{API}/workspaces", headers=user.headers).json()["items"][0]["id"])
-
-
-def _upload(
-    client: TestClient, user: Account, discoverable: bool = False, kind: str = "text"
-) -> str:
-    answer = client.post(
-        f"{API}/workspaces/{_workspace(client, user)}/datasets",
-        data={"name": "t.txt", "kind": kind, "discoverable": json.dumps(discoverable)},
-        files={"file": ("t.txt", TEXT)},
-        headers=user.headers,
-    )
-    assert answer.status_code == 201, answer.text
-    return str(answer.json()["id"])
-
-
-def _submit(
-    client: TestClient, user: Account, body: dict, workspace: str | None = None
-) -> tuple[int, dict]:
-    answer = client.post(
-        f"{API}/workspaces/{workspace or _workspace(client, user)}/jobs",
-        json=body,
-        headers=user.headers,
-    )
-    return answer.status_code, answer.json()
-
-
-def _electra(text: str, **config: object) -> dict:
-    return {
-        "kind": "electra_pretrain",
-        "config": {"preset": "tiny", "steps": 5, **config},
-        "inputs": {"text": text},
-        "placement": dict(PLACEMENT),
-    }
-
-
 @pytest.mark.usefixtures("clusters_ready")
 def test_a_valid_job_is_written_with_its_roles_and_audited(
     client: TestClient, platform: Platform
 ) -> None:
     alice = platform.user()
-    status, body = _submit(client, alice, _electra(_upload(client, alice)))
+    status, body = submit(client, alice, electra_request(upload_dataset(client, alice)))
     assert status == 202 and body["status"] == "queued"
     job = client.get(f"{API}/jobs/{body['id']}", headers=alice.headers).json()
     assert job["total_steps"] == 5 and job["placement"] == PLACEMENT and job["attempt"] == 1
@@ -86,15 +54,15 @@ def test_a_valid_job_is_written_with_its_roles_and_audited(
 @pytest.mark.usefixtures("clusters_ready")
 def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Platform) -> None:
     alice = platform.user()
-    text = _upload(client, alice)
+    text = upload_dataset(client, alice)
     cases = [
-        (_electra(text, learning_rate=1.0), 422),  # unknown config key
-        (_electra(text, steps=0), 422),
-        ({**_electra(text), "inputs": {}}, 422),
-        ({**_electra(text), "inputs": {"text": text, "extra": text}}, 422),
-        ({**_electra(text), "placement": {"generator": "cluster-a"}}, 422),
-        ({**_electra(text), "placement": {**PLACEMENT, "discriminator": "nowhere"}}, 422),
-        ({**_electra(text), "kind": "shell_script"}, 422),
+        (electra_request(text, learning_rate=1.0), 422),  # unknown config key
+        (electra_request(text, steps=0), 422),
+        ({**electra_request(text), "inputs": {}}, 422),
+        ({**electra_request(text), "inputs": {"text": text, "extra": text}}, 422),
+        ({**electra_request(text), "placement": {"generator": "cluster-a"}}, 422),
+        ({**electra_request(text), "placement": {**PLACEMENT, "discriminator": "nowhere"}}, 422),
+        ({**electra_request(text), "kind": "shell_script"}, 422),
         (
             {
                 "kind": "abnet_finetune",
@@ -115,7 +83,7 @@ def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Pl
         ),  # wrong kinds
     ]
     for body, expected in cases:
-        status, answer = _submit(client, alice, body)
+        status, answer = submit(client, alice, body)
         assert status == expected, (body, answer)
         assert isinstance(answer["detail"], str | list)
     # error feedback on ABNet's per-sample streams: refused, saying why
@@ -126,7 +94,7 @@ def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Pl
             "inputs": {"parallel": text, "source_model": text, "target_model": text},
             "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
         }
-        status, answer = _submit(client, alice, body)
+        status, answer = submit(client, alice, body)
         assert status == 422, answer
         assert "per-sample stream" in str(answer["detail"]) and stream in str(answer["detail"])
     with platform.factory() as db:
@@ -136,18 +104,18 @@ def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Pl
 @pytest.mark.usefixtures("clusters_ready")
 def test_inputs_are_checked_through_grants(client: TestClient, platform: Platform) -> None:
     alice, mallory = platform.user(), platform.user()
-    hidden, listed = _upload(client, alice), _upload(client, alice, discoverable=True)
-    assert _submit(client, mallory, _electra(hidden))[0] == 404  # cannot even see it
-    assert _submit(client, mallory, _electra(listed))[0] == 403  # sees it, holds no grant
+    hidden, listed = upload_dataset(client, alice), upload_dataset(client, alice, discoverable=True)
+    assert submit(client, mallory, electra_request(hidden))[0] == 404  # cannot even see it
+    assert submit(client, mallory, electra_request(listed))[0] == 403  # sees it, holds no grant
     request = client.post(
         f"{API}/access-requests",
         json={"dataset_id": listed, "purpose": "x"},
         headers=mallory.headers,
     ).json()
     client.post(f"{API}/access-requests/{request['id']}/approve", json={}, headers=alice.headers)
-    assert _submit(client, mallory, _electra(listed))[0] == 202
+    assert submit(client, mallory, electra_request(listed))[0] == 202
     auditor = platform.user(Role.auditor)
-    assert _submit(client, auditor, _electra(listed))[0] == 403  # read-only role
+    assert submit(client, auditor, electra_request(listed))[0] == 403  # read-only role
 
 
 def test_clusters_without_a_valid_certificate_take_no_jobs(
@@ -158,29 +126,29 @@ def test_clusters_without_a_valid_certificate_take_no_jobs(
         for name in PLACEMENT.values():
             clusters.create(db, actor=SYSTEM, name=name, switch_host="127.0.0.1", switch_port=1)
         db.commit()
-    status, body = _submit(client, alice, _electra(_upload(client, alice)))
+    status, body = submit(client, alice, electra_request(upload_dataset(client, alice)))
     assert status == 409 and "certificate" in body["detail"]
 
 
 @pytest.mark.usefixtures("clusters_ready")
 def test_concurrent_job_quota(client: TestClient, platform: Platform) -> None:
     alice, admin = platform.user(), platform.user(Role.admin)
-    workspace = _workspace(client, alice)
+    workspace = first_workspace(client, alice)
     client.patch(
         f"{API}/workspaces/{workspace}/quota",
         json={"max_concurrent_jobs": 1},
         headers=admin.headers,
     )
-    text = _upload(client, alice)
-    assert _submit(client, alice, _electra(text))[0] == 202
-    status, body = _submit(client, alice, _electra(text))
+    text = upload_dataset(client, alice)
+    assert submit(client, alice, electra_request(text))[0] == 202
+    status, body = submit(client, alice, electra_request(text))
     assert status == 409 and "quota" in body["detail"]
 
 
 @pytest.mark.usefixtures("clusters_ready")
 def test_jobs_of_another_tenant_are_404(client: TestClient, platform: Platform) -> None:
     alice, mallory = platform.user(), platform.user()
-    job = _submit(client, alice, _electra(_upload(client, alice)))[1]["id"]
+    job = submit(client, alice, electra_request(upload_dataset(client, alice)))[1]["id"]
     for method, path in [
         ("GET", f"/jobs/{job}"),
         ("GET", f"/jobs/{job}/metrics"),
@@ -193,7 +161,7 @@ def test_jobs_of_another_tenant_are_404(client: TestClient, platform: Platform) 
         )
     assert (
         client.get(
-            f"{API}/workspaces/{_workspace(client, alice)}/jobs", headers=mallory.headers
+            f"{API}/workspaces/{first_workspace(client, alice)}/jobs", headers=mallory.headers
         ).status_code
         == 404
     )
@@ -204,7 +172,7 @@ def test_suspension_holds_queued_jobs_and_reactivation_releases_them(
     client: TestClient, platform: Platform
 ) -> None:
     alice, admin = platform.user(), platform.user(Role.admin)
-    job_id = _submit(client, alice, _electra(_upload(client, alice)))[1]["id"]
+    job_id = submit(client, alice, electra_request(upload_dataset(client, alice)))[1]["id"]
     client.post(f"{API}/users/{alice.id}/suspend", headers=admin.headers)
     with platform.factory() as db:
         assert db.get(Job, job_id).paused is True  # type: ignore[union-attr]
@@ -218,7 +186,7 @@ def test_cancel_and_the_event_stream_of_a_finished_job(
     client: TestClient, platform: Platform
 ) -> None:
     alice = platform.user()
-    job_id = _submit(client, alice, _electra(_upload(client, alice)))[1]["id"]
+    job_id = submit(client, alice, electra_request(upload_dataset(client, alice)))[1]["id"]
     assert (
         client.post(f"{API}/jobs/{job_id}/cancel", headers=alice.headers).json()["status"]
         == "cancelled"
@@ -236,7 +204,7 @@ def test_abnet_with_encoder_and_decoder_on_one_cluster_is_refused(
     client: TestClient, platform: Platform
 ) -> None:
     alice = platform.user()
-    workspace = _workspace(client, alice)
+    workspace = first_workspace(client, alice)
     uploads = {}
     for kind, data in (("parallel", b"hola\thello\nadios\tbye\n"), ("model", model_file_bytes())):
         uploads[kind] = client.post(
@@ -252,7 +220,7 @@ def test_abnet_with_encoder_and_decoder_on_one_cluster_is_refused(
         "inputs": {"parallel": uploads["parallel"], "source_model": model, "target_model": model},
         "placement": {"encoder": "cluster-a", "decoder": "cluster-a"},
     }
-    status, answer = _submit(client, alice, body)
+    status, answer = submit(client, alice, body)
     assert status == 422 and "different clusters" in answer["detail"]
     with platform.factory() as db:
         assert db.scalars(select(Job)).all() == [] and db.scalars(select(JobRole)).all() == []
@@ -284,14 +252,14 @@ def test_the_job_kinds_table_is_served_and_a_job_built_from_it_is_accepted(
     assert {p["name"]: p["values"] for p in abnet["presets"]}["tiny"]["forward_codec"] == "fp16"
 
     # a job made from the table alone: its inputs by kind, its roles on the clusters in turn
-    text = _upload(client, alice, kind=electra["inputs"][0]["kind"])
+    text = upload_dataset(client, alice, kind=electra["inputs"][0]["kind"])
     body = {
         "kind": electra["kind"],
         "config": {"preset": "tiny", "steps": 3},
         "inputs": {i["name"]: text for i in electra["inputs"] if not i["optional"]},
         "placement": dict(zip(roles, ("cluster-a", "cluster-b"), strict=True)),
     }
-    status, job = _submit(client, alice, body)
+    status, job = submit(client, alice, body)
     assert status == 202, job
     rows = client.get(f"{API}/jobs/{job['id']}", headers=alice.headers).json()
     assert rows["total_steps"] == 3 and rows["placement"] == body["placement"]

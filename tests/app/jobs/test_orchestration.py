@@ -14,63 +14,10 @@ from sqlalchemy import select
 
 from app.audit.service import SYSTEM as SYSTEM_ACTOR
 from app.jobs.models import JobRole
-from workers.training.data import write_demo_corpus
-
-from .conftest import RunningPlatform, User, wait_until
+from support.clusters import ELECTRA_FAST, RunningPlatform, User, electra_job
+from support.processes import wait_until
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-
-ELECTRA_FAST = {"preset": "tiny", "steps": 6, "batch_size": 8, "ckpt_every": 2}
-
-
-def _upload(
-    user: User, path: Path, kind: str, discoverable: bool = False, lines: int | None = None
-) -> str:
-    data = path.read_bytes()
-    if lines is not None:
-        data = b"".join(data.splitlines(keepends=True)[:lines])
-    dataset = user.call(
-        "POST",
-        f"/workspaces/{user.workspace}/datasets",
-        201,
-        data={"name": path.name, "kind": kind, "discoverable": str(discoverable).lower()},
-        files={"file": (path.name, data)},
-    )
-    return str(dataset["id"])
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_demo_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def electra_job(
-    running: RunningPlatform, corpus: dict[str, Path], name: str, *, steps: int
-) -> tuple[User, str]:
-    """A new user's ELECTRA job of `steps` steps on their own text, checkpointing every 4."""
-    user = running.user(name)
-    text = _upload(user, corpus["text"], "text", lines=400)
-    job = user.call(
-        "POST",
-        f"/workspaces/{user.workspace}/jobs",
-        202,
-        json={
-            "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, "steps": steps, "ckpt_every": 4},
-            "inputs": {"text": text},
-            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
-        },
-    )["id"]
-    return user, str(job)
-
-
-def _job(user: User, job_id: str) -> dict[str, Any]:
-    return dict(user.call("GET", f"/jobs/{job_id}", 200))
-
-
-def _finished(user: User, job_id: str) -> dict[str, Any] | None:
-    job = _job(user, job_id)
-    return job if job["status"] in ("succeeded", "failed", "cancelled") else None
 
 
 def _roles(running: RunningPlatform, job_id: str) -> dict[str, JobRole]:
@@ -82,8 +29,8 @@ def test_electra_then_abnet_on_its_model_through_the_switches(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
     owner, scientist = running.user("alice"), running.user("bob")
-    text = _upload(owner, corpus["text"], "text", discoverable=True, lines=600)
-    pairs = _upload(owner, corpus["parallel.train"], "parallel", discoverable=True, lines=300)
+    text = owner.upload(corpus["text"], "text", discoverable=True, lines=600)
+    pairs = owner.upload(corpus["parallel.train"], "parallel", discoverable=True, lines=300)
     for dataset in (text, pairs):
         request = scientist.call(
             "POST", "/access-requests", 201, json={"dataset_id": dataset, "purpose": "test"}
@@ -101,7 +48,7 @@ def test_electra_then_abnet_on_its_model_through_the_switches(
             "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
         },
     )["id"]
-    done = wait_until(lambda: _finished(scientist, electra), "the ELECTRA job")
+    done = wait_until(lambda: scientist.finished(electra), "the ELECTRA job")
     assert done["status"] == "succeeded", done["error"]
     assert done["progress"] == 1.0 and done["step"] == 6
     series = scientist.call("GET", f"/jobs/{electra}/metrics", 200)["series"]
@@ -130,7 +77,7 @@ def test_electra_then_abnet_on_its_model_through_the_switches(
             "placement": {"encoder": "cluster-a", "decoder": "cluster-b"},
         },
     )["id"]
-    finished = wait_until(lambda: _finished(scientist, abnet), "the ABNet job")
+    finished = wait_until(lambda: scientist.finished(abnet), "the ABNet job")
     assert finished["status"] == "succeeded", finished["error"]
     assert (
         "decoder.loss" in finished["metrics"] and "encoder.bytes_to_decoder" in finished["metrics"]
@@ -158,7 +105,7 @@ def _long_electra(
     running: RunningPlatform, corpus: dict[str, Path], expires_at: datetime | None = None
 ) -> tuple[User, User, str, str]:
     owner, scientist = running.user("carol"), running.user("dave")
-    text = _upload(owner, corpus["text"], "text", discoverable=True, lines=400)
+    text = owner.upload(corpus["text"], "text", discoverable=True, lines=400)
     request = scientist.call(
         "POST", "/access-requests", 201, json={"dataset_id": text, "purpose": "long run"}
     )
@@ -175,7 +122,7 @@ def _long_electra(
             "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
         },
     )["id"]
-    wait_until(lambda: _job(scientist, job)["step"] >= 2, "the long job to make progress")
+    wait_until(lambda: scientist.job(job)["step"] >= 2, "the long job to make progress")
     return owner, scientist, job, request["id"]
 
 
@@ -184,7 +131,7 @@ def _describe(running: RunningPlatform, user: User, job: str) -> str:
         name: (r.status.value, r.attempt, r.checkpoint_step, r.error)
         for name, r in _roles(running, job).items()
     }
-    state = _job(user, job)
+    state = user.job(job)
     return f"job {state['status']} step {state['step']} attempt {state['attempt']}; roles {roles}"
 
 
@@ -212,7 +159,7 @@ def test_cancel_stops_both_roles_within_seconds_and_the_clusters_forget_the_job(
 
     assert scientist.call("POST", f"/jobs/{job}/cancel", 202)["status"] == "cancelled"
     wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
-    assert _job(scientist, job)["status"] == "cancelled"
+    assert scientist.job(job)["status"] == "cancelled"
     assert scientist.client.post(f"/api/v1/jobs/{job}/cancel").status_code == 409
     # the job ended for good: neither cluster keeps anything of it
     for cluster in ("cluster-a", "cluster-b"):
@@ -224,7 +171,7 @@ def test_revoking_the_grant_fails_the_running_job(
 ) -> None:
     owner, scientist, job, request = _long_electra(running, corpus)
     owner.call("POST", f"/access-requests/{request}/revoke", 200)
-    failed = wait_until(lambda: _finished(scientist, job), "the job to fail", timeout=30)
+    failed = wait_until(lambda: scientist.finished(job), "the job to fail", timeout=30)
     assert failed["status"] == "failed" and request in failed["error"]
     wait_until(lambda: _both_roles_stopped(running, job), "both roles to stop", timeout=30)
 
@@ -234,8 +181,8 @@ def test_an_expiring_grant_fails_the_running_job_once_it_passes(
 ) -> None:
     expires_at = datetime.now(UTC) + timedelta(seconds=30)
     _owner, scientist, job, request = _long_electra(running, corpus, expires_at=expires_at)
-    assert _job(scientist, job)["status"] == "running"
-    failed = wait_until(lambda: _finished(scientist, job), "the job to fail", timeout=120)
+    assert scientist.job(job)["status"] == "running"
+    failed = wait_until(lambda: scientist.finished(job), "the job to fail", timeout=120)
     assert failed["status"] == "failed" and request in failed["error"]
     assert "expired" in failed["error"]
     assert datetime.fromisoformat(failed["finished_at"]) >= expires_at
@@ -254,7 +201,7 @@ def test_sigkill_of_a_worker_resumes_from_the_last_checkpoint(
     assert generator.worker is not None
     os.kill(int(generator.worker.rsplit("/", 1)[1]), signal.SIGKILL)  # host:cluster:main/pid
     done = wait_until(
-        lambda: _finished(scientist, job), "the job to finish after the kill", timeout=240
+        lambda: scientist.finished(job), "the job to finish after the kill", timeout=240
     )
     assert done["status"] == "succeeded", done["error"]
     with running.factory() as db:
@@ -283,7 +230,7 @@ def test_a_role_that_keeps_failing_ends_the_job_with_a_clear_error(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
     scientist = running.user("grace")
-    too_short = _upload(scientist, corpus["text"], "text", lines=5)  # fewer lines than a batch
+    too_short = scientist.upload(corpus["text"], "text", lines=5)  # fewer lines than a batch
     job = scientist.call(
         "POST",
         f"/workspaces/{scientist.workspace}/jobs",
@@ -295,7 +242,7 @@ def test_a_role_that_keeps_failing_ends_the_job_with_a_clear_error(
             "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
         },
     )["id"]
-    failed = wait_until(lambda: _finished(scientist, job), "the job to give up", timeout=120)
+    failed = wait_until(lambda: scientist.finished(job), "the job to give up", timeout=120)
     assert failed["status"] == "failed"
     assert failed["attempt"] == 3 and "gave up after 3 attempts" in failed["error"]
     assert "need at least 8 lines" in failed["error"]
@@ -343,7 +290,7 @@ def test_discriminator_replicas_in_two_worker_processes_equal_the_single_process
 
     scientist = running.user("judy")
     lines = corpus["text"].read_text().splitlines()[:400]
-    text = _upload(scientist, corpus["text"], "text", lines=400)
+    text = scientist.upload(corpus["text"], "text", lines=400)
     config = {**ELECTRA_FAST, "n_discriminators": 2, "dropout": 0.0}
     job = scientist.call(
         "POST",
@@ -356,7 +303,7 @@ def test_discriminator_replicas_in_two_worker_processes_equal_the_single_process
             "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
         },
     )["id"]
-    done = wait_until(lambda: _finished(scientist, job), "the job with two discriminators")
+    done = wait_until(lambda: scientist.finished(job), "the job with two discriminators")
     assert done["status"] == "succeeded", done["error"]
     roles = _roles(running, job)
     assert set(roles) == {"generator", "discriminator", "replica-1"}
@@ -405,7 +352,7 @@ def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_res
     worker_b = running.workers["cluster-b"]
     # the worker's next call is refused, and the whole worker shuts down
     wait_until(lambda: worker_b.poll() is not None, "cluster-b's worker to exit", timeout=60)
-    assert _job(scientist, job)["status"] == "running"
+    assert scientist.job(job)["status"] == "running"
     # the admin issues a new credential; the cluster's new worker picks the job up again
     with running.factory() as db:
         cluster = clusters.by_name(db, name="cluster-b")
@@ -414,6 +361,6 @@ def test_a_revoked_worker_credential_stops_its_clusters_worker_and_a_new_one_res
         db.commit()
     write_private_file(credential_path(running.settings.var_dir, "cluster-b"), secret.encode())
     running.start_worker("cluster-b")
-    done = wait_until(lambda: _finished(scientist, job), "the job to finish", timeout=240)
+    done = wait_until(lambda: scientist.finished(job), "the job to finish", timeout=240)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempt"] >= 2

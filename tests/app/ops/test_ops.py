@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 
 import pytest
-from conftest import REDIS_URL, service_unavailable
 from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from support import Platform
+from support.platforms import Platform
+from support.services import REDIS_URL, service_unavailable
 
 
 def test_health_ready_and_metrics(client: TestClient, platform: Platform) -> None:

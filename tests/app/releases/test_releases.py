@@ -19,7 +19,8 @@ from app.jobs.dispatch import reap_once
 from app.jobs.models import Job, JobStatus
 from app.jobs.outputs import store_job_output
 from app.settings import Settings
-from support import Account, Platform, model_file_bytes, register_clusters
+from support.clusters import register_clusters
+from support.platforms import Account, Platform, model_file_bytes
 
 API = "/api/v1"
 TEXT = "".join(f"la frase número {i}\n" for i in range(64)).encode()

@@ -6,13 +6,12 @@ import hashlib
 import json
 import struct
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import save as save_safetensors
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from app.accounts.models import Role
 from app.audit.models import AuditEvent
@@ -21,75 +20,16 @@ from app.main import create_app
 from app.settings import Settings
 from app.workspaces.models import Dataset, Workspace
 from app.workspaces.storage import StorageIntegrityError
-from support import Account, Platform
-
-API = "/api/v1"
-
-
-def new_workspace(client: TestClient, owner: Account, name: str = "data") -> str:
-    answer = client.post(f"{API}/workspaces", json={"name": name}, headers=owner.headers)
-    assert answer.status_code == 201, answer.text
-    ws: str = answer.json()["id"]
-    return ws
-
-
-def upload(
-    client: TestClient,
-    owner: Account,
-    ws: str,
-    content: bytes,
-    *,
-    kind: str = "text",
-    name: str = "corpus",
-    discoverable: bool = False,
-    file_first: bool = True,
-) -> tuple[int, dict]:
-    """POST a multipart upload; `file_first` is the order browsers' FormData sends here."""
-    fields = {"name": name, "kind": kind, "discoverable": "true" if discoverable else "false"}
-    boundary = "nebula-test-boundary"
-    parts = []
-    file_part = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="x.bin"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n"
-        ).encode()
-        + content
-        + b"\r\n"
-    )
-    text_parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-        for k, v in fields.items()
-    ]
-    parts = [file_part, *text_parts] if file_first else [*text_parts, file_part]
-    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
-    answer = client.post(
-        f"{API}/workspaces/{ws}/datasets",
-        content=body,
-        headers={**owner.headers, "content-type": f"multipart/form-data; boundary={boundary}"},
-    )
-    return answer.status_code, answer.json()
-
-
-def used(platform: Platform, ws: str) -> int:
-    with platform.factory() as db:
-        return db.scalar(select(Workspace.storage_bytes_used).where(Workspace.id == ws)) or 0
-
-
-def dataset_rows(platform: Platform) -> int:
-    with platform.factory() as db:
-        return db.scalar(select(func.count()).select_from(Dataset)) or 0
-
-
-def files(settings: Settings, folder: str) -> list[Path]:
-    path = settings.resolved_data_dir / folder
-    return sorted(path.iterdir()) if path.exists() else []
-
-
-def assert_nothing_left(platform: Platform, settings: Settings, ws: str) -> None:
-    assert files(settings, "tmp") == []
-    assert files(settings, "datasets") == []
-    assert dataset_rows(platform) == 0
-    assert used(platform, ws) == 0
+from support.datasets import (
+    API,
+    assert_nothing_left,
+    dataset_rows,
+    files,
+    new_workspace,
+    upload,
+    used,
+)
+from support.platforms import Platform
 
 
 def checkpoint(metadata: dict[str, str] | None = None) -> bytes:

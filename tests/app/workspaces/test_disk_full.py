@@ -13,8 +13,9 @@ from app.audit.models import AuditEvent
 from app.main import create_app
 from app.settings import Settings
 from app.workspaces.models import Dataset
-from support import Platform, small_tmpfs
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
+from support.datasets import API, new_workspace, upload
+from support.disks import small_tmpfs
+from support.platforms import Platform
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from safetensors.numpy import save as save_safetensors
 
 from app.settings import Settings
 from contract.hf_layout import body_tensors, head_tensors, parse_config
-from support import Platform
-from tests.app.workspaces.test_datasets import API, assert_nothing_left, new_workspace, upload, used
+from support.datasets import API, assert_nothing_left, new_workspace, upload, used
+from support.platforms import Platform
 
 CONFIG = {
     "architectures": ["BertForMaskedLM"],
@@ -164,7 +164,7 @@ def test_a_folder_with_vocab_txt_and_sharded_weights_is_accepted(
 def test_a_nebula_checkpoint_still_uploads_and_describes_itself(
     client: TestClient, platform: Platform
 ) -> None:
-    from support import model_file_bytes
+    from support.platforms import model_file_bytes
 
     alice = platform.user()
     ws = new_workspace(client, alice)

@@ -1,7 +1,6 @@
-"""The switch fixtures, from tests/switch_support.py."""
+"""The switch fixtures, from tests/support/switches.py."""
 
-from switch_support import (  # noqa: F401  (fixtures are found by name)
-    Pki,
+from support.switches import (  # noqa: F401  (fixtures are found by name)
     configure,
     cutting_proxy,
     make_pair,

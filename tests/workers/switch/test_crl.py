@@ -8,21 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.pki import ca
+from support.certs import Pki, pem
 from workers.switch.server import Switch, SwitchConfig
 from workers.switch.tls import client_context, read_crl
 
-from .conftest import Pki
-
 
 def _crl(pki: Pki, *, now: datetime, next_update: datetime, revoked: list[int]) -> bytes:
-    return ca.build_crl(
-        pki.ca_key,
-        pki.ca_cert,
-        [(serial, now) for serial in revoked],
-        next_update=next_update,
-        now=now,
-    )
+    return pki.crl([(serial, now) for serial in revoked], next_update=next_update, now=now)
 
 
 class CrlFeed:
@@ -70,7 +62,7 @@ def test_a_crl_past_its_next_update_is_refused(pki: Pki) -> None:
         pki, now=now - timedelta(hours=2), next_update=now - timedelta(hours=1), revoked=[]
     )
     with pytest.raises(ValueError, match="stale"):
-        read_crl(stale, ca.certificate_pem(pki.ca_cert))
+        read_crl(stale, pem(pki.ca_cert))
 
 
 def test_an_older_crl_cannot_take_back_a_revocation(

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from switch_support import CuttingProxy, Pair
 
+from support.switches import CuttingProxy, Pair
 from workers.switch.client import SwitchLink
 from workers.switch.server import Switch
 from workers.switch.shaper import ShaperConfig

@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.pki import ca
+from contract.jobtoken import sign_job_token
 from workers.switch import protocol as p
 from workers.switch.client import LinkRefused, SwitchLink
 from workers.switch.server import Switch
@@ -191,8 +192,8 @@ def test_bad_job_tokens_are_refused(pair, switch_log) -> None:  # type: ignore[n
     good = pair.pki.token("j1", "G", "cluster-a")
     _body, sig = good.split(".")
     other = pair.pki.token("j2", "G", "cluster-a")
-    foreign = ca.sign_job_token(
-        ca.make_job_token_key(),
+    foreign = sign_job_token(
+        Ed25519PrivateKey.generate(),
         job_id="j1",
         role="G",
         cluster="cluster-a",

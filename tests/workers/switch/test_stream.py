@@ -5,8 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from switch_support import Pki
-
+from support.certs import Pki
 from workers.switch.protocol import Connection, Data, PeerHello, ProtocolError, Side, Welcome
 from workers.switch.stream import FrameStream, cut
 from workers.switch.tls import client_context, server_context

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from support.certs import serial_of
 from workers.switch.client import SwitchLink
 from workers.switch.shaper import Shaper, ShaperConfig
 
@@ -182,21 +183,17 @@ def test_certificate_rotation_during_a_stream_loses_nothing(pair, switch_log) ->
 
 
 def _serial(cert_path) -> int:  # type: ignore[no-untyped-def]
-    from app.pki.ca import certificate_info
-
-    return int(certificate_info(cert_path.read_bytes())["serial"])  # type: ignore[call-overload]
+    return serial_of(cert_path.read_bytes())
 
 
 def test_switch_renews_its_own_certificate_when_due(pair) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from app.pki import ca
-
     calls = []
 
     def renew(csr_pem: bytes) -> bytes:
         calls.append(csr_pem)
-        return ca.sign_csr(pair.pki.ca_key, pair.pki.ca_cert, csr_pem, cluster_name="cluster-a")  # type: ignore[arg-type]
+        return pair.pki.sign_csr(csr_pem, "cluster-a")
 
     before = _serial(pair.a.config.cert_path)
     assert not pair.a.renew_if_due(renew)

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from switch_wire import RECORDED
 
 from workers.switch import protocol as p
+
+from .recorded_wire import RECORDED
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wire-157528f.json"
 WIRE: dict[str, bytes] = {k: bytes.fromhex(v) for k, v in json.loads(FIXTURE.read_text()).items()}

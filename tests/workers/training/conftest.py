@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from app.pki import ca
-from workers.switch.client import SwitchLink
+from support.certs import make_pki
+from support.switches import start_pair
 from workers.switch.link import Link, LinkEstimate, LocalLink, Payload
-from workers.switch.server import Switch, SwitchConfig, crl_from_file
-from workers.switch.shaper import ShaperConfig
 from workers.training.data import write_demo_corpus
 from workers.training.electra import (
     ElectraConfig,
@@ -63,74 +59,16 @@ def pairs(corpus: dict[str, Path]) -> dict[str, tuple[list[str], list[str]]]:
 # ---------------------------------------------------------------- links
 
 
-class _Switches:
-    """Two switches on loopback with mutual TLS, certificates from a throwaway CA."""
-
-    def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        self.ca_key, ca_cert = ca.create_root_ca("Training test CA")
-        self.ca_cert = ca_cert
-        self.ca_path = root / "ca.pem"
-        self.ca_path.write_bytes(ca.certificate_pem(ca_cert))
-        crl = ca.build_crl(
-            self.ca_key, ca_cert, [], next_update=datetime.now(UTC) + timedelta(days=1)
-        )  # type: ignore[arg-type]
-        (root / "crl.pem").write_bytes(crl)
-        self.token_key = ca.make_job_token_key()
-        self.switches = [self._start(root, name) for name in ("cluster-a", "cluster-b")]
-        a, b = self.switches
-        b.add_peer("cluster-a", a.peer_address)
-        a.add_peer("cluster-b", b.peer_address)
-
-    def _start(self, root: Path, cluster: str) -> Switch:
-        key_pem, csr = ca.make_switch_key_and_csr(cluster)
-        serial = ca.new_serial()
-        cert = ca.sign_csr(self.ca_key, self.ca_cert, csr, cluster_name=cluster, serial=serial)  # type: ignore[arg-type]
-        key_path, cert_path = root / f"{cluster}.key", root / f"{cluster}.crt"
-        key_path.write_bytes(key_pem)
-        cert_path.write_bytes(cert)
-        cfg = SwitchConfig(
-            cluster=cluster,
-            key_path=key_path,
-            cert_path=cert_path,
-            ca_path=self.ca_path,
-            crl_source=crl_from_file(root / "crl.pem"),
-            job_token_public_key=ca.job_token_public_key_pem(self.token_key),
-            crl_refresh_s=3600,
-            backoff_initial_s=0.01,
-            backoff_max_s=0.2,
-            shaper=ShaperConfig(rate_mbit=None),
-        )
-        return Switch(cfg).start()
-
-    def link(self, side: int, job: str, role: str, peer: str) -> SwitchLink:
-        switch = self.switches[side]
-        token = ca.sign_job_token(
-            self.token_key,
-            job_id=job,
-            role=role,
-            cluster=switch.cluster,
-            expires_at=time.time() + 600,
-        )  # type: ignore[arg-type]
-        return SwitchLink(
-            switch.worker_address,
-            ca_path=self.ca_path,
-            token=token,
-            job_id=job,
-            role=role,
-            peer_role=peer,
-        )
-
-    def stop(self) -> None:
-        for s in self.switches:
-            s.stop()
-
-
 @pytest.fixture(params=["local", "switch"])
 def link_pairs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LinkPairs]:
     """`connect(role_a, role_b)`: two connected Links, in-process or through two real switches."""
     opened: list[Link] = []
-    switches = _Switches(tmp_path / "pki") if request.param == "switch" else None
+    # two switches on loopback with mutual TLS, certificates from a throwaway CA
+    switches = (
+        start_pair(make_pki(tmp_path / "pki", "Training test CA"))
+        if request.param == "switch"
+        else None
+    )
     counter = iter(range(1_000_000))
 
     def connect(role_a: str, role_b: str) -> tuple[Link, Link]:
@@ -143,7 +81,7 @@ def link_pairs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LinkP
         ends: dict[int, Link] = {}
 
         def open_end(side: int, role: str, peer: str) -> None:
-            ends[side] = switches.link(side, job, role, peer)
+            ends[side] = switches.link("ab"[side], job, role, peer)
 
         threads = [
             threading.Thread(target=open_end, args=(0, role_a, role_b)),

@@ -19,8 +19,8 @@ import transformers
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer
 
-from support import Platform
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
+from support.datasets import API, new_workspace, upload
+from support.platforms import Platform
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
 
 TOLERANCE = 1e-5

@@ -9,8 +9,6 @@ replaced-token logits where the model has that head, equal the reference to 1e-5
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,9 @@ import transformers
 from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from support import Platform
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
+from support.datasets import API, new_workspace, upload
+from support.hf import save_random_model, tar_folder
+from support.platforms import Platform
 from workers.training.hf_weights import ImportedModel, load_hf_archive
 
 TOLERANCE = 1e-5
@@ -130,19 +129,9 @@ CASES: dict[str, tuple[Any, Any, dict[str, Any], Any]] = {
 def reference_folder(architecture: str, folder: Path, seed: int = 0) -> torch.nn.Module:
     """A random `architecture` saved as a Hugging Face folder in `folder`; returns the model."""
     config_class, model_class, extra, write_tokenizer = CASES[architecture]
-    torch.manual_seed(seed)
-    config = config_class(**SIZES, **extra)
-    model = model_class(config).eval()
-    model.save_pretrained(folder, safe_serialization=True)
+    model = save_random_model(folder, config_class, model_class, seed=seed, **SIZES, **extra)
     write_tokenizer(folder)
-    return model
-
-
-def tar_folder(folder: Path, *, gzip: bool = True) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz" if gzip else "w") as tar:
-        tar.add(folder, arcname=folder.name)
-    return out.getvalue()
+    return model.eval()
 
 
 def batch(pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

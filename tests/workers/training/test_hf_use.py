@@ -9,8 +9,6 @@ equals the single-process reference, and the frozen weights stay as imported.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 import torch
 import transformers
 
+from support.hf import save_random_model, tar_folder, wordpiece_vocab, write_wordpiece_files
 from workers.switch.link import Link
 from workers.training.abnet import (
     AbnetConfig,
@@ -26,7 +25,7 @@ from workers.training.abnet import (
     run_abnet_encoder,
     train_abnet_local,
 )
-from workers.training.data import SPECIAL_TOKENS, SpecialIds, train_tokenizer
+from workers.training.data import SpecialIds
 from workers.training.electra import load_pretrained
 
 SEED = 5
@@ -37,29 +36,13 @@ Pairs = dict[str, tuple[list[str], list[str]]]
 
 def bert_archive(lines: list[str], folder: Path, seed: int) -> bytes:
     """A random BertModel with a WordPiece vocabulary of `lines`, as a gzip tar of its folder."""
-    nebula = train_tokenizer(lines, 600, 1)
-    words = [
-        t
-        for t, _ in sorted(nebula.get_vocab().items(), key=lambda kv: kv[1])
-        if t not in SPECIAL_TOKENS
-    ]
-    # BERT's layout: [PAD] first, then unused slots, then [UNK] [CLS] [SEP] [MASK]
-    vocab = [
-        "[PAD]",
-        *[f"[unused{i}]" for i in range(5)],
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        *words,
-    ]
-    folder.mkdir(parents=True)
-    # vocab.txt with tokenizer_config.json, as BERT's own folders have them (transformers 5's
-    # BertTokenizerFast no longer builds its vocabulary from a vocab_file)
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(
+    vocab = wordpiece_vocab(lines)
+    write_wordpiece_files(folder, vocab)
+    save_random_model(
+        folder,
+        transformers.BertConfig,
+        transformers.BertModel,
+        seed=seed,
         vocab_size=len(vocab),
         hidden_size=64,
         num_hidden_layers=2,
@@ -67,11 +50,7 @@ def bert_archive(lines: list[str], folder: Path, seed: int) -> bytes:
         intermediate_size=128,
         max_position_embeddings=64,
     )
-    transformers.BertModel(config).save_pretrained(folder, safe_serialization=True)
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        tar.add(folder, arcname=folder.name)
-    return out.getvalue()
+    return tar_folder(folder)
 
 
 @pytest.fixture(scope="module")
@@ -148,21 +127,7 @@ def test_abnet_from_two_imported_berts_equals_the_reference(
 def electra_pair(lines: list[str], root: Path) -> tuple[bytes, bytes]:
     """A random ElectraForMaskedLM (generator) and ElectraForPreTraining (discriminator)
     sharing one vocabulary, as google's pairs do; each a gzip tar of its folder."""
-    nebula = train_tokenizer(lines, 600, 1)
-    words = [
-        t
-        for t, _ in sorted(nebula.get_vocab().items(), key=lambda kv: kv[1])
-        if t not in SPECIAL_TOKENS
-    ]
-    vocab = [
-        "[PAD]",
-        *[f"[unused{i}]" for i in range(5)],
-        "[UNK]",
-        "[CLS]",
-        "[SEP]",
-        "[MASK]",
-        *words,
-    ]
+    vocab = wordpiece_vocab(lines)
     out = []
     for name, model_class, sizes in (
         (
@@ -177,22 +142,19 @@ def electra_pair(lines: list[str], root: Path) -> tuple[bytes, bytes]:
         ),
     ):
         folder = root / name
-        folder.mkdir(parents=True)
-        (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-        (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')
-        torch.manual_seed(len(name))
-        config = transformers.ElectraConfig(
+        write_wordpiece_files(folder, vocab)
+        save_random_model(
+            folder,
+            transformers.ElectraConfig,
+            model_class,
+            seed=len(name),
             vocab_size=len(vocab),
             embedding_size=32,
             num_hidden_layers=2,
             max_position_embeddings=64,
             **sizes,
         )
-        model_class(config).save_pretrained(folder, safe_serialization=True)
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-            tar.add(folder, arcname=folder.name)
-        out.append(buffer.getvalue())
+        out.append(tar_folder(folder))
     return out[0], out[1]
 
 

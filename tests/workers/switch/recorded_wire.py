@@ -4,7 +4,7 @@
 encoder wrote for it (hex), recorded before the protocol module was split, so that the
 byte-identical wire is checked against what was, not against what the code says now.
 Regenerate only for a deliberate change of the wire (and bump VERSION):
-`PYTHONPATH=. python tests/switch_wire.py > tests/workers/switch/fixtures/...`.
+`PYTHONPATH=. python tests/workers/switch/recorded_wire.py > tests/workers/switch/fixtures/...`.
 """
 
 from __future__ import annotations

@@ -11,10 +11,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import socket
 import sqlite3
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +22,9 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from support.processes import running, spawn, stop_all, wait_until
+from workers.ports import free_port
 
 GLEWLWYD = shutil.which("glewlwyd")
 WEBAPP = Path("/usr/share/glewlwyd/webapp")
@@ -158,12 +158,6 @@ def _webapp(home: Path) -> Path:
     return webapp
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def run_glewlwyd(home: Path, callback: str = CALLBACK) -> Iterator[Glewlwyd]:
     """glewlwyd in `home` with its login pages, Nebula's client (redirect URI `callback`)
@@ -172,7 +166,7 @@ def run_glewlwyd(home: Path, callback: str = CALLBACK) -> Iterator[Glewlwyd]:
     database = home / "glewlwyd.db"
     with sqlite3.connect(database) as db:
         db.executescript(gzip.decompress(INIT_SQL.read_bytes()).decode())
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     conf = BASE_CONF.read_text()
     conf = conf.replace("port=4593", f"port={port}")
@@ -188,28 +182,29 @@ def run_glewlwyd(home: Path, callback: str = CALLBACK) -> Iterator[Glewlwyd]:
         f'database = {{ type = "sqlite3" path = "{database}" }};',
     )
     (home / "glewlwyd.conf").write_text(conf)
-    log = (home / "glewlwyd.log").open("wb")
-    process = subprocess.Popen(
-        [GLEWLWYD, f"--config-file={home / 'glewlwyd.conf'}"], stdout=log, stderr=log
-    )
+    log = home / "glewlwyd.log"
+    argv = [GLEWLWYD, f"--config-file={home / 'glewlwyd.conf'}"]
+    process = spawn(argv, log, env=os.environ, append=False)
     admin = httpx.Client()
-    deadline = time.monotonic() + 30
-    while True:
+
+    def signed_in() -> bool:
         try:
-            if (
-                admin.post(
-                    f"{url}/api/auth/", json={"username": "admin", "password": "password"}
-                ).status_code
-                == 200
-            ):
-                break
+            answer = admin.post(
+                f"{url}/api/auth/", json={"username": "admin", "password": "password"}
+            )
         except httpx.TransportError:
-            pass
-        assert process.poll() is None, (home / "glewlwyd.log").read_text()
-        assert time.monotonic() < deadline, "glewlwyd did not start"
-        time.sleep(0.1)
+            return False
+        return answer.status_code == 200
+
     provider = Glewlwyd(url=url, admin=admin, callback=callback)
     try:
+        wait_until(
+            signed_in,
+            lambda: f"glewlwyd to start; its log:\n{log.read_text(errors='replace')}",
+            30,
+            interval=0.1,
+            alive=running(process),
+        )
         made = admin.post(f"{provider.api}/mod/plugin/", json=provider.plugin(*_pem_pair()))
         assert made.status_code == 200, made.text
         client = {
@@ -247,6 +242,4 @@ def run_glewlwyd(home: Path, callback: str = CALLBACK) -> Iterator[Glewlwyd]:
         yield provider
     finally:
         admin.close()
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
+        stop_all([process], timeout=30)

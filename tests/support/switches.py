@@ -1,7 +1,8 @@
-"""Switch test parts: a throwaway PKI, switch pairs on loopback, a link-cutting proxy, a log waiter.
+"""Switches for a test: pairs on loopback with a throwaway PKI, a link-cutting proxy, a log waiter.
 
-Fixtures live here so that the switch tests and the security suite share them (their
-conftest.py files import them).
+Nothing here imports the control plane: certificates come from support.certs. The fixtures
+live here so that the switch tests and the security suite share them (their conftest.py
+files import them by name).
 """
 
 from __future__ import annotations
@@ -11,98 +12,17 @@ import logging
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.pki import ca
+from support.certs import Pki, make_pki
 from workers.switch.client import SwitchLink
 from workers.switch.server import Switch, SwitchConfig, crl_from_file
 from workers.switch.shaper import ShaperConfig
-
-
-@dataclass
-class Pki:
-    """A CA, its CRL file and a job-token key, in a temporary folder."""
-
-    root: Path
-    ca_key: object
-    ca_cert: object
-    token_key: Ed25519PrivateKey
-    revoked: list[tuple[int, datetime]] = field(default_factory=list)
-
-    @property
-    def ca_path(self) -> Path:
-        return self.root / "ca.pem"
-
-    @property
-    def crl_path(self) -> Path:
-        return self.root / "crl.pem"
-
-    def issue(
-        self,
-        cluster: str,
-        *,
-        name: str | None = None,
-        now: datetime | None = None,
-        days: float = 30,
-    ) -> tuple[Path, Path, int]:
-        """Key and certificate files for `cluster`; returns (key_path, cert_path, serial)."""
-        key_pem, csr = ca.make_switch_key_and_csr(cluster)
-        serial = ca.new_serial()
-        cert = ca.sign_csr(
-            self.ca_key,
-            self.ca_cert,
-            csr,
-            cluster_name=cluster,
-            serial=serial,
-            now=now,
-            valid_days=days,
-        )  # type: ignore[arg-type]
-        stem = self.root / f"{name or cluster}-{serial}"
-        key_path, cert_path = stem.with_suffix(".key"), stem.with_suffix(".crt")
-        key_path.write_bytes(key_pem)
-        cert_path.write_bytes(cert)
-        return key_path, cert_path, serial
-
-    def revoke(self, serial: int) -> None:
-        """Add `serial` to the CRL file."""
-        self.revoked.append((serial, datetime.now(UTC)))
-        self.write_crl()
-
-    def write_crl(self) -> None:
-        crl = ca.build_crl(
-            self.ca_key,
-            self.ca_cert,
-            self.revoked,
-            next_update=datetime.now(UTC) + timedelta(days=1),
-        )  # type: ignore[arg-type]
-        self.crl_path.write_bytes(crl)
-
-    def token(self, job: str, role: str, cluster: str, *, ttl: float = 600, **kw: object) -> str:
-        return ca.sign_job_token(
-            self.token_key,
-            job_id=job,
-            role=role,
-            cluster=cluster,
-            expires_at=time.time() + ttl,
-            **kw,
-        )  # type: ignore[arg-type]
-
-
-def make_pki(root: Path, name: str = "Test CA") -> Pki:
-    key, cert = ca.create_root_ca(name)
-    pki = Pki(root=root, ca_key=key, ca_cert=cert, token_key=ca.make_job_token_key())
-    root.mkdir(parents=True, exist_ok=True)
-    pki.ca_path.write_bytes(ca.certificate_pem(cert))
-    pki.write_crl()
-    return pki
 
 
 @pytest.fixture
@@ -140,8 +60,8 @@ class Pair:
         via: tuple[str, int] | None = None,
         **kw: object,
     ) -> SwitchLink:
-        """A role's link to the switch of `side`, dialling `via` (a proxy in front of that
-        switch's worker door) when given."""
+        """A role's link to the switch of `side` ("a" or "b"), dialling `via` (a proxy in
+        front of that switch's worker door) when given."""
         switch = self.a if side == "a" else self.b
         return SwitchLink(
             via or switch.worker_address,
@@ -153,6 +73,10 @@ class Pair:
             **kw,  # type: ignore[arg-type]
         )
 
+    def stop(self) -> None:
+        self.a.stop()
+        self.b.stop()
+
 
 def switch_config(pki: Pki, cluster: str, **overrides: object) -> SwitchConfig:
     key_path, cert_path, _ = pki.issue(cluster)
@@ -162,7 +86,7 @@ def switch_config(pki: Pki, cluster: str, **overrides: object) -> SwitchConfig:
         "cert_path": cert_path,
         "ca_path": pki.ca_path,
         "crl_source": crl_from_file(pki.crl_path),
-        "job_token_public_key": ca.job_token_public_key_pem(pki.token_key),
+        "job_token_public_key": pki.token_public_key_pem,
         "crl_refresh_s": 3600,  # tests refresh explicitly
         "backoff_initial_s": 0.01,
         "backoff_max_s": 0.2,
@@ -199,8 +123,7 @@ def make_pair(pki: Pki) -> Iterator[Callable[..., Pair]]:
 
     yield make
     for p in started:
-        p.a.stop()
-        p.b.stop()
+        p.stop()
 
 
 @pytest.fixture
