@@ -742,7 +742,11 @@ def test_a_backup_restores_on_a_fresh_control_plane(deployment: Deployment) -> N
         OWNER_PASSWORD=$(sed -n 's/^PGPASSWORD=//p' "$ROOTHOME/secret-{stamp}/owner.env")
         APP_PASSWORD=$(sed -n 's|^NEBULA_DATABASE_URL=postgresql+psycopg://nebula_app:\\([^@]*\\)@.*|\\1|p' \\
             "$ROOTHOME/secret-{stamp}/control-plane.env")
+        BROKER_PASSWORD=$(sed -n "s|^NEBULA_BROKER_URL=amqp://$CP_BROKER_USER:\\([^@]*\\)@.*|\\1|p" \\
+            "$ROOTHOME/secret-{stamp}/control-plane.env")
         test -n "$OWNER_PASSWORD" && test -n "$APP_PASSWORD"
+        # the machine's one RabbitMQ has the user already: its password is the backup's
+        rabbitmqctl --quiet authenticate_user "$CP_BROKER_USER" "$BROKER_PASSWORD" >/dev/null
         runuser -u postgres -- psql -q -v ON_ERROR_STOP=1 \\
           -c "SET password_encryption = 'scram-sha-256'" \\
           -c "CREATE ROLE nebula_owner LOGIN PASSWORD '$OWNER_PASSWORD'" \\
