@@ -186,9 +186,12 @@ class Deployment:
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
 
-    def log(self, name: str) -> str:
+    def log_text(self, name: str) -> str:
         path = self.root / "logs" / f"{name}.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def log(self, name: str) -> str:
+        return self.log_text(name)[-4000:]
 
     def host(self, name: str, ns: Namespace) -> Host:
         """A new host: its folders as Debian has them (deploy.md starts from there)."""
@@ -639,6 +642,39 @@ def test_the_clusters_come_up_and_the_demo_succeeds_against_the_deployment(
     )
     assert "The demo's users and their data were removed (--cleanup)." in demo, demo
     assert "chain verifies" in demo, demo
+
+
+def test_a_second_bundle_leaves_the_running_hosts_working(deployment: Deployment) -> None:
+    """deploy.md, step 4: writing a bundle again keeps the broker password, so a host that
+    restarts on the bundle it has still connects (operations.md, adding a compute host)."""
+    api, cp, east = deployment.api, deployment.hosts["cp"], deployment.names["EAST"]
+    assert api is not None
+    cp.sh(
+        cp.cp_nebula()
+        + f"""cp_nebula clusters bundle {east} --out "$VAR/bundles/{east}-2" \
+            --control-plane https://{CP_SITE}:{API_PORT} --control-plane-ca "$ETC/tls/cp-ca.pem" \
+            --broker-url amqps://{CP_SITE}:5671/$VHOST --broker-ca "$ETC/broker-ca.pem" >/dev/null
+        rm -r "$VAR/bundles/{east}-2"
+        """
+    )
+    compute = deployment.hosts["east-c1"]
+    name = f"{compute.name}-worker-1"
+    deployment.stop(name)  # `systemctl restart nebula-worker@1`, on the old bundle
+    before = len(deployment.log_text(name))
+    compute.unit(
+        "worker-1",
+        ["/etc/nebula/cluster.env"],
+        f"{compute.path('/opt/nebula/venv/bin/nebula')} worker "
+        f"--bundle {compute.path('/var/lib/nebula/bundle')} --concurrency 1 "
+        f"--scratch-dir {compute.path('/var/lib/nebula/scratch-1')} $NEBULA_SWITCH",
+    )
+
+    def connected() -> bool:
+        since = deployment.log_text(name)[before:]
+        assert "ACCESS_REFUSED" not in since and "AccessRefused" not in since, since
+        return " ready." in since and "Connected to amqps://" in since
+
+    _wait(connected, f"east's worker back on its old bundle\n{deployment.log(name)}", 120)
 
 
 def test_doctor_is_green_then_names_the_fix_while_the_broker_is_stopped(
