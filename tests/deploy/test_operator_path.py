@@ -12,10 +12,12 @@ other environment) where they say `systemctl`. The venv takes the wheel built fr
 checkout (with its web UI) and, in place of the package index, the test environment's
 packages; Node is on no path of a service.
 
-One module fixture builds the deployment (deploy.md, steps 0 to 6); the tests then follow
-deploy.md step 7 (the demo, with `--url --ca --login-file --cleanup`), operations.md's
-Health (`nebula doctor` green, then red with its fix while the broker is stopped), and
-its Backup and restore into a fresh control-plane host.
+One module fixture builds the deployment (deploy.md, steps 0 to 6); the tests, in order,
+then follow deploy.md step 7 (the demo, with `--url --ca --login-file --cleanup`), write
+a second bundle for a cluster whose worker then restarts on its old one (step 4),
+operations.md's Health (`nebula doctor` green, a typo in the env file named, then red
+with its fix while the broker is stopped), and its Backup and restore into a fresh
+control-plane host.
 """
 
 from __future__ import annotations
@@ -684,6 +686,20 @@ def test_doctor_is_green_then_names_the_fix_while_the_broker_is_stopped(
     code, out = _doctor(cp)
     assert code == 0, out
     assert "FAIL" not in out, out
+
+    # a typo in the env file changes nothing, and says so (operations.md, Logs)
+    cp.sh(
+        'cp "$ETC/control-plane.env" "$ROOTHOME/env" && echo NEBULA_REAPER_INTERVAL=5 >> "$ETC/control-plane.env"'
+    )
+    try:
+        code, out = _doctor(cp)
+    finally:
+        cp.sh('cp "$ROOTHOME/env" "$ETC/control-plane.env" && rm "$ROOTHOME/env"')
+    assert code == 0, out
+    assert (
+        "unknown setting NEBULA_REAPER_INTERVAL is ignored (did you mean NEBULA_REAPER_INTERVAL_S?)"
+        in out
+    ), out
 
     deployment.stop("cp-relay-5672")  # the broker stops answering on the host's loopback
     try:
