@@ -57,7 +57,45 @@ def _first_anchor(url: str, settings: Settings) -> None:
 
     Without it, events a command writes before the server first starts (the first admin)
     would find no anchor file, which the anchorer takes for a lost one and refuses.
+    Run by root for a var folder that belongs to the service user (nebula-migrate.service
+    runs as root to read the owner's password), the anchor and its key are written by a
+    child process that has become that user: files the API must append to stay the API
+    user's, and root never writes into a folder another user controls.
     """
+    owner = _service_user_of(settings.var_dir)
+    if owner is None:
+        _sign_first_anchor(url, settings)
+        return
+    pid = os.fork()
+    if pid == 0:  # the child: the service user from here on, then gone
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(owner[1])
+            os.setuid(owner[0])
+            _sign_first_anchor(url, settings)
+            code = 0
+        except BaseException:
+            log.exception("the first audit anchor could not be written as uid %d", owner[0])
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"the first audit anchor was not written in {settings.var_dir}")
+
+
+def _service_user_of(var_dir: Path) -> tuple[int, int] | None:
+    """(uid, gid) of the var folder when root runs this for another user's folder, else None."""
+    if os.name != "posix" or os.geteuid() != 0:
+        return None
+    try:
+        found = var_dir.stat()
+    except FileNotFoundError:
+        return None
+    return None if found.st_uid == 0 else (found.st_uid, found.st_gid)
+
+
+def _sign_first_anchor(url: str, settings: Settings) -> None:
     from app.audit.service import AnchorsMissing, anchor_head, use_chain_key
     from app.db import make_engine, make_sessionmaker
 

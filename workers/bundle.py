@@ -69,15 +69,15 @@ def check_folder(folder: Path) -> None:
         info = folder.stat()
         raise SystemExit(
             f"{folder} belongs to {_owner(info.st_uid)} (mode {stat.S_IMODE(info.st_mode):04o}) "
-            f"and {me} cannot read it: sudo chown -R {me}: {folder} && "
-            f"sudo chmod 0700 {folder}"
+            f"and {me} cannot read it: as root, chown -R {me}: {folder} && "
+            f"chmod 0700 {folder}"
         ) from None
     for path in entries:
         info = path.lstat()
         if uid != 0 and info.st_uid != uid:
             raise SystemExit(
                 f"{path} belongs to {_owner(info.st_uid)}, not to {me} who runs this: "
-                f"sudo chown -R {me}: {folder}"
+                f"as root, chown -R {me}: {folder}"
             )
         mode = stat.S_IMODE(info.st_mode)
         if mode & 0o077:

@@ -122,7 +122,7 @@ def root_command(target: BrokerTarget, cluster: str, password: str) -> str:
             ["rabbitmqctl", "--quiet", "set_permissions", "-p", target.vhost, user] + [pattern] * 3
         ),
     ]
-    return "sudo sh -c " + shlex.quote("; ".join(steps))
+    return "sh -c " + shlex.quote("; ".join(steps))
 
 
 def logs_in(broker_url: str, *, timeout_s: float = 5.0) -> bool:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -108,3 +113,31 @@ def test_upgrading_seals_the_rows_already_there_with_the_platforms_key(
     other = settings.model_copy(update={"secret_key": SecretStr("another-secret")})
     upgrade(database_url, settings=other)
     assert client.get(content, headers=alice.headers).status_code == 404
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_root_writes_the_first_anchor_as_the_owner_of_the_var_folder(
+    database_url: str, settings: Settings
+) -> None:
+    """nebula-migrate.service runs `nebula db upgrade` as root (to read the owner's
+    password): the first anchor and its key must still be the API user's to append to."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to become the var folder's owner")
+    nobody = 65534
+    root = Path(tempfile.mkdtemp(prefix="nebula-migrate-"))
+    try:
+        root.chmod(0o755)
+        var = root / "var"
+        var.mkdir(mode=0o700)
+        os.chown(var, nobody, nobody)
+        upgrade(
+            database_url,
+            settings=settings.model_copy(
+                update={"var_dir": var, "data_dir": None, "audit_anchor_key_file": None}
+            ),
+        )
+        written = [var / "audit_anchor_key", var / "data" / "audit" / "anchors.jsonl"]
+        assert all(path.stat().st_uid == nobody for path in written)
+        assert all(path.stat().st_uid == nobody for path in var.rglob("*"))
+    finally:
+        shutil.rmtree(root)

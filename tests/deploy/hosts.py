@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -103,6 +104,29 @@ class Network:
             run(*host.exec_argv("ip", "link", "set", end, "up"))
             host.addresses[link] = ip
 
+    def lan(self, owner: Namespace, owner_ip: str, link: str) -> str:
+        """A bridge inside `owner` with `owner_ip`/24 on it (one site network); its name."""
+        bridge = f"{self.prefix}{link}"
+        run(*owner.exec_argv("ip", "link", "add", bridge, "type", "bridge"))
+        run(*owner.exec_argv("ip", "link", "set", bridge, "up"))
+        run(*owner.exec_argv("ip", "addr", "add", f"{owner_ip}/24", "dev", bridge))
+        owner.addresses[link] = owner_ip
+        return bridge
+
+    def join_lan(
+        self, host: Namespace, host_ip: str, owner: Namespace, bridge: str, link: str
+    ) -> None:
+        """Plug `host` into a bridge made by `lan` (a veth pair, one end on the bridge)."""
+        inside, port = f"{self.prefix}{link}h", f"{self.prefix}{link}p"
+        run("ip", "link", "add", inside, "type", "veth", "peer", "name", port)
+        run("ip", "link", "set", inside, "netns", host.name)
+        run("ip", "link", "set", port, "netns", owner.name)
+        run(*owner.exec_argv("ip", "link", "set", port, "master", bridge))
+        run(*owner.exec_argv("ip", "link", "set", port, "up"))
+        run(*host.exec_argv("ip", "addr", "add", f"{host_ip}/24", "dev", inside))
+        run(*host.exec_argv("ip", "link", "set", inside, "up"))
+        host.addresses[bridge] = host_ip
+
     def close(self) -> None:
         for namespace in self.namespaces:
             with contextlib.suppress(RuntimeError):
@@ -127,10 +151,17 @@ def namespaces_usable() -> str | None:
 
 class Relay:
     """A TCP relay: what listens on (host, port) is the service at `target` (a port forward
-    on the service's host, as a firewall's DNAT would be)."""
+    on the service's host, as a firewall's DNAT would be). With `tls`, it ends TLS first
+    (a TLS listener in front of a plain service, as RabbitMQ's own on 5671 would be)."""
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        target: tuple[str, int],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.target = target
+        self.tls = tls
         self.server = socket.create_server(listen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -142,6 +173,14 @@ class Relay:
                 client, _ = self.server.accept()
             except OSError:
                 return
+            if self.tls is not None:
+                try:
+                    client.settimeout(10)
+                    client = self.tls.wrap_socket(client, server_side=True)
+                    client.settimeout(None)
+                except OSError:
+                    client.close()
+                    continue
             try:
                 upstream = socket.create_connection(self.target, timeout=10)
             except OSError:
@@ -221,15 +260,20 @@ def write_server_certificate(folder: Path, ips: list[str]) -> tuple[Path, Path, 
 
 
 def main(argv: list[str]) -> None:
-    """`python hosts.py relay LISTEN_HOST:PORT TARGET_HOST:PORT`: a relay as a process of its
-    own, to run inside a namespace (`ip netns exec NS python hosts.py relay ...`)."""
-    _command, listen, target = argv
+    """`python hosts.py relay LISTEN_HOST:PORT TARGET_HOST:PORT [CERT KEY]`: a relay as a
+    process of its own, to run inside a namespace (`ip netns exec NS python hosts.py relay
+    ...`); with a certificate and key it ends TLS."""
+    _command, listen, target, *tls_files = argv
+    tls = None
+    if tls_files:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(tls_files[0], tls_files[1])
 
     def split(text: str) -> tuple[str, int]:
         host, _, port = text.rpartition(":")
         return host, int(port)
 
-    relay = Relay(split(listen), split(target))
+    relay = Relay(split(listen), split(target), tls)
     try:
         threading.Event().wait()  # until the test terminates this process
     finally:

@@ -51,7 +51,7 @@ def test_a_folder_copied_as_root_names_its_owner_and_the_chown(bundle: Path) -> 
         _check_as_nobody(bundle)
     assert str(refused.value) == (
         f"{bundle} belongs to root (mode 0700) and nobody cannot read it: "
-        f"sudo chown -R nobody: {bundle} && sudo chmod 0700 {bundle}"
+        f"as root, chown -R nobody: {bundle} && chmod 0700 {bundle}"
     )
     # the folder was given over but a file in it was not
     os.chown(bundle, 65534, 65534)
@@ -59,7 +59,7 @@ def test_a_folder_copied_as_root_names_its_owner_and_the_chown(bundle: Path) -> 
         _check_as_nobody(bundle)
     assert str(refused.value) == (
         f"{bundle / 'bundle.json'} belongs to root, not to nobody who runs this: "
-        f"sudo chown -R nobody: {bundle}"
+        f"as root, chown -R nobody: {bundle}"
     )
     for path in (bundle, *bundle.iterdir()):
         os.chown(path, 65534, 65534)
