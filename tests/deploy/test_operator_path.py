@@ -40,8 +40,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import service_unavailable
 
+from support.services import service_unavailable
 from workers.control_plane import tls_verify
 
 from .hosts import Namespace, Network, Relay, namespaces_usable, run, write_server_certificate
