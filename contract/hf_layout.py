@@ -1,7 +1,7 @@
 """What a Hugging Face BERT, ELECTRA or (XLM-)RoBERTa checkpoint must hold, from its config.json.
 
 Pure Python, shared by both sides: the control plane checks an uploaded folder's
-safetensors headers against `expected_tensors` without torch (app/workspaces/hf_archive.py),
+safetensors headers against `expected_tensors` without torch (app/datasets/hf_archive.py),
 and a worker maps the same names onto Nebula's body (workers/training/hf_weights.py).
 
 Names are given without the base model's prefix (`bert.`, `electra.`, `roberta.`): a

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from tokenizers import Tokenizer
 
 from support import Platform
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
+from tests.app.datasets.test_datasets import API, new_workspace, upload
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
 
 TOLERANCE = 1e-5

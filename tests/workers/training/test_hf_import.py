@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from support import Platform
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
+from tests.app.datasets.test_datasets import API, new_workspace, upload
 from workers.training.hf_weights import ImportedModel, load_hf_archive
 
 TOLERANCE = 1e-5

@@ -22,7 +22,7 @@ from safetensors.numpy import save as save_safetensors
 from app.settings import Settings
 from contract.hf_layout import body_tensors, head_tensors, parse_config
 from support import Platform
-from tests.app.workspaces.test_datasets import API, assert_nothing_left, new_workspace, upload, used
+from tests.app.datasets.test_datasets import API, assert_nothing_left, new_workspace, upload, used
 
 CONFIG = {
     "architectures": ["BertForMaskedLM"],

@@ -237,7 +237,7 @@ def _check_model_config(raw: str | None) -> None:
 def validator_for(kind: DatasetKind) -> Validator:
     """The streaming validator of one dataset kind."""
     if kind == DatasetKind.model:
-        from app.workspaces.hf_archive import ModelValidator  # it builds on this module
+        from app.datasets.hf_archive import ModelValidator  # it builds on this module
 
         return ModelValidator()
     return LinesValidator(kind)

@@ -295,7 +295,7 @@ class HfFolderValidator:
     """Checks a tar of a Hugging Face folder as it streams (see the module docstring)."""
 
     def __init__(self, *, gzip: bool) -> None:
-        from app.workspaces.formats import SafetensorsValidator
+        from app.datasets.formats import SafetensorsValidator
 
         self._safetensors = SafetensorsValidator
         self._inflate = zlib.decompressobj(wbits=31) if gzip else None
@@ -469,7 +469,7 @@ class ModelValidator:
         self.model_info: dict[str, Any] | None = None
 
     def _choose(self) -> None:
-        from app.workspaces.formats import SafetensorsValidator
+        from app.datasets.formats import SafetensorsValidator
 
         head = bytes(self._head)
         if head[:2] == b"\x1f\x8b":

@@ -14,7 +14,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.workspaces.models import Dataset
 from support import Platform, small_tmpfs
-from tests.app.workspaces.test_datasets import API, new_workspace, upload
+from tests.app.datasets.test_datasets import API, new_workspace, upload
 
 
 @pytest.fixture
