@@ -40,6 +40,8 @@ class EndedRequest:
     was_granted: bool  # it was an active grant: the requester's live jobs on it must stop
 
 
+# defined here, not in views.py: its module path names it in the OpenAPI document
+# (app__grants__service__Direction, beside the release requests' own Direction)
 class Direction(StrEnum):
     """Requests the user made, or requests for the user's datasets."""
 
