@@ -25,35 +25,38 @@ def _switch(args: argparse.Namespace, settings: ClusterSettings) -> int:
     shaper = None
     if args.shape_mbit or args.shape_delay_ms:
         shaper = ShaperConfig(rate_mbit=args.shape_mbit, delay_ms=args.shape_delay_ms or 0.0)
-    cluster, control_plane = args.cluster, args.control_plane or settings.control_plane_url
-    folder, enroll_token, control_plane_ca = (
-        args.state_dir,
-        args.enroll_token,
-        args.control_plane_ca,
+    flags = bundles.SwitchFlags(
+        cluster=args.cluster,
+        bundle=args.bundle,
+        control_plane=args.control_plane,
+        control_plane_ca=args.control_plane_ca,
+        enroll_token=args.enroll_token,
+        state_dir=args.state_dir,
+        credential_file=args.credential_file,
     )
-    credential = args.credential_file.read_text().strip() if args.credential_file else None
-    if args.bundle:
-        bundle = bundles.load_bundle(args.bundle)
-        credential = credential or bundle.worker_credential
-        cluster, control_plane = bundle.cluster, args.control_plane or bundle.control_plane_url
-        folder = folder or args.bundle  # the switch keeps its identity beside the bundle
-        enroll_token = enroll_token or bundle.enrollment_token
-        control_plane_ca = control_plane_ca or bundles.control_plane_ca(args.bundle)
-    if not cluster:
-        raise SystemExit("name the cluster with --cluster or --bundle")
+    try:
+        plan = bundles.plan_switch(
+            flags,
+            bundle=bundles.read_bundle_folder(args.bundle) if args.bundle else None,
+            var_dir=settings.var_dir,
+            control_plane_url=settings.control_plane_url,
+        )
+    except bundles.ClusterSetupError as exc:
+        raise SystemExit(str(exc)) from None
+    credential = plan.credential_file.read_text().strip() if plan.credential_file else None
     agent.run(
-        cluster=cluster,
-        folder=folder or settings.var_dir / "clusters" / cluster,
-        control_plane=control_plane,
-        enroll_token=enroll_token,
+        cluster=plan.cluster,
+        folder=plan.folder,
+        control_plane=plan.control_plane,
+        enroll_token=plan.enroll_token,
         worker_address=(args.worker_host, args.worker_port),
         peer_address=(args.peer_host, args.peer_port),
         peers=peers,
         shaper=shaper,
         metrics_address=(args.worker_host, args.metrics_port) if args.metrics_port else None,
         crl_grace_s=args.crl_grace_s if args.crl_grace_s is not None else settings.crl_grace_s,
-        control_plane_ca=control_plane_ca,
-        credential=credential,
+        control_plane_ca=plan.control_plane_ca,
+        credential=credential or plan.credential,
         max_connections=settings.switch_max_connections,
         max_connections_per_source=settings.switch_max_connections_per_source,
         auth_timeout_s=settings.switch_auth_timeout_s,
@@ -88,7 +91,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
             broker_url=settings.broker_url,
             control_plane_url=settings.control_plane_url,
         )
-    except bundles.WorkerSetupError as exc:
+    except bundles.ClusterSetupError as exc:
         raise SystemExit(str(exc)) from None
     cluster, control_plane, control_plane_ca = (
         plan.cluster,

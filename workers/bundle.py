@@ -1,8 +1,8 @@
 """A cluster bundle folder on disk (its manifest is contract.bundle.ClusterBundle).
 
 Files are 0600 in a 0700 folder; the switch keeps its key and certificate there too.
-`plan_worker` decides, as a pure function, which of the command line, the bundle, the
-settings and the state files gives a worker each of its settings.
+`plan_worker` and `plan_switch` decide, as pure functions, which of the command line,
+the bundle, the settings and the state files gives a worker or a switch each setting.
 """
 
 from __future__ import annotations
@@ -187,8 +187,8 @@ class WorkerPlan:
     credential_file: Path | None
 
 
-class WorkerSetupError(ValueError):
-    """The flags, bundle and settings do not say enough to start a worker."""
+class ClusterSetupError(ValueError):
+    """The flags, bundle and settings do not say enough to start a worker or a switch."""
 
 
 def plan_worker(
@@ -223,7 +223,7 @@ def plan_worker(
         broker_ca_path = bundle.broker_ca
         state_dir = bundle.folder  # the bundle's host keeps its state beside it
     if not cluster:
-        raise WorkerSetupError("name the cluster with --cluster or --bundle")
+        raise ClusterSetupError("name the cluster with --cluster or --bundle")
     switch: tuple[str, int] | None = None
     ca_path: str | Path | None = None
     switch_state: Path | None = None
@@ -231,7 +231,7 @@ def plan_worker(
         switch = host_port(flags.switch)
         ca_path = flags.ca or (bundle.folder / CA_FILE if bundle is not None else None)
         if ca_path is None:
-            raise WorkerSetupError("--switch needs --ca (the platform CA) or --bundle")
+            raise ClusterSetupError("--switch needs --ca (the platform CA) or --bundle")
     else:
         switch_state = state_dir / "switch.json"
     credential_file = None
@@ -249,4 +249,65 @@ def plan_worker(
         switch_state=switch_state,
         credential=credential,
         credential_file=credential_file,
+    )
+
+
+@dataclass(frozen=True)
+class SwitchFlags:
+    """What `nebula switch` was given on its command line (None: not given)."""
+
+    cluster: str | None = None
+    bundle: Path | None = None
+    control_plane: str | None = None
+    control_plane_ca: Path | None = None
+    enroll_token: str | None = field(default=None, repr=False)
+    state_dir: Path | None = None
+    credential_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """Where a switch gets each thing it needs; the credential file is named, not read."""
+
+    cluster: str
+    folder: Path  # where the switch keeps its key, certificate and state
+    control_plane: str
+    control_plane_ca: Path | None
+    enroll_token: str | None = field(repr=False)
+    credential_file: Path | None  # read first: its credential wins
+    credential: str | None = field(repr=False)  # the bundle's, when the file gives none
+
+
+def plan_switch(
+    flags: SwitchFlags, *, bundle: BundleFolder | None, var_dir: Path, control_plane_url: str
+) -> SwitchPlan:
+    """Which of the flags, the bundle and the settings gives a switch each setting.
+
+    A flag wins, then the bundle, then the settings; with a bundle, its cluster wins over
+    --cluster, and the switch keeps its identity beside the bundle unless --state-dir
+    says otherwise. Pure, like `plan_worker`.
+    """
+    cluster = flags.cluster
+    control_plane = flags.control_plane or control_plane_url
+    folder, enroll_token = flags.state_dir, flags.enroll_token
+    control_plane_ca = flags.control_plane_ca
+    credential: str | None = None
+    if bundle is not None:
+        manifest = bundle.manifest
+        credential = manifest.worker_credential
+        cluster = manifest.cluster
+        control_plane = flags.control_plane or manifest.control_plane_url
+        folder = folder or bundle.folder
+        enroll_token = enroll_token or manifest.enrollment_token
+        control_plane_ca = control_plane_ca or bundle.control_plane_ca
+    if not cluster:
+        raise ClusterSetupError("name the cluster with --cluster or --bundle")
+    return SwitchPlan(
+        cluster=cluster,
+        folder=folder or var_dir / "clusters" / cluster,
+        control_plane=control_plane,
+        control_plane_ca=control_plane_ca,
+        enroll_token=enroll_token,
+        credential_file=flags.credential_file,
+        credential=credential,
     )

@@ -1,7 +1,8 @@
-"""Which of the flags, the bundle, the settings and the state files gives a worker each setting.
+"""Which of the flags, the bundle, the settings and the state files gives a worker or a switch
+each setting.
 
-`plan_worker` as a table, no files: each row is a command line, a bundle (or none) and the
-settings, and what the worker ends up with. The bundle folder's own checks (owner, mode)
+`plan_worker` and `plan_switch` as tables, no files: each row is a command line, a bundle
+(or none) and the settings, and what the process ends up with. The bundle folder's own checks (owner, mode)
 are tests/workers/test_bundle_folder.py's.
 """
 
@@ -15,10 +16,12 @@ import pytest
 from contract.bundle import ClusterBundle
 from workers.bundle import (
     BundleFolder,
+    ClusterSetupError,
+    SwitchFlags,
     WorkerFlags,
-    WorkerSetupError,
     credential_path,
     host_port,
+    plan_switch,
     plan_worker,
 )
 
@@ -41,6 +44,7 @@ def bundle(
             cluster="a",
             control_plane_url="https://bundle.example",
             worker_credential=credential,
+            enrollment_token="nbe_bundle",
             broker_url=broker_url,
         ),
         control_plane_ca=BUNDLE_DIR / "control-plane-ca.pem" if control_plane_ca else None,
@@ -188,7 +192,7 @@ def test_plan_worker(
     ids=["no-cluster", "empty-cluster", "switch-without-ca"],
 )
 def test_plan_worker_refuses(flags: WorkerFlags, folder: BundleFolder | None, refusal: str) -> None:
-    with pytest.raises(WorkerSetupError) as caught:
+    with pytest.raises(ClusterSetupError) as caught:
         plan_worker(flags, bundle=folder, var_dir=VAR, **SETTINGS)
     assert str(caught.value) == refusal
 
@@ -204,3 +208,88 @@ def test_plan_keeps_the_credential_out_of_its_repr() -> None:
 )
 def test_host_port(text: str, address: tuple[str, int]) -> None:
     assert host_port(text) == address
+
+
+SWITCH_TABLE: list[tuple[str, SwitchFlags, BundleFolder | None, dict[str, Any]]] = [
+    (
+        "flags and settings alone: the host's folder",
+        SwitchFlags(cluster="a", enroll_token="nbe_flag"),
+        None,
+        {
+            "cluster": "a",
+            "folder": STATE_A,
+            "control_plane": "https://settings.example",
+            "control_plane_ca": None,
+            "enroll_token": "nbe_flag",
+            "credential_file": None,
+            "credential": None,
+        },
+    ),
+    (
+        "flags win over the settings",
+        SwitchFlags(
+            cluster="a",
+            control_plane="https://flag.example",
+            state_dir=Path("/srv/switch"),
+            credential_file=Path("/flag/credential"),
+        ),
+        None,
+        {
+            "control_plane": "https://flag.example",
+            "folder": Path("/srv/switch"),
+            "credential_file": Path("/flag/credential"),
+        },
+    ),
+    (
+        "the bundle over --cluster and the settings; the switch keeps its identity beside it",
+        SwitchFlags(cluster="b", bundle=BUNDLE_DIR),
+        bundle(),
+        {
+            "cluster": "a",
+            "folder": BUNDLE_DIR,
+            "control_plane": "https://bundle.example",
+            "control_plane_ca": BUNDLE_DIR / "control-plane-ca.pem",
+            "enroll_token": "nbe_bundle",
+            "credential": "nbw_bundle",
+        },
+    ),
+    (
+        "flags over the bundle",
+        SwitchFlags(
+            bundle=BUNDLE_DIR,
+            control_plane="https://flag.example",
+            control_plane_ca=Path("/flag/ca.pem"),
+            enroll_token="nbe_flag",
+            state_dir=Path("/srv/switch"),
+            credential_file=Path("/flag/credential"),
+        ),
+        bundle(),
+        {
+            "control_plane": "https://flag.example",
+            "control_plane_ca": Path("/flag/ca.pem"),
+            "enroll_token": "nbe_flag",
+            "folder": Path("/srv/switch"),
+            "credential_file": Path("/flag/credential"),  # read first, the bundle's if empty
+            "credential": "nbw_bundle",
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("flags", "folder", "expected"),
+    [row[1:] for row in SWITCH_TABLE],
+    ids=[row[0] for row in SWITCH_TABLE],
+)
+def test_plan_switch(
+    flags: SwitchFlags, folder: BundleFolder | None, expected: dict[str, Any]
+) -> None:
+    plan = plan_switch(
+        flags, bundle=folder, var_dir=VAR, control_plane_url=SETTINGS["control_plane_url"]
+    )
+    assert {name: getattr(plan, name) for name in expected} == expected
+
+
+def test_plan_switch_needs_a_cluster() -> None:
+    with pytest.raises(ClusterSetupError, match="name the cluster with --cluster or --bundle"):
+        plan_switch(SwitchFlags(), bundle=None, var_dir=VAR, control_plane_url="https://x")
