@@ -232,12 +232,3 @@ def _check_model_config(raw: str | None) -> None:
     except (ValueError, RecursionError) as exc:  # ModelTooLarge is a ValueError too
         detail = str(exc) if isinstance(exc, ModelTooLarge) else "the model config is not JSON"
         raise Invalid(f"model refused: {detail}") from None
-
-
-def validator_for(kind: DatasetKind) -> Validator:
-    """The streaming validator of one dataset kind."""
-    if kind == DatasetKind.model:
-        from app.datasets.hf_archive import ModelValidator  # it builds on this module
-
-        return ModelValidator()
-    return LinesValidator(kind)

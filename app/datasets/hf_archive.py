@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from app.datasets.formats import SafetensorsValidator
 from app.errors import Invalid
 from contract.hf_layout import (
     MAX_MEMBERS,
@@ -309,8 +310,6 @@ class HfFolderValidator:
     """Checks a tar of a Hugging Face folder as it streams (see the module docstring)."""
 
     def __init__(self, *, gzip: bool) -> None:
-        from app.datasets.formats import SafetensorsValidator
-
         self._safetensors = SafetensorsValidator
         self._inflate = zlib.decompressobj(wbits=31) if gzip else None
         self._tar = TarReader(self._member)
@@ -468,8 +467,6 @@ class ModelValidator:
         self.model_info: dict[str, Any] | None = None
 
     def _choose(self) -> None:
-        from app.datasets.formats import SafetensorsValidator
-
         head = bytes(self._head)
         kind = archive_kind(head)
         if kind is not None:

@@ -30,7 +30,8 @@ from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.clusters.service import ANY_CLUSTER, check_cluster_set
-from app.datasets.formats import Validator, validator_for
+from app.datasets.formats import Validator
+from app.datasets.validators import validator_for
 from app.db import NewestFirst, Page, begin_writing, new_id, utcnow
 from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaExceeded
 from app.grants import access

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.datasets.formats import MAX_LINE_BYTES, LinesValidator, validator_for
+from app.datasets.formats import MAX_LINE_BYTES, LinesValidator
+from app.datasets.validators import validator_for
 from app.errors import Invalid
 from app.workspaces.models import DatasetKind
 
