@@ -2,7 +2,7 @@
 
 A stranger's look-up of a workspace or a job is answered as if the row were missing, and
 recorded as a denied `workspace.access` or `job.access`. (A dataset is seen by the holders
-of its grants too: app/workspaces/datasets.py.)
+of its grants too: app/datasets/service.py.)
 """
 
 from __future__ import annotations

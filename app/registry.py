@@ -8,6 +8,7 @@ from app.accounts.routes import router as accounts_router
 from app.audit.routes import router as audit_router
 from app.cluster_api.routes import router as cluster_api_router
 from app.clusters.routes import router as clusters_router
+from app.datasets.routes import router as datasets_router
 from app.grants.routes import router as grants_router
 from app.jobs.routes import router as jobs_router
 from app.ops.routes import router as ops_router
@@ -25,6 +26,7 @@ def routers() -> list[APIRouter]:
         ops_router,
         accounts_router,
         workspaces_router,
+        datasets_router,
         grants_router,
         releases_router,
         clusters_router,

@@ -1,8 +1,10 @@
 """What a Hugging Face BERT, ELECTRA or (XLM-)RoBERTa checkpoint must hold, from its config.json.
 
 Pure Python, shared by both sides: the control plane checks an uploaded folder's
-safetensors headers against `expected_tensors` without torch (app/workspaces/hf_archive.py),
+safetensors headers against `expected_tensors` without torch (app/datasets/hf_archive.py),
 and a worker maps the same names onto Nebula's body (workers/training/hf_weights.py).
+
+The last part says what a tar of such a folder may hold, for both sides' readers.
 
 Names are given without the base model's prefix (`bert.`, `electra.`, `roberta.`): a
 `BertModel` saves `embeddings.word_embeddings.weight`, a `BertForMaskedLM`
@@ -12,7 +14,8 @@ Names are given without the base model's prefix (`bert.`, `electra.`, `roberta.`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,3 +298,100 @@ def check_tensors(cfg: HfConfig, found: Mapping[str, tuple[str, Shape]]) -> None
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise ModelTooLarge(f"tensor {missing[0]!r} is missing{more}")
+
+
+# ------------------------------------------------------------- the folder in its archive
+# Both sides read the same tar of one Hugging Face folder: the control plane as it streams
+# in (app/datasets/hf_archive.py), a worker from memory before it builds a model
+# (workers/training/hf_weights.py). What a member may be, which files hold the weights and
+# which the tokenizer, is decided here once; LayoutError names what is wrong.
+
+MAX_MEMBERS = 256  # a folder has ~10 files; a large model ~100 shards
+SINGLE_WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
+OTHER_WEIGHT_SUFFIXES = (".h5", ".msgpack", ".onnx", ".gguf", ".keras")
+
+
+class LayoutError(ValueError):
+    """An archive that is not one Hugging Face folder Nebula imports."""
+
+
+def archive_kind(head: bytes) -> str | None:
+    """What the first 512 bytes of a `model` dataset start: a "gzip" or plain "tar" archive
+    of a Hugging Face folder, or None (a Nebula safetensors file)."""
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[257:262] == b"ustar":
+        return "tar"
+    return None
+
+
+def member_path(name: str) -> list[str]:
+    """The parts of a member's path; LayoutError if it is absolute, leaves the folder or is odd."""
+    shown = name[:120]
+    if not name or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        raise LayoutError(f"member {shown!r} has an absolute path")
+    if "\\" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise LayoutError(f"member {shown!r} has a backslash or a control character in its path")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise LayoutError(f"member {shown!r} has '..' in its path")
+    return parts
+
+
+def file_member(name: str) -> tuple[str, str]:
+    """(folder, basename) of a regular file's member, one folder deep at most; LayoutError
+    otherwise."""
+    parts = member_path(name)
+    if len(parts) > 2:
+        raise LayoutError(f"member {name[:120]!r} is in a nested folder")
+    return ("/".join(parts[:-1]), parts[-1]) if parts else ("", "")
+
+
+def refuse_unsafe_file(base: str) -> None:
+    """LayoutError for a pickle (nothing is ever unpickled) or weights in another format."""
+    lower = base.lower()
+    if lower.endswith(PICKLE_SUFFIXES):
+        raise LayoutError(
+            f"{base[:120]!r} is a pickle: only safetensors weights are accepted, and"
+            " nothing is ever unpickled"
+        )
+    if lower.endswith(OTHER_WEIGHT_SUFFIXES):
+        raise LayoutError(f"{base[:120]!r}: only safetensors weights are accepted")
+
+
+def is_weights_file(base: str) -> bool:
+    """model.safetensors, or one shard of it (model-00001-of-00002.safetensors)."""
+    return base == SINGLE_WEIGHTS or _SHARD.fullmatch(base) is not None
+
+
+def weights_layout(names: Iterable[str]) -> str:
+    """Where the weights are: SINGLE_WEIGHTS, or WEIGHTS_INDEX for shards; LayoutError if
+    both, shards without an index, or none."""
+    present = set(names)
+    shards = any(_SHARD.fullmatch(name) for name in present)
+    if SINGLE_WEIGHTS in present:
+        if shards or WEIGHTS_INDEX in present:
+            raise LayoutError("both model.safetensors and sharded weights")
+        return SINGLE_WEIGHTS
+    if WEIGHTS_INDEX in present:
+        return WEIGHTS_INDEX
+    if shards:
+        raise LayoutError("sharded weights without model.safetensors.index.json")
+    raise LayoutError("model.safetensors is missing (only safetensors weights are accepted)")
+
+
+def tokenizer_file(cfg: HfConfig, names: Iterable[str]) -> str:
+    """The file the folder's tokenizer is read from: tokenizer.json, or (not for RoBERTa,
+    whose BPE needs it) a WordPiece vocab.txt beside tokenizer_config.json."""
+    present = set(names)
+    if "tokenizer.json" in present:
+        return "tokenizer.json"
+    if cfg.family != "roberta" and {"vocab.txt", "tokenizer_config.json"} <= present:
+        return "vocab.txt"
+    raise LayoutError(
+        "the tokenizer is missing: tokenizer.json"
+        + (", or vocab.txt with tokenizer_config.json" if cfg.family != "roberta" else "")
+    )

@@ -3,7 +3,7 @@
 The fused key/value projection of Nebula's attention (`attn.kv`) is two saved tensors,
 key then value, concatenated along the output dimension. Pure data: a worker loads
 checkpoints with it (workers/training/hf_weights.py) and the control plane writes
-Hugging Face folders with it, without torch (app/workspaces/hf_export.py).
+Hugging Face folders with it, without torch (app/datasets/hf_export.py).
 """
 
 from __future__ import annotations

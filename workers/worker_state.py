@@ -5,21 +5,12 @@ Celery's prefork pool forks after `set_side`, so the pool processes inherit it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+# where a cluster host keeps its files, defined beside the bundle folder's layout
+from workers.bundle import credential_path as credential_path
+from workers.bundle import switch_state_path as switch_state_path
 from workers.runner import ClusterSide
 
 _side: ClusterSide | None = None
-
-
-def switch_state_path(var_dir: Path, cluster: str) -> Path:
-    """Where `nebula switch` writes the worker-facing address of a cluster's switch."""
-    return var_dir / "clusters" / cluster / "switch.json"
-
-
-def credential_path(var_dir: Path, cluster: str) -> Path:
-    """Where a cluster host keeps its worker credential by default (mode 0600)."""
-    return var_dir / "clusters" / cluster / "worker-credential"
 
 
 def set_side(side: ClusterSide) -> None:

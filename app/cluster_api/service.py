@@ -17,7 +17,7 @@ from app.clusters.models import Cluster, WorkerCredential
 from app.clusters.service import WORKER_CREDENTIAL_PREFIX
 from app.db import utcnow
 from app.errors import Conflict, Forbidden, Invalid, NotAuthenticated, NotFound
-from app.grants import service as grants
+from app.grants import access
 from app.grants.models import AccessRequest
 from app.jobs import attempts
 from app.jobs import service as jobs
@@ -223,7 +223,7 @@ def _ended_grant(db: Session, *, dataset_id: str, user_id: str) -> str | None:
 def _fail_on_lost_input(db: Session, *, job: Job, name: str, dataset_id: str) -> None:
     """The job's input stopped being usable: fail the job, naming the grant that ended."""
     # for a derived input of the owner's own, the grant that ended is one of its sources'
-    ended = grants.ended_grant_for_inputs(db, user_id=job.owner_id, dataset_ids=[dataset_id])
+    ended = access.ended_grant_for_inputs(db, user_id=job.owner_id, dataset_ids=[dataset_id])
     grant = ended.grant_id if ended is not None else None
     grant = grant or _ended_grant(db, dataset_id=dataset_id, user_id=job.owner_id)
     job = db.get(Job, job.id, populate_existing=True) or job
@@ -283,14 +283,14 @@ def open_input(db: Session, *, call: RoleCall, name: str, settings: Settings) ->
         raise NotFound()
     dataset_id = job.inputs[name]
     try:
-        grants.check_dataset_usable(db, user_id=job.owner_id, dataset_id=dataset_id)
+        access.check_dataset_usable(db, user_id=job.owner_id, dataset_id=dataset_id)
     except (Forbidden, NotFound):
         _fail_on_lost_input(db, job=job, name=name, dataset_id=dataset_id)
     else:
         _live(db, call)
     _refuse_outside_residency(db, job_id=job.id, cluster=call.cluster)
     # checks again and audits the use (or its denial, raising 403 or 404)
-    reader = grants.open_dataset_for_job(
+    reader = access.open_dataset_for_job(
         db, user_id=job.owner_id, dataset_id=dataset_id, job_id=job.id, settings=settings
     )
     column = reads[name]
@@ -302,7 +302,7 @@ def open_input(db: Session, *, call: RoleCall, name: str, settings: Settings) ->
 def _check_inputs_still_usable(db: Session, *, job: Job) -> None:
     for name, dataset_id in job.inputs.items():
         try:
-            grants.check_dataset_usable(db, user_id=job.owner_id, dataset_id=dataset_id)
+            access.check_dataset_usable(db, user_id=job.owner_id, dataset_id=dataset_id)
         except (Forbidden, NotFound):
             _fail_on_lost_input(db, job=job, name=name, dataset_id=dataset_id)
             raise Forbidden(

@@ -21,13 +21,13 @@ itself, after its commit).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from app.grants.access import active_grant_ids_for
 from app.grants.models import AccessRequest
-from app.grants.service import active_grant_ids_for
 from app.releases import provenance
 from app.workspaces.models import Dataset
 
@@ -77,7 +77,7 @@ def _allowance(input_id: str, grant: AccessRequest) -> Allowance:
 def allowances(db: Session, *, user_id: str, dataset_ids: Iterable[str]) -> list[Allowance]:
     """The active grants a job of `user_id` on these inputs rests on, with their clusters.
 
-    A grant that ended is not listed here: the grant checks (app.grants.service) refuse it.
+    A grant that ended is not listed here: the grant checks (app.grants.access) refuse it.
     """
     found: list[Allowance] = []
     for input_id in dict.fromkeys(dataset_ids):
@@ -109,7 +109,11 @@ def first_refusal(
     db: Session, *, user_id: str, dataset_ids: Iterable[str], clusters: Iterable[str]
 ) -> ResidencyRefusal | None:
     """The first cluster of `clusters` that a grant these inputs rest on does not allow."""
-    found = allowances(db, user_id=user_id, dataset_ids=dataset_ids)
+    return refusal_among(allowances(db, user_id=user_id, dataset_ids=dataset_ids), clusters)
+
+
+def refusal_among(found: Sequence[Allowance], clusters: Iterable[str]) -> ResidencyRefusal | None:
+    """The first cluster (by name) that one of these grants does not allow, and that grant."""
     for cluster in sorted(set(clusters)):
         for allowance in found:
             if not allowance.allows(cluster):

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.deps import CallerDep, PageDep, SessionDep, WriterDep
 from app.errors import Conflict, Forbidden, Invalid, NotFound, raises
-from app.grants import service
+from app.grants import service, views
 from app.grants.models import AccessRequest
 from app.grants.schemas import (
     AccessRequestCreateIn,
@@ -29,7 +29,7 @@ StatusFilter = Literal["pending", "approved", "denied", "revoked", "withdrawn", 
 
 def _answer_and_commit(db: Session, request: AccessRequest) -> AccessRequestOut:
     # read inside the unit of work: a read after its commit would begin a transaction of its own
-    answer = AccessRequestOut.of(service.view(db, request))
+    answer = AccessRequestOut.of(views.view(db, request))
     db.commit()
     return answer
 
@@ -57,7 +57,7 @@ def list_requests(
     status: Annotated[StatusFilter | None, Query()] = None,
 ) -> AccessRequestList:
     """Requests the caller made (outgoing), received (incoming), or both."""
-    items, total = service.list_for(
+    items, total = views.list_for(
         db, user=caller.user, direction=direction, status=status, page=page
     )
     return AccessRequestList(items=[AccessRequestOut.of(v) for v in items], total=total)
@@ -67,7 +67,7 @@ def list_requests(
 def get_request(request_id: RequestIdPath, caller: CallerDep, db: SessionDep) -> AccessRequestOut:
     """One request the caller made or received."""
     request = service.get_for_party(db, actor=caller.actor, user=caller.user, request_id=request_id)
-    return AccessRequestOut.of(service.view(db, request))
+    return AccessRequestOut.of(views.view(db, request))
 
 
 @router.post("/access-requests/{request_id}/approve", response_model=AccessRequestOut)

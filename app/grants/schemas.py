@@ -11,7 +11,8 @@ from app.clusters.schemas import ClusterNames, ClusterSet
 from app.clusters.service import ANY_CLUSTER
 from app.db import columns
 from app.fields import EXAMPLE_ID, Id, StrictIn, Timestamp, example
-from app.grants.service import RequestView, shown_clusters, status_of
+from app.grants.access import status_of
+from app.grants.views import RequestView, shown_clusters
 from app.workspaces.models import DatasetKind
 
 

@@ -1,13 +1,14 @@
-"""Access-request rules, and the one door through which jobs read datasets.
+"""The life of an access request: asked, decided, narrowed, ended.
 
 States: pending -> approved | denied | withdrawn; approved -> revoked | withdrawn.
 An approved request past its `expires_at` is reported as `expired` and grants nothing.
 Only the dataset's owner approves, denies and revokes; only the requester withdraws.
+Whether a grant lets a job use the data is app.grants.access's decision; the list views
+are app.grants.views.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -20,17 +21,12 @@ from app.accounts.models import User
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.clusters.service import ANY_CLUSTER, check_cluster_set
-from app.db import Page, newest_first, utcnow
-from app.errors import Conflict, Forbidden, Invalid, NotFound
+from app.db import utcnow
+from app.errors import Conflict, Invalid
+from app.grants.access import active_clause, live_dataset, status_of
 from app.grants.models import AccessRequest, AccessStatus
 from app.releases import provenance
-from app.settings import Settings
-from app.unit_of_work import commit_before_raising
-from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset
-from app.workspaces.storage import DatasetReader
-
-EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -44,6 +40,8 @@ class EndedRequest:
     was_granted: bool  # it was an active grant: the requester's live jobs on it must stop
 
 
+# defined here, not in views.py: its module path names it in the OpenAPI document
+# (app__grants__service__Direction, beside the release requests' own Direction)
 class Direction(StrEnum):
     """Requests the user made, or requests for the user's datasets."""
 
@@ -51,245 +49,8 @@ class Direction(StrEnum):
     outgoing = "outgoing"
 
 
-def status_of(request: AccessRequest, now: datetime | None = None) -> str:
-    """The status to report: the stored one, or `expired` for an approved request past its end."""
-    if (
-        request.status == AccessStatus.approved
-        and request.expires_at is not None
-        and request.expires_at <= (now or utcnow())
-    ):
-        return EXPIRED
-    return request.status.value
-
-
-def grant_is_active(request: AccessRequest, now: datetime | None = None) -> bool:
-    """Approved and not expired."""
-    return status_of(request, now) == AccessStatus.approved.value
-
-
-def _active_clause(now: datetime) -> Any:
-    return (AccessRequest.status == AccessStatus.approved) & (
-        AccessRequest.expires_at.is_(None) | (AccessRequest.expires_at > now)
-    )
-
-
 def _live_clause(now: datetime) -> Any:
-    return (AccessRequest.status == AccessStatus.pending) | _active_clause(now)
-
-
-def active_grant_ids_for(db: Session, *, dataset_id: str, user_id: str) -> list[str]:
-    """Ids of the approved, unexpired requests that let `user_id` use `dataset_id`."""
-    # whole rows, not ids: a grant's seal is checked as it loads (app/seals.py)
-    rows = db.scalars(
-        select(AccessRequest).where(
-            AccessRequest.dataset_id == dataset_id,
-            AccessRequest.requester_id == user_id,
-            _active_clause(utcnow()),
-        )
-    )
-    return [row.id for row in rows]
-
-
-def datasets_granted_to(db: Session, *, user_id: str, dataset_ids: list[str]) -> set[str]:
-    """Which of `dataset_ids` `user_id` holds an approved, unexpired grant on."""
-    if not dataset_ids:
-        return set()
-    rows = db.scalars(
-        select(AccessRequest).where(
-            AccessRequest.dataset_id.in_(dataset_ids),
-            AccessRequest.requester_id == user_id,
-            _active_clause(utcnow()),
-        )
-    )
-    return {row.dataset_id for row in rows}
-
-
-def _live_dataset(db: Session, dataset_id: str) -> Dataset | None:
-    dataset = db.get(Dataset, dataset_id)
-    if dataset is None or dataset.deleted_at is not None:
-        return None
-    return dataset
-
-
-def _has_any_request(db: Session, *, dataset_id: str, user_id: str) -> bool:
-    return (
-        db.scalar(
-            select(AccessRequest.id)
-            .where(AccessRequest.dataset_id == dataset_id, AccessRequest.requester_id == user_id)
-            .limit(1)
-        )
-        is not None
-    )
-
-
-class Usability(StrEnum):
-    """Why a user may or may not use a dataset in a job."""
-
-    owner = "owner"
-    granted = "granted"
-    visible = "visible"  # discoverable, or the user asked for it: 403 rather than 404
-    hidden = "hidden"
-
-
-def _usability(db: Session, *, user_id: str, dataset: Dataset | None) -> Usability:
-    if dataset is None:
-        return Usability.hidden
-    if dataset.owner_id == user_id:
-        return Usability.owner
-    if active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id):
-        return Usability.granted
-    if dataset.discoverable or _has_any_request(db, dataset_id=dataset.id, user_id=user_id):
-        return Usability.visible
-    return Usability.hidden
-
-
-@dataclass(frozen=True)
-class EndedGrant:
-    """A grant that a derived dataset's use rests on, and that no longer holds."""
-
-    grant_id: str | None
-    dataset_id: str  # the source the grant was for
-    state: str  # revoked, expired, withdrawn; `missing` if no grant was ever recorded
-
-    def describe(self) -> str:
-        """What ended, for an error message and a failed job."""
-        verb = {EXPIRED: "expired", "missing": "is missing"}.get(self.state, f"was {self.state}")
-        return f"access grant {self.grant_id} to dataset {self.dataset_id} {verb}"
-
-
-def ended_grant_behind(db: Session, *, user_id: str, dataset: Dataset) -> EndedGrant | None:
-    """For the user's own unreleased derived dataset: the first source grant that ended."""
-    if dataset.owner_id != user_id:
-        return None
-    for binding in provenance.bindings(db, dataset):
-        if active_grant_ids_for(db, dataset_id=binding.source_id, user_id=user_id):
-            continue
-        request = db.get(AccessRequest, binding.grant_id) if binding.grant_id else None
-        state = status_of(request) if request is not None else "missing"
-        return EndedGrant(grant_id=binding.grant_id, dataset_id=binding.source_id, state=state)
-    return None
-
-
-def ended_grant_for_inputs(
-    db: Session, *, user_id: str, dataset_ids: Iterable[str]
-) -> EndedGrant | None:
-    """The first grant a job of `user_id` on these inputs rests on that no longer holds.
-
-    For another owner's input, the user's own grant on it; for the user's own derived
-    input, the grants of its unreleased sources (`ended_grant_behind`).
-    """
-    for dataset_id in dict.fromkeys(dataset_ids):
-        dataset = db.get(Dataset, dataset_id)
-        if dataset is None:
-            continue
-        if dataset.owner_id == user_id:
-            ended = ended_grant_behind(db, user_id=user_id, dataset=dataset)
-            if ended is not None:
-                return ended
-        elif not active_grant_ids_for(db, dataset_id=dataset_id, user_id=user_id):
-            latest = db.scalar(
-                select(AccessRequest)
-                .where(
-                    AccessRequest.dataset_id == dataset_id,
-                    AccessRequest.requester_id == user_id,
-                    AccessRequest.decided_at.is_not(None),
-                    AccessRequest.status != AccessStatus.denied,
-                )
-                .order_by(AccessRequest.decided_at.desc())
-                .limit(1)
-            )
-            return EndedGrant(
-                grant_id=latest.id if latest is not None else None,
-                dataset_id=dataset_id,
-                state=status_of(latest) if latest is not None else "missing",
-            )
-    return None
-
-
-def _terms_refusal(db: Session, *, user_id: str, dataset: Dataset) -> str | None:
-    """Why derived-data terms keep `user_id` from using the dataset in a job now, or None."""
-    if dataset.owner_id != user_id:
-        if provenance.needs_release(db, dataset):
-            return "this dataset derives from data its sources' owners have not released"
-        return None
-    ended = ended_grant_behind(db, user_id=user_id, dataset=dataset)
-    if ended is None:
-        return None
-    return f"this dataset derives from data used under {ended.describe()}"
-
-
-def check_dataset_usable(db: Session, *, user_id: str, dataset_id: str) -> Dataset:
-    """The dataset if `user_id` owns it or holds an active grant (for job submission; no audit).
-
-    NotFound when the user cannot see it; Forbidden when visible without an active grant,
-    or when it derives from others' data whose grant has ended (named in the message).
-    """
-    dataset = _live_dataset(db, dataset_id)
-    usability = _usability(db, user_id=user_id, dataset=dataset)
-    if usability == Usability.hidden or dataset is None:
-        raise NotFound()
-    if usability == Usability.visible:
-        raise Forbidden("no active grant for this dataset")
-    refusal = _terms_refusal(db, user_id=user_id, dataset=dataset)
-    if refusal is not None:
-        raise Forbidden(refusal)
-    return dataset
-
-
-def open_dataset_for_job(
-    db: Session, *, user_id: str, dataset_id: str, job_id: str, settings: Settings
-) -> DatasetReader:
-    """A decrypting reader of the dataset for a job of `user_id`, checked now and audited.
-
-    The grant is checked at the moment of use (an expired or revoked grant refuses) and
-    the `dataset.use` event recorded, for the caller to commit before the first byte
-    leaves (a denial is committed here, before the error); the reader holds no session.
-    NotFound: not visible; Forbidden: visible, no active grant.
-    """
-    actor = Actor(user_id=user_id)
-    dataset = _live_dataset(db, dataset_id)
-    usability = _usability(db, user_id=user_id, dataset=dataset)
-    refusal = None
-    if usability == Usability.visible:
-        refusal = "no active grant for this dataset"
-    elif dataset is not None and usability != Usability.hidden:
-        refusal = _terms_refusal(db, user_id=user_id, dataset=dataset)
-    if usability == Usability.hidden or dataset is None or refusal is not None:
-        status = 404 if refusal is None else 403
-        details: dict[str, Any] = {"job_id": job_id, "status": status}
-        if refusal is not None:
-            details["reason"] = refusal
-        db.rollback()
-        audit.record(
-            db,
-            actor=actor,
-            action="dataset.use",
-            subject_type="dataset",
-            subject_id=dataset_id,
-            outcome="denied",
-            details=details,
-        )
-        commit_before_raising(db)
-        if refusal is None:
-            raise NotFound()
-        raise Forbidden(refusal)
-    reader = workspaces.reader_for(db, dataset=dataset, settings=settings)
-    audit.record(
-        db,
-        actor=actor,
-        action="dataset.use",
-        subject=dataset,
-        details={
-            "job_id": job_id,
-            "owner_id": dataset.owner_id,
-            "via": usability.value,
-            "grant_ids": active_grant_ids_for(db, dataset_id=dataset.id, user_id=user_id),
-        },
-    )
-    return reader
-
-
-# ----------------------------------------------------------------- requests and decisions
+    return (AccessRequest.status == AccessStatus.pending) | active_clause(now)
 
 
 def create_request(
@@ -419,7 +180,7 @@ def approve(
     now = utcnow()
     if expires_at is not None and expires_at <= now:
         raise Invalid("expires_at must be in the future")
-    dataset = _live_dataset(db, request.dataset_id)
+    dataset = live_dataset(db, request.dataset_id)
     if dataset is None:
         raise Conflict("the dataset was deleted")
     if provenance.needs_release(db, dataset):
@@ -586,85 +347,3 @@ def end_grants_of_user(db: Session, *, actor: Actor, user_id: str) -> list[Ended
         where=or_(AccessRequest.requester_id == user_id, AccessRequest.owner_id == user_id),
         reason="user deleted",
     )
-
-
-# ------------------------------------------------------------------------------ listing
-
-
-@dataclass(frozen=True)
-class RequestView:
-    """A request with the names the UI shows next to it."""
-
-    request: AccessRequest
-    dataset_name: str
-    dataset_kind: str
-    requester_email: str
-    requester_display_name: str
-    owner_display_name: str
-    dataset_default_clusters: list[str] | None
-
-
-def shown_clusters(request: AccessRequest) -> list[str] | str | None:
-    """Where a request's data may go as its answer says it: the set, "any", or None until it
-    was approved (a denied request never allowed any)."""
-    if request.clusters is not None:
-        return list(request.clusters)
-    approved = request.decided_at is not None and request.status != AccessStatus.denied
-    return ANY_CLUSTER if approved else None
-
-
-def _views(db: Session, requests: list[AccessRequest]) -> list[RequestView]:
-    dataset_ids = {r.dataset_id for r in requests}
-    user_ids = {r.requester_id for r in requests} | {r.owner_id for r in requests}
-    datasets = (
-        {d.id: d for d in db.scalars(select(Dataset).where(Dataset.id.in_(dataset_ids)))}
-        if dataset_ids
-        else {}
-    )
-    users = (
-        {u.id: u for u in db.scalars(select(User).where(User.id.in_(user_ids)))} if user_ids else {}
-    )
-    return [
-        RequestView(
-            request=r,
-            dataset_name=datasets[r.dataset_id].name,
-            dataset_kind=datasets[r.dataset_id].kind.value,
-            requester_email=users[r.requester_id].email,
-            requester_display_name=users[r.requester_id].display_name,
-            owner_display_name=users[r.owner_id].display_name,
-            dataset_default_clusters=datasets[r.dataset_id].default_clusters,
-        )
-        for r in requests
-    ]
-
-
-def view(db: Session, request: AccessRequest) -> RequestView:
-    """One request with its display names."""
-    return _views(db, [request])[0]
-
-
-def list_for(
-    db: Session,
-    *,
-    user: User,
-    direction: Direction | None,
-    status: str | None,
-    page: Page,
-) -> tuple[list[RequestView], int]:
-    """The user's requests (outgoing), requests for the user's datasets (incoming), or both."""
-    if direction == Direction.incoming:
-        where: Any = AccessRequest.owner_id == user.id
-    elif direction == Direction.outgoing:
-        where = AccessRequest.requester_id == user.id
-    else:
-        where = or_(AccessRequest.owner_id == user.id, AccessRequest.requester_id == user.id)
-    now = utcnow()
-    if status == EXPIRED:
-        where = where & (AccessRequest.status == AccessStatus.approved)
-        where = where & AccessRequest.expires_at.is_not(None) & (AccessRequest.expires_at <= now)
-    elif status == AccessStatus.approved.value:
-        where = where & _active_clause(now)
-    elif status is not None:
-        where = where & (AccessRequest.status == AccessStatus(status))
-    items, total = newest_first(db, AccessRequest, where, page=page)
-    return _views(db, items), total

@@ -12,14 +12,14 @@ from sqlalchemy.orm import Session
 
 from app.audit import service as audit
 from app.audit.service import Actor
+from app.datasets import service as datasets
 from app.errors import Forbidden, NotFound
-from app.grants import service as grants
+from app.grants import access
 from app.jobs import service as jobs
 from app.jobs.models import Job
 from app.releases import provenance
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
-from app.workspaces import datasets
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 
 
@@ -33,7 +33,7 @@ def _job_inputs(db: Session, *, job: Job) -> list[provenance.Input]:
         grant_ids = (
             []
             if source.owner_id == job.owner_id
-            else grants.active_grant_ids_for(db, dataset_id=source.id, user_id=job.owner_id)
+            else access.active_grant_ids_for(db, dataset_id=source.id, user_id=job.owner_id)
         )
         inputs.append(provenance.Input(dataset=source, grant_id=next(iter(grant_ids), None)))
     return inputs
@@ -41,7 +41,7 @@ def _job_inputs(db: Session, *, job: Job) -> list[provenance.Input]:
 
 def _check_inputs_still_usable(db: Session, *, job: Job) -> None:
     """Forbidden, and the job failed (committed), if a grant its inputs rest on ended."""
-    ended = grants.ended_grant_for_inputs(db, user_id=job.owner_id, dataset_ids=job.inputs.values())
+    ended = access.ended_grant_for_inputs(db, user_id=job.owner_id, dataset_ids=job.inputs.values())
     if ended is None:
         return
     jobs.fail_for_ended_grant(db, job=job, ended=ended)

@@ -17,7 +17,7 @@ from app.audit.service import SYSTEM, Actor
 from app.clusters import service as clusters
 from app.db import NewestFirst, Page, utcnow
 from app.errors import Conflict, Invalid, NotFound
-from app.grants import residency
+from app.grants import access, residency
 from app.grants import service as grants
 from app.jobs.models import (
     ColumnExposure,
@@ -70,7 +70,7 @@ def _check_inputs(db: Session, *, user: User, kind: str, inputs: dict[str, str])
         )
     wanted = {**spec.inputs, **spec.optional_inputs}
     for name, dataset_id in inputs.items():
-        dataset = grants.check_dataset_usable(db, user_id=user.id, dataset_id=dataset_id)
+        dataset = access.check_dataset_usable(db, user_id=user.id, dataset_id=dataset_id)
         if dataset.kind != wanted[name]:
             raise Invalid(f"input {name!r} must be a {wanted[name]} dataset, not {dataset.kind}")
 
@@ -370,7 +370,7 @@ def cancel(db: Session, *, actor: Actor, job: Job) -> Job:
     return job
 
 
-def fail_for_ended_grant(db: Session, *, job: Job, ended: grants.EndedGrant) -> None:
+def fail_for_ended_grant(db: Session, *, job: Job, ended: access.EndedGrant) -> None:
     """Fail a live job whose inputs lost a grant they rest on; audited, not committed."""
     fail_job(
         db,
@@ -445,14 +445,14 @@ def fail_for_residency(db: Session, *, job: Job, refusal: residency.ResidencyRef
 
 
 def _fail_jobs_that_lost_a_grant(
-    db: Session, *, where: Any, revoked: grants.EndedGrant | None = None
+    db: Session, *, where: Any, revoked: access.EndedGrant | None = None
 ) -> list[str]:
     failed = []
     for job in db.scalars(select(Job).where(Job.status.in_(ACTIVE_STATUSES), where)).all():
         if revoked is not None and revoked.dataset_id in job.inputs.values():
-            ended: grants.EndedGrant | None = revoked
+            ended: access.EndedGrant | None = revoked
         else:
-            ended = grants.ended_grant_for_inputs(
+            ended = access.ended_grant_for_inputs(
                 db, user_id=job.owner_id, dataset_ids=job.inputs.values()
             )
         if ended is not None:
@@ -478,7 +478,7 @@ def stop_jobs_of_ended_grants(db: Session, *, ended: Iterable[grants.EndedReques
     for end in ended:
         if not end.was_granted:
             continue
-        revoked = grants.EndedGrant(
+        revoked = access.EndedGrant(
             grant_id=end.request_id, dataset_id=end.dataset_id, state=end.state
         )
         failed += _fail_jobs_that_lost_a_grant(

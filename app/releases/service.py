@@ -20,13 +20,13 @@ from sqlalchemy.orm import Session
 from app.accounts.models import Identity, User
 from app.audit import service as audit
 from app.audit.service import Actor
+from app.datasets import service as datasets
 from app.db import Page, newest_first, utcnow
 from app.errors import Conflict
 from app.grants.models import AccessRequest
 from app.releases import provenance
 from app.releases.models import DatasetSource, ReleaseApproval, ReleaseRequest, ReleaseStatus
 from app.releases.provenance import Release
-from app.workspaces import datasets
 from app.workspaces.models import Dataset
 
 

@@ -63,7 +63,7 @@ class Dataset(Base):
     created_at: Mapped[CreatedAt]
     deleted_at: Mapped[datetime | None]
     # a `model`'s description as checked at upload: format, architecture, parameters,
-    # hidden_size, layers, vocab_size, tokenizer (app/workspaces/hf_archive.py)
+    # hidden_size, layers, vocab_size, tokenizer (app/datasets/hf_archive.py)
     model_info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # HMAC of the fields app/seals.py lists, under a key the database does not hold
     row_mac: Mapped[str | None] = mapped_column(String(64))

@@ -3,7 +3,7 @@
 One safetensors file: the discriminator's weights, and in its metadata the
 transformer config, the tokenizer's JSON and free-form info. ABNet loads it as
 its pretrained language model; the control plane checks the same metadata when
-a `model` dataset is uploaded (app/workspaces/formats.py). A `model` dataset may also
+a `model` dataset is uploaded (app/datasets/formats.py). A `model` dataset may also
 be a tar of a Hugging Face folder (BERT, ELECTRA, RoBERTa): `load_pretrained` reads
 either (workers/training/hf_weights.py), with the model's own tokenizer.
 """
@@ -54,7 +54,7 @@ def export_pretrained(
     """One safetensors file: weights, plus config and tokenizer JSON in its metadata.
 
     A discriminator (ABNet's pretrained model) or a generator (an ELECTRA job's other half);
-    both export to Hugging Face when trained `post_ln` (app/workspaces/hf_export.py).
+    both export to Hugging Face when trained `post_ln` (app/datasets/hf_export.py).
     """
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     kind = "generator" if isinstance(model, Generator) else "discriminator"

@@ -20,13 +20,24 @@ from safetensors.torch import load as load_safetensors_bytes
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from torch import nn
 
-from contract.hf_layout import HfConfig, check_tensors, parse_config, strip_prefix
+from contract.hf_layout import (
+    MAX_MEMBERS,
+    SINGLE_WEIGHTS,
+    HfConfig,
+    LayoutError,
+    archive_kind,
+    check_tensors,
+    file_member,
+    member_path,
+    parse_config,
+    refuse_unsafe_file,
+    strip_prefix,
+    tokenizer_file,
+    weights_layout,
+)
 from contract.hf_weight_maps import weight_map
 from workers.training.bert import BertConfig, Encoder
 from workers.training.electra_model import Discriminator, Generator
-
-MAX_MEMBERS = 256
-_PICKLES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
 
 
 def body_config(cfg: HfConfig) -> BertConfig:
@@ -67,28 +78,25 @@ class ImportedModel:
 
 def is_archive(blob: bytes) -> bool:
     """Whether a `model` dataset's bytes are a tar (plain or gzip), not a Nebula file."""
-    return blob[:2] == b"\x1f\x8b" or blob[257:262] == b"ustar"
+    return archive_kind(blob) is not None
 
 
 def _folder_files(blob: bytes) -> dict[str, bytes]:
     """Basename -> bytes of each regular file in the archive; links, pickles, escaping paths
-    and nested folders refused (ValueError)."""
+    and nested folders refused (LayoutError, a ValueError), as at upload."""
     files: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as archive:
         members = archive.getmembers()
         if len(members) > MAX_MEMBERS:
-            raise ValueError(f"more than {MAX_MEMBERS} members")
+            raise LayoutError(f"more than {MAX_MEMBERS} members")
         for member in members:
-            parts = [p for p in member.name.split("/") if p not in ("", ".")]
-            if member.name.startswith("/") or ".." in parts or len(parts) > 2:
-                raise ValueError(f"member {member.name[:120]!r} leaves the folder")
             if member.isdir():
+                member_path(member.name)
                 continue
             if not member.isfile():
-                raise ValueError(f"member {member.name[:120]!r} is not a regular file")
-            base = parts[-1]
-            if base.lower().endswith(_PICKLES):
-                raise ValueError(f"{base[:120]!r} is a pickle: refused, nothing is unpickled")
+                raise LayoutError(f"member {member.name[:120]!r} is not a regular file")
+            _, base = file_member(member.name)
+            refuse_unsafe_file(base)
             if base in files:
                 raise ValueError(f"member {base[:120]!r} appears twice")
             extracted = archive.extractfile(member)
@@ -112,22 +120,21 @@ def wordpiece_from_vocab(vocab_txt: str, lowercase: bool) -> Tokenizer:
     return tok
 
 
-def _tokenizer(files: dict[str, bytes]) -> Tokenizer:
-    if "tokenizer.json" in files:
+def _tokenizer(cfg: HfConfig, files: dict[str, bytes]) -> Tokenizer:
+    if tokenizer_file(cfg, files) == "tokenizer.json":
         return Tokenizer.from_str(files["tokenizer.json"].decode("utf-8"))
-    if "vocab.txt" in files and "tokenizer_config.json" in files:
-        settings = json.loads(files["tokenizer_config.json"])
-        return wordpiece_from_vocab(
-            files["vocab.txt"].decode("utf-8"), bool(settings.get("do_lower_case", True))
-        )
-    raise ValueError("the folder has no tokenizer")
+    settings = json.loads(files["tokenizer_config.json"])
+    return wordpiece_from_vocab(
+        files["vocab.txt"].decode("utf-8"), bool(settings.get("do_lower_case", True))
+    )
 
 
 def _tensors(files: dict[str, bytes]) -> dict[str, torch.Tensor]:
     """Every tensor of model.safetensors or of the shards its index names."""
-    if "model.safetensors" in files:
-        return load_safetensors_bytes(files["model.safetensors"])
-    index = json.loads(files["model.safetensors.index.json"])["weight_map"]
+    where = weights_layout(files)
+    if where == SINGLE_WEIGHTS:
+        return load_safetensors_bytes(files[SINGLE_WEIGHTS])
+    index = json.loads(files[where])["weight_map"]
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(set(index.values())):
         tensors.update(load_safetensors_bytes(files[shard]))
@@ -157,7 +164,7 @@ def load_hf_archive(blob: bytes, device: str = "cpu") -> ImportedModel:
         for ours, theirs in weight_map(cfg).items()
     }
     model.load_state_dict(state, strict=True)
-    return ImportedModel(cfg, body, model.to(device).eval(), _tokenizer(files))
+    return ImportedModel(cfg, body, model.to(device).eval(), _tokenizer(cfg, files))
 
 
 _DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}

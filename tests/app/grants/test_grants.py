@@ -16,6 +16,7 @@ from app.audit.models import AuditEvent
 from app.audit.service import Actor
 from app.db import utcnow
 from app.errors import Forbidden, NotFound
+from app.grants import access
 from app.grants import service as grants
 from app.grants.models import AccessRequest
 from app.jobs import service as jobs
@@ -59,7 +60,7 @@ def act(client: TestClient, who: Account, request_id: str, verb: str, body: dict
 def use(platform: Platform, settings: Settings, user: Account, dataset_id: str) -> list[str]:
     """What a job of `user` reads through the grant-checked reader."""
     with platform.factory() as db:
-        reader = grants.open_dataset_for_job(
+        reader = access.open_dataset_for_job(
             db, user_id=user.id, dataset_id=dataset_id, job_id="job-42", settings=settings
         )
         db.commit()  # the caller owns the unit: the use is recorded with its commit
@@ -106,7 +107,7 @@ def test_a_grants_whole_life_request_approve_use_expire_refuse(
     # pending grants nothing
     assert client.get(f"{API}/datasets/{dataset}", headers=bob.headers).status_code == 404
     with pytest.raises(Forbidden), platform.factory() as db:
-        grants.check_dataset_usable(db, user_id=bob.id, dataset_id=dataset)
+        access.check_dataset_usable(db, user_id=bob.id, dataset_id=dataset)
     incoming = client.get(f"{API}/access-requests?direction=incoming", headers=alice.headers)
     assert [r["id"] for r in incoming.json()["items"]] == [request["id"]]
     assert incoming.json()["items"][0]["requester_email"] == bob.email
@@ -121,8 +122,8 @@ def test_a_grants_whole_life_request_approve_use_expire_refuse(
     assert meta.status_code == 200 and meta.json()["id"] == dataset
     assert client.get(f"{API}/datasets/{dataset}/content", headers=bob.headers).status_code == 403
     with platform.factory() as db:
-        assert grants.check_dataset_usable(db, user_id=bob.id, dataset_id=dataset).id == dataset
-        assert grants.active_grant_ids_for(db, dataset_id=dataset, user_id=bob.id) == [
+        assert access.check_dataset_usable(db, user_id=bob.id, dataset_id=dataset).id == dataset
+        assert access.active_grant_ids_for(db, dataset_id=dataset, user_id=bob.id) == [
             request["id"]
         ]
     assert use(platform, settings, bob, dataset) == LINES
@@ -397,6 +398,6 @@ def test_a_job_cannot_open_what_its_owner_cannot_see(
     with pytest.raises(NotFound):
         use(platform, settings, mallory, hidden)
     with pytest.raises(NotFound), platform.factory() as db:
-        grants.check_dataset_usable(db, user_id=mallory.id, dataset_id=hidden)
+        access.check_dataset_usable(db, user_id=mallory.id, dataset_id=hidden)
     assert audit_of(platform, hidden)[-1] == ("dataset.use", "denied")
     assert use(platform, settings, alice, hidden) == LINES  # the owner's own jobs may

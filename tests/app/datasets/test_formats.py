@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.datasets.formats import MAX_LINE_BYTES, LinesValidator
+from app.datasets.validators import validator_for
 from app.errors import Invalid
-from app.workspaces.formats import MAX_LINE_BYTES, LinesValidator
 from app.workspaces.models import DatasetKind
-from app.workspaces.validators import validator_for
 
 
 def check(kind: DatasetKind, data: bytes, cuts: list[int]) -> str | None:

@@ -1,7 +1,7 @@
 """Dataset rules: streamed encrypted upload within quota, visibility, changes, deletion, catalog.
 
 Who sees what: the owner sees and changes a dataset; the holder of an active grant sees
-its metadata and uses it in jobs (app/grants/service.open_dataset_for_job), never its
+its metadata and uses it in jobs (app/grants/access.open_dataset_for_job), never its
 bytes; anyone else gets 404 as if it did not exist. The catalog shows metadata of the
 datasets their owners made discoverable. What a job derived from other owners' data
 stays use-only, neither downloadable nor shareable, until they release it
@@ -30,17 +30,18 @@ from app.accounts.models import Identity, User, UserStatus
 from app.audit import service as audit
 from app.audit.service import Actor
 from app.clusters.service import ANY_CLUSTER, check_cluster_set
+from app.datasets.formats import Validator
+from app.datasets.validators import validator_for
 from app.db import NewestFirst, Page, begin_writing, new_id, utcnow
 from app.errors import Conflict, InsufficientStorage, Invalid, NotFound, QuotaExceeded
+from app.grants import access
 from app.grants import service as grants
 from app.releases import provenance
 from app.settings import Settings
 from app.unit_of_work import commit_before_waiting, commit_with_file
 from app.workspaces import service as workspaces
-from app.workspaces.formats import Validator
 from app.workspaces.models import Dataset, DatasetKind, Workspace
 from app.workspaces.storage import DatasetReader, EncryptedWriter, decrypt_chunks
-from app.workspaces.validators import validator_for
 
 MAX_NAME_LENGTH = 200
 # no control characters, and something besides spaces (names are stripped)
@@ -328,7 +329,7 @@ def get_visible(db: Session, *, actor: Actor, user: User, dataset_id: str) -> Da
     dataset = _live(db, dataset_id)
     if dataset is None or (
         dataset.owner_id != user.id
-        and not grants.active_grant_ids_for(db, dataset_id=dataset.id, user_id=user.id)
+        and not access.active_grant_ids_for(db, dataset_id=dataset.id, user_id=user.id)
     ):
         audit.deny(
             db, actor=actor, action="dataset.access", subject_type="dataset", subject_id=dataset_id
@@ -503,7 +504,7 @@ def catalog(
     rows = db.execute(
         stmt.order_by(Dataset.created_at.desc(), Dataset.id).limit(page.limit).offset(page.offset)
     ).all()
-    granted = grants.datasets_granted_to(
+    granted = access.datasets_granted_to(
         db, user_id=viewer_id, dataset_ids=[row[0].id for row in rows]
     )
     entries = [

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from app.accounts.models import Role
 from app.audit.models import AuditEvent
-from app.grants.service import open_dataset_for_job
+from app.grants.access import open_dataset_for_job
 from app.main import create_app
 from app.settings import Settings
 from app.workspaces.models import Dataset, Workspace

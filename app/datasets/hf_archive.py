@@ -20,21 +20,35 @@ import math
 import re
 import tarfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from app.datasets.formats import SafetensorsValidator
 from app.errors import Invalid
-from app.workspaces.formats import SafetensorsValidator
-from contract.hf_layout import HfConfig, check_tensors, parameter_count, parse_config
+from contract.hf_layout import (
+    MAX_MEMBERS,
+    WEIGHTS_INDEX,
+    HfConfig,
+    LayoutError,
+    archive_kind,
+    check_tensors,
+    file_member,
+    is_weights_file,
+    parameter_count,
+    parse_config,
+    refuse_unsafe_file,
+    tokenizer_file,
+    weights_layout,
+)
+from contract.hf_layout import member_path as layout_member_path
 from contract.model_limits import ModelTooLarge
 from contract.model_limits import check_bert_config as check_nebula_config
 
 BLOCK = 512
-MAX_MEMBERS = 256  # a folder has ~10 files; a large model ~100 shards
 MAX_PAX_BYTES = 64 * 1024
 MAX_UNPACKED_BYTES = 24 << 30  # 2e9 float32 weights (the model limit) and their files
 KiB, MiB = 1024, 1024 * 1024
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 # basename -> the most bytes it may have; their contents are read and checked
 _READ = {
     "config.json": MiB,
@@ -56,8 +70,6 @@ _IGNORED = {
     "LICENSE": MiB,
     ".gitattributes": 64 * KiB,
 }
-_PICKLES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz")
-_OTHER_WEIGHTS = (".h5", ".msgpack", ".onnx", ".gguf", ".keras")
 TOKENIZER_MODELS = frozenset({"WordPiece", "BPE", "Unigram", "WordLevel"})
 
 
@@ -65,17 +77,19 @@ def _refuse(why: str) -> Invalid:
     return Invalid(f"model archive refused: {why}")
 
 
+@contextmanager
+def _layout_refused() -> Iterator[None]:
+    """The shared layout checks' LayoutError as this upload's refusal (400)."""
+    try:
+        yield
+    except LayoutError as exc:
+        raise _refuse(str(exc)) from None
+
+
 def member_path(name: str) -> list[str]:
     """The parts of a member's path; Invalid if it is absolute, leaves the folder or is odd."""
-    shown = name[:120]
-    if not name or name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-        raise _refuse(f"member {shown!r} has an absolute path")
-    if "\\" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise _refuse(f"member {shown!r} has a backslash or a control character in its path")
-    parts = [part for part in name.split("/") if part not in ("", ".")]
-    if ".." in parts:
-        raise _refuse(f"member {shown!r} has '..' in its path")
-    return parts
+    with _layout_refused():
+        return layout_member_path(name)
 
 
 def _json_object(name: str, raw: bytes) -> dict[str, Any]:
@@ -327,10 +341,8 @@ class HfFolderValidator:
             raise _refuse("the gzip stream is corrupt") from None
 
     def _member(self, info: tarfile.TarInfo, name: str) -> _Member | None:
-        parts = member_path(name)
-        if len(parts) > 2:
-            raise _refuse(f"member {name[:120]!r} is in a nested folder")
-        folder, base = ("/".join(parts[:-1]), parts[-1]) if parts else ("", "")
+        with _layout_refused():
+            folder, base = file_member(name)
         if self._folder is None:
             self._folder = folder
         elif folder != self._folder:
@@ -338,15 +350,9 @@ class HfFolderValidator:
         if base in self._seen:
             raise _refuse(f"member {name[:120]!r} appears twice")
         self._seen.add(base)
-        lower = base.lower()
-        if lower.endswith(_PICKLES):
-            raise _refuse(
-                f"{base[:120]!r} is a pickle: only safetensors weights are accepted, and"
-                " nothing is ever unpickled"
-            )
-        if lower.endswith(_OTHER_WEIGHTS):
-            raise _refuse(f"{base[:120]!r}: only safetensors weights are accepted")
-        if base == "model.safetensors" or _SHARD.fullmatch(base):
+        with _layout_refused():
+            refuse_unsafe_file(base)
+        if is_weights_file(base):
             shard = self._safetensors(nebula_only=False)
             self._shards[base] = shard
 
@@ -417,18 +423,14 @@ class HfFolderValidator:
         }
 
     def _tensors(self) -> dict[str, tuple[str, tuple[int, ...]]]:
-        single = self._shards.get("model.safetensors")
-        shards = {k: v for k, v in self._shards.items() if k != "model.safetensors"}
-        index = self._texts.get("model.safetensors.index.json")
-        if single is not None and (shards or index is not None):
-            raise _refuse("both model.safetensors and sharded weights")
-        if single is not None:
-            tensors: dict[str, tuple[str, tuple[int, ...]]] = single.tensors
+        index = self._texts.get(WEIGHTS_INDEX)
+        with _layout_refused():
+            where = weights_layout([*self._shards, *([WEIGHTS_INDEX] if index is not None else [])])
+        if where != WEIGHTS_INDEX:
+            tensors: dict[str, tuple[str, tuple[int, ...]]] = self._shards[where].tensors
             return tensors
-        if index is None:
-            if shards:
-                raise _refuse("sharded weights without model.safetensors.index.json")
-            raise _refuse("model.safetensors is missing (only safetensors weights are accepted)")
+        assert index is not None  # the layout is the index's
+        shards = self._shards
         weight_map = _json_object("model.safetensors.index.json", index).get("weight_map")
         if not isinstance(weight_map, dict) or not all(
             isinstance(v, str) for v in weight_map.values()
@@ -446,14 +448,11 @@ class HfFolderValidator:
         return found
 
     def _tokenizer(self, cfg: HfConfig) -> tuple[str, int]:
-        if "tokenizer.json" in self._texts:
+        with _layout_refused():
+            source = tokenizer_file(cfg, self._texts)
+        if source == "tokenizer.json":
             return _tokenizer_json(self._texts["tokenizer.json"])
-        if cfg.family != "roberta" and {"vocab.txt", "tokenizer_config.json"} <= set(self._texts):
-            return "WordPiece", _vocab_txt(self._texts["vocab.txt"])
-        raise _refuse(
-            "the tokenizer is missing: tokenizer.json"
-            + (", or vocab.txt with tokenizer_config.json" if cfg.family != "roberta" else "")
-        )
+        return "WordPiece", _vocab_txt(self._texts["vocab.txt"])
 
 
 class ModelValidator:
@@ -469,10 +468,9 @@ class ModelValidator:
 
     def _choose(self) -> None:
         head = bytes(self._head)
-        if head[:2] == b"\x1f\x8b":
-            self._inner = HfFolderValidator(gzip=True)
-        elif head[257:262] == b"ustar":
-            self._inner = HfFolderValidator(gzip=False)
+        kind = archive_kind(head)
+        if kind is not None:
+            self._inner = HfFolderValidator(gzip=kind == "gzip")
         else:
             self._inner = SafetensorsValidator()
         self._head = bytearray()

@@ -1,10 +1,9 @@
-"""The streaming validator of each dataset kind: text lines (formats.py) or a model
-(hf_archive.py, which builds on formats.py)."""
+"""The streaming validator of each dataset kind: lines (formats.py) or a model (hf_archive.py)."""
 
 from __future__ import annotations
 
-from app.workspaces.formats import LinesValidator, Validator
-from app.workspaces.hf_archive import ModelValidator
+from app.datasets.formats import LinesValidator, Validator
+from app.datasets.hf_archive import ModelValidator
 from app.workspaces.models import DatasetKind
 
 

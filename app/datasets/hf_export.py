@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from app.datasets.formats import MAX_SAFETENSORS_HEADER, SAFETENSORS_DTYPES
 from app.errors import Conflict, Invalid
-from app.workspaces.formats import MAX_SAFETENSORS_HEADER, SAFETENSORS_DTYPES
 from contract.hf_layout import body_tensors, head_tensors, parse_config
 from contract.hf_weight_maps import weight_map
 from contract.model_limits import ModelTooLarge, check_bert_config

@@ -10,8 +10,8 @@ from __future__ import annotations
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from app.datasets.service import IncomingFile, parse_kind
 from app.errors import Invalid
-from app.workspaces.datasets import IncomingFile, parse_kind
 
 FIELDS = frozenset({"name", "kind", "discoverable"})
 MAX_FIELD_BYTES = 1024

@@ -1,0 +1,1 @@
+"""Datasets: encrypted upload within quota, visibility, the catalog, use by jobs."""
