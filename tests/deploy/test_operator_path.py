@@ -338,6 +338,9 @@ def deployment() -> Iterator[Deployment]:
     except (RuntimeError, OSError) as exc:
         service_unavailable("RabbitMQ (rabbitmqctl)", exc)
 
+    # an operator's shell has Debian's umask; a test before this one in the same process
+    # may have tightened it (an embedded broker makes every later file private)
+    umask = os.umask(0o022)
     tag = uuid.uuid4().hex[:4]
     root = Path(tempfile.mkdtemp(prefix="nebula-operator-"))
     root.chmod(0o755)  # every host's service user walks through it
@@ -361,6 +364,7 @@ def deployment() -> Iterator[Deployment]:
         if os.environ.get("NEBULA_TEST_KEEP_LOGS"):
             shutil.copytree(root / "logs", os.environ["NEBULA_TEST_KEEP_LOGS"], dirs_exist_ok=True)
         deployment.close()
+        os.umask(umask)
 
 
 def _deploy(deployment: Deployment) -> None:
