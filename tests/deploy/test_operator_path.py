@@ -16,7 +16,8 @@ One module fixture builds the deployment (deploy.md, steps 0 to 6); the tests, i
 then follow deploy.md step 7 (the demo, with `--url --ca --login-file --cleanup`), write
 a second bundle for a cluster whose worker then restarts on its old one (step 4),
 operations.md's Health (`nebula doctor` green, a typo in the env file named, then red
-with its fix while the broker is stopped), its Backup and restore into a fresh
+with its fix while the broker is stopped), its Certificates (an expired switch
+certificate red in `nebula doctor`, renewed as it says), its Backup and restore into a fresh
 control-plane host, and its Upgrade of a control plane whose database the first migration
 made.
 """
@@ -742,6 +743,60 @@ def test_doctor_is_green_then_names_the_fix_while_the_broker_is_stopped(
             ),
         )
     _wait(lambda: _doctor(cp)[0] == 0, "doctor green again", 60)
+
+
+def _bundle_options() -> str:
+    """deploy.md, step 4's options of `nebula clusters bundle`, with this deployment's names."""
+    return (
+        f'--control-plane https://{CP_SITE}:{API_PORT} --control-plane-ca "$ETC/tls/cp-ca.pem" '
+        f'--broker-url amqps://{CP_SITE}:5671/$VHOST --broker-ca "$ETC/broker-ca.pem"'
+    )
+
+
+def test_doctor_names_the_renewal_of_an_expired_switch_certificate(
+    deployment: Deployment,
+) -> None:
+    """operations.md, Certificates: east's switch was stopped past its certificate's end
+    (30 days, which the test does not wait: the certificate's row is moved back by as
+    much); doctor is red with the renewal, which done as written makes it green again."""
+    cp, gateway, east = (
+        deployment.hosts["cp"],
+        deployment.hosts["east-gw"],
+        deployment.names["EAST"],
+    )
+    deployment.stop("east-gw-switch")  # `systemctl stop nebula-switch`, for too long
+    cp.sh(
+        f"""runuser -u postgres -- psql -q -v ON_ERROR_STOP=1 -d nebula -c \
+          "UPDATE certificates SET not_after = (now() AT TIME ZONE 'UTC') - interval '1 day'
+           WHERE cluster_id = (SELECT id FROM clusters WHERE name = '{east}')
+             AND revoked_at IS NULL"
+        """
+    )
+    code, out = _doctor(cp)
+    assert code == 1, out
+    failing = [line.split(":")[0] for line in out.splitlines() if line.startswith("FAIL")]
+    assert failing == [f"FAIL cluster {east} switch certificate"], out
+    assert "switch certificate: expired on " in out, out
+    assert f"fix: on the control plane: nebula clusters bundle {east} --out {east}-bundle" in out
+    assert "with the options its first bundle had (--control-plane-ca, --broker-ca" in out, out
+    assert "move switch.crt and switch.key out of its bundle folder" in out, out
+
+    # the renewal, as operations.md, Certificates, says it
+    cp.sh(
+        cp.cp_nebula()
+        + f'cp_nebula clusters bundle {east} --out "$VAR/bundles/{east}" {_bundle_options()} >/dev/null'
+    )
+    gateway.sh('mv "$VAR/bundle/switch.crt" "$VAR/bundle/switch.key" "$ROOTHOME/"')
+    _copy_bundle(cp, east, gateway)
+    cp.sh(f'rm -r "$VAR/bundles/{east}"')
+    _start_switch(gateway)
+
+    def green() -> bool:
+        return _doctor(cp)[0] == 0
+
+    _wait(green, f"east's switch enrolled again\n{deployment.log('east-gw-switch')}", 120)
+    code, out = _doctor(cp)
+    assert f"ok   cluster {east} switch certificate: valid until" in out, out
 
 
 def _jobs(host: Host) -> str:
