@@ -17,7 +17,8 @@ then follow deploy.md step 7 (the demo, with `--url --ca --login-file --cleanup`
 a second bundle for a cluster whose worker then restarts on its old one (step 4),
 operations.md's Health (`nebula doctor` green, a typo in the env file named, then red
 with its fix while the broker is stopped), its Certificates (an expired switch
-certificate red in `nebula doctor`, renewed as it says), its Backup and restore into a fresh
+certificate red in `nebula doctor`, renewed as it says), a bundle folder of the wrong
+owner or mode refused by the switch with the fix, its Backup and restore into a fresh
 control-plane host, and its Upgrade of a control plane whose database the first migration
 made.
 """
@@ -797,6 +798,49 @@ def test_doctor_names_the_renewal_of_an_expired_switch_certificate(
     _wait(green, f"east's switch enrolled again\n{deployment.log('east-gw-switch')}", 120)
     code, out = _doctor(cp)
     assert f"ok   cluster {east} switch certificate: valid until" in out, out
+
+
+def test_a_bundle_folder_of_the_wrong_owner_or_mode_is_refused_with_the_fix(
+    deployment: Deployment,
+) -> None:
+    """deploy.md, step 4: the switch refuses a bundle that is not its user's alone, naming
+    the file and the command; the commands it names, run as root, are the fix."""
+    gateway = deployment.hosts["east-gw"]
+    copy = gateway.path("/var/lib/nebula/bundle-copy")
+    # copied as root without copy_bundle's chown: root's, 0700 (cp keeps the modes)
+    gateway.sh('cp -r "$VAR/bundle" "$VAR/bundle-copy"')
+
+    def switch() -> str:
+        done = subprocess.run(
+            gateway.unit_argv(
+                ["/etc/nebula/cluster.env"],
+                f"{gateway.path('/opt/nebula/venv/bin/nebula')} switch --bundle {copy} "
+                "--peer-host 127.0.0.1 --peer-port 7102 --worker-host 127.0.0.1 --worker-port 7202",
+            ),
+            cwd="/", capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout + done.stderr
+        return done.stderr.strip().splitlines()[-1]
+
+    try:
+        refused = switch()
+        user = gateway.user
+        assert refused == (
+            f"{copy} belongs to root (mode 0700) and {user} cannot read it: "
+            f"as root, chown -R {user}: {copy} && chmod 0700 {copy}"
+        ), refused
+        gateway.sh(refused.split("as root, ", 1)[1])
+        # a file of it left readable by others (a copy made with another umask)
+        gateway.sh('chmod 0644 "$VAR/bundle-copy/bundle.json"')
+        refused = switch()
+        assert refused == (
+            f"{copy}/bundle.json has mode 0644: others may read the cluster's secrets; "
+            f"chmod 0600 {copy}/bundle.json"
+        ), refused
+        gateway.sh(refused.split("; ", 1)[1])
+        assert (copy / "bundle.json").stat().st_mode & 0o777 == 0o600
+    finally:
+        gateway.sh('rm -r "$VAR/bundle-copy"')
 
 
 def _jobs(host: Host) -> str:
