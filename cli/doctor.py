@@ -47,7 +47,9 @@ def _expiry(name: str, not_after: datetime, warn: timedelta, fix: str) -> Check:
 def renewal_command(cluster: str) -> str:
     """How an expired switch certificate is replaced (the switch can no longer renew it)."""
     return (
-        f"on the control plane: nebula clusters bundle {cluster} --out {cluster}-bundle; "
+        f"on the control plane: nebula clusters bundle {cluster} --out {cluster}-bundle "
+        "with the options its first bundle had (--control-plane-ca, --broker-ca: "
+        "docs/deploy.md, step 4); "
         f"then on {cluster}'s switch host: move switch.crt and switch.key out of its bundle "
         "folder, install the new bundle there (owned by the service user) and restart "
         f"nebula-switch: it enrolls again ({OPERATIONS}, Certificates)"

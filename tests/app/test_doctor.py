@@ -67,6 +67,7 @@ def test_doctor_is_green_then_red_with_the_fix(
     expired = checks["cluster east switch certificate"]
     assert expired.state == "fail" and expired.detail.startswith("expired on ")
     assert "nebula clusters bundle east --out east-bundle" in expired.fix
+    assert "with the options its first bundle had (--control-plane-ca, --broker-ca" in expired.fix
     assert "move switch.crt and switch.key out" in expired.fix
     assert checks["broker"].state == "fail"
     assert "systemctl start rabbitmq-server" in checks["broker"].fix

@@ -16,8 +16,11 @@ One module fixture builds the deployment (deploy.md, steps 0 to 6); the tests, i
 then follow deploy.md step 7 (the demo, with `--url --ca --login-file --cleanup`), write
 a second bundle for a cluster whose worker then restarts on its old one (step 4),
 operations.md's Health (`nebula doctor` green, a typo in the env file named, then red
-with its fix while the broker is stopped), and its Backup and restore into a fresh
-control-plane host.
+with its fix while the broker is stopped), its Certificates (an expired switch
+certificate red in `nebula doctor`, renewed as it says), a bundle folder of the wrong
+owner or mode refused by the switch with the fix, its Backup and restore into a fresh
+control-plane host, and its Upgrade of a control plane whose database the first migration
+made.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,7 @@ CP_SITE = "10.233.1.1"
 SITE_IPS = {"east-gw": "10.233.1.11", "east-c1": "10.233.1.12"}
 SITE_IPS |= {"west-gw": "10.233.1.21", "west-c1": "10.233.1.22"}
 ROOT_CP2, CP2_ROOT = "10.233.3.1", "10.233.3.2"
+ROOT_OLD, OLD_ROOT = "10.233.4.1", "10.233.4.2"  # root <-> the control plane to upgrade
 RABBIT_PORTS = (4369, 25672, 5672)  # epmd and the node's distribution (rabbitmqctl), AMQP
 API_PORT = 8443
 PASSWORD = "CHANGE-ME-a-long-passphrase"
@@ -135,18 +140,21 @@ class Host:
             'shift && exec nebula "$@"\' "$VAR" "$ETC/control-plane.env" "$@"; }\n'
         )
 
-    def unit(self, name: str, env_files: list[str], command: str) -> subprocess.Popen[bytes]:
-        """Start a process as its systemd unit would: User=, EnvironmentFile=, ExecStart=,
-        an environment of nothing else (PATH without Node)."""
+    def unit_argv(self, env_files: list[str], command: str) -> list[str]:
+        """argv of a process started as its systemd unit would: User=, EnvironmentFile=,
+        ExecStart=, an environment of nothing else (PATH without Node)."""
         path = f"{self.path('/opt/nebula/venv/bin')}:/usr/sbin:/sbin"
         assert shutil.which("node", path=path) is None
         sources = " && ".join(f". {self.path(f)}" for f in env_files)
-        argv = self.ns.exec_argv(
+        return self.ns.exec_argv(
             "runuser", "-u", self.user, "--", "env", "-i", f"PATH={path}",
             f"HOME={self.path('/var/lib/nebula')}", "OMP_NUM_THREADS=1", "/bin/sh", "-c",
             f"set -a && {sources} && set +a && exec {command}",
         )  # fmt: skip
-        return self.deployment.start(f"{self.name}-{name}", argv)
+
+    def unit(self, name: str, env_files: list[str], command: str) -> subprocess.Popen[bytes]:
+        """Start a process as its systemd unit would (`unit_argv`)."""
+        return self.deployment.start(f"{self.name}-{name}", self.unit_argv(env_files, command))
 
 
 @dataclass
@@ -382,7 +390,7 @@ def _deploy(deployment: Deployment) -> None:
     wheel = _build_wheel(root / "dist")
     tls = root / "tls"
     tls.mkdir()
-    ca, cert, key = write_server_certificate(tls, [CP_SITE, CP2_ROOT, "127.0.0.1"])
+    ca, cert, key = write_server_certificate(tls, [CP_SITE, CP2_ROOT, OLD_ROOT, "127.0.0.1"])
     deployment.ca = ca
     cp = deployment.host("cp", ns["cp"])
     _step1(cp, wheel)
@@ -448,6 +456,12 @@ def _step2_control_plane(cp: Host, ca: Path, cert: Path, key: Path) -> None:
 def _serve(cp: Host, url: str) -> None:
     """`systemctl enable --now nebula-migrate nebula-api`: the migrations as root with both
     env files, then the API as the service user."""
+    _migrate(cp)
+    _start_api(cp, url)
+
+
+def _migrate(cp: Host) -> str:
+    """`systemctl start nebula-migrate`: as root, with both env files; what it logged."""
     migrate = subprocess.run(
         cp.ns.exec_argv(
             "env", "-i", f"PATH={cp.path('/opt/nebula/venv/bin')}:/usr/bin:/bin", "/bin/sh", "-c",
@@ -463,6 +477,11 @@ def _serve(cp: Host, url: str) -> None:
     # ProtectSystem=strict: the migrations write nothing the API would then not own
     strays = [p for p in cp.path("/var/lib/nebula").rglob("*") if p.owner() != cp.user]
     assert not strays, f"left by nebula-migrate as root: {strays}"
+    return migrate.stdout + migrate.stderr
+
+
+def _start_api(cp: Host, url: str) -> None:
+    """`systemctl start nebula-api`: the API as the service user, until it is ready."""
     cp.unit(
         "api",
         ["/etc/nebula/control-plane.env"],
@@ -532,25 +551,7 @@ def _steps3_to_6(deployment: Deployment, cp: Host, wheel: Path) -> None:
         _step1(host, wheel)
         site_hosts[name] = host
     for name, host in site_hosts.items():
-        cluster = east if name.startswith("east") else west
-        # `ssh root@HOST '...'`: the same script, run on that host as root
-        tar = subprocess.Popen(
-            ["tar", "-C", str(cp.path(f"/var/lib/nebula/bundles/{cluster}")), "-cf", "-", "."],
-            stdout=subprocess.PIPE,
-        )
-        assert tar.stdout is not None
-        copied = subprocess.run(
-            host.ns.exec_argv(
-                "sh", "-c",
-                'install -d -o "$U" -g "$U" -m 0700 "$VAR/bundle" && '
-                'tar -C "$VAR/bundle" --no-same-owner -xf - && '
-                'chown -R "$U:$U" "$VAR/bundle" && chmod 0700 "$VAR/bundle" && '
-                'find "$VAR/bundle" -maxdepth 1 -type f -exec chmod 0600 {} +',
-            ),
-            stdin=tar.stdout, env=host.shell_env(), capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        tar.wait()
-        assert copied.returncode == 0, copied.stderr
+        _copy_bundle(cp, east if name.startswith("east") else west, host)
     cp.sh(f'rm -r "$VAR/bundles/{east}" "$VAR/bundles/{west}"')
 
     # step 5: each gateway's switch; step 6: each compute host's worker
@@ -567,13 +568,7 @@ def _steps3_to_6(deployment: Deployment, cp: Host, wheel: Path) -> None:
                 chown "$U:$U" "$ETC/cluster.env" && chmod 0600 "$ETC/cluster.env"
                 """
             )
-            host.unit(
-                "switch",
-                ["/etc/nebula/cluster.env"],
-                f"{host.path('/opt/nebula/venv/bin/nebula')} switch "
-                f"--bundle {host.path('/var/lib/nebula/bundle')} --peer-host 0.0.0.0 "
-                "--peer-port 7101 --worker-host 0.0.0.0 --worker-port 7201 $NEBULA_PEERS",
-            )
+            _start_switch(host)
         else:
             gateway_ip = SITE_IPS[name.replace("-c1", "-gw")]
             host.sh(
@@ -592,6 +587,39 @@ def _steps3_to_6(deployment: Deployment, cp: Host, wheel: Path) -> None:
                 f"--bundle {host.path('/var/lib/nebula/bundle')} --concurrency 1 "
                 f"--scratch-dir {host.path('/var/lib/nebula/scratch-1')} $NEBULA_SWITCH",
             )
+
+
+def _copy_bundle(cp: Host, cluster: str, host: Host) -> None:
+    """deploy.md, step 4: `copy_bundle CLUSTER HOST`, the `ssh root@HOST '...'` being the
+    same script run on that host as root."""
+    tar = subprocess.Popen(
+        ["tar", "-C", str(cp.path(f"/var/lib/nebula/bundles/{cluster}")), "-cf", "-", "."],
+        stdout=subprocess.PIPE,
+    )
+    assert tar.stdout is not None
+    copied = subprocess.run(
+        host.ns.exec_argv(
+            "sh", "-c",
+            'install -d -o "$U" -g "$U" -m 0700 "$VAR/bundle" && '
+            'tar -C "$VAR/bundle" --no-same-owner -xf - && '
+            'chown -R "$U:$U" "$VAR/bundle" && chmod 0700 "$VAR/bundle" && '
+            'find "$VAR/bundle" -maxdepth 1 -type f -exec chmod 0600 {} +',
+        ),
+        stdin=tar.stdout, env=host.shell_env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    tar.wait()
+    assert copied.returncode == 0, copied.stderr
+
+
+def _start_switch(host: Host) -> None:
+    """`systemctl start nebula-switch` on a gateway (deploy.md, step 5)."""
+    host.unit(
+        "switch",
+        ["/etc/nebula/cluster.env"],
+        f"{host.path('/opt/nebula/venv/bin/nebula')} switch "
+        f"--bundle {host.path('/var/lib/nebula/bundle')} --peer-host 0.0.0.0 "
+        "--peer-port 7101 --worker-host 0.0.0.0 --worker-port 7201 $NEBULA_PEERS",
+    )
 
 
 def _doctor(cp: Host) -> tuple[int, str]:
@@ -722,6 +750,103 @@ def test_doctor_is_green_then_names_the_fix_while_the_broker_is_stopped(
     _wait(lambda: _doctor(cp)[0] == 0, "doctor green again", 60)
 
 
+def _bundle_options() -> str:
+    """deploy.md, step 4's options of `nebula clusters bundle`, with this deployment's names."""
+    return (
+        f'--control-plane https://{CP_SITE}:{API_PORT} --control-plane-ca "$ETC/tls/cp-ca.pem" '
+        f'--broker-url amqps://{CP_SITE}:5671/$VHOST --broker-ca "$ETC/broker-ca.pem"'
+    )
+
+
+def test_doctor_names_the_renewal_of_an_expired_switch_certificate(
+    deployment: Deployment,
+) -> None:
+    """operations.md, Certificates: east's switch was stopped past its certificate's end
+    (30 days, which the test does not wait: the certificate's row is moved back by as
+    much); doctor is red with the renewal, which done as written makes it green again."""
+    cp, gateway, east = (
+        deployment.hosts["cp"],
+        deployment.hosts["east-gw"],
+        deployment.names["EAST"],
+    )
+    deployment.stop("east-gw-switch")  # `systemctl stop nebula-switch`, for too long
+    cp.sh(
+        f"""runuser -u postgres -- psql -q -v ON_ERROR_STOP=1 -d nebula -c \
+          "UPDATE certificates SET not_after = (now() AT TIME ZONE 'UTC') - interval '1 day'
+           WHERE cluster_id = (SELECT id FROM clusters WHERE name = '{east}')
+             AND revoked_at IS NULL"
+        """
+    )
+    code, out = _doctor(cp)
+    assert code == 1, out
+    failing = [line.split(":")[0] for line in out.splitlines() if line.startswith("FAIL")]
+    assert failing == [f"FAIL cluster {east} switch certificate"], out
+    assert "switch certificate: expired on " in out, out
+    assert f"fix: on the control plane: nebula clusters bundle {east} --out {east}-bundle" in out
+    assert "with the options its first bundle had (--control-plane-ca, --broker-ca" in out, out
+    assert "move switch.crt and switch.key out of its bundle folder" in out, out
+
+    # the renewal, as operations.md, Certificates, says it
+    cp.sh(
+        cp.cp_nebula()
+        + f'cp_nebula clusters bundle {east} --out "$VAR/bundles/{east}" {_bundle_options()} >/dev/null'
+    )
+    gateway.sh('mv "$VAR/bundle/switch.crt" "$VAR/bundle/switch.key" "$ROOTHOME/"')
+    _copy_bundle(cp, east, gateway)
+    cp.sh(f'rm -r "$VAR/bundles/{east}"')
+    _start_switch(gateway)
+
+    def green() -> bool:
+        return _doctor(cp)[0] == 0
+
+    _wait(green, f"east's switch enrolled again\n{deployment.log('east-gw-switch')}", 120)
+    code, out = _doctor(cp)
+    assert f"ok   cluster {east} switch certificate: valid until" in out, out
+
+
+def test_a_bundle_folder_of_the_wrong_owner_or_mode_is_refused_with_the_fix(
+    deployment: Deployment,
+) -> None:
+    """deploy.md, step 4: the switch refuses a bundle that is not its user's alone, naming
+    the file and the command; the commands it names, run as root, are the fix."""
+    gateway = deployment.hosts["east-gw"]
+    copy = gateway.path("/var/lib/nebula/bundle-copy")
+    # copied as root without copy_bundle's chown: root's, 0700 (cp keeps the modes)
+    gateway.sh('cp -r "$VAR/bundle" "$VAR/bundle-copy"')
+
+    def switch() -> str:
+        done = subprocess.run(
+            gateway.unit_argv(
+                ["/etc/nebula/cluster.env"],
+                f"{gateway.path('/opt/nebula/venv/bin/nebula')} switch --bundle {copy} "
+                "--peer-host 127.0.0.1 --peer-port 7102 --worker-host 127.0.0.1 --worker-port 7202",
+            ),
+            cwd="/", capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout + done.stderr
+        return done.stderr.strip().splitlines()[-1]
+
+    try:
+        refused = switch()
+        user = gateway.user
+        assert refused == (
+            f"{copy} belongs to root (mode 0700) and {user} cannot read it: "
+            f"as root, chown -R {user}: {copy} && chmod 0700 {copy}"
+        ), refused
+        gateway.sh(refused.split("as root, ", 1)[1])
+        # a file of it left readable by others (a copy made with another umask)
+        gateway.sh('chmod 0644 "$VAR/bundle-copy/bundle.json"')
+        refused = switch()
+        assert refused == (
+            f"{copy}/bundle.json has mode 0644: others may read the cluster's secrets; "
+            f"chmod 0600 {copy}/bundle.json"
+        ), refused
+        gateway.sh(refused.split("; ", 1)[1])
+        assert (copy / "bundle.json").stat().st_mode & 0o777 == 0o600
+    finally:
+        gateway.sh('rm -r "$VAR/bundle-copy"')
+
+
 def _jobs(host: Host) -> str:
     """The job history as the database holds it (the postgres user, on the host)."""
     return host.sh(
@@ -847,3 +972,124 @@ def test_a_backup_restores_on_a_fresh_control_plane(deployment: Deployment) -> N
     download = restored.get(f"/datasets/{dataset}/content")
     assert download.status_code == 200, download.text
     assert download.content == content
+
+
+OLD_ADMIN = "first@example.org"
+
+
+def _first_release_rows() -> tuple[str, str]:
+    """SQL for what a control plane at migration 0001 (before the keyed audit chain) kept: an
+    admin, a workspace, and audit events chained by plain sha256, with no anchor file; and
+    the workspace's id."""
+    from passlib.hash import argon2
+
+    from app.audit.models import AuditEvent
+    from app.audit.service import GENESIS_HASH, legacy_chain_hash
+
+    def literal(value: object) -> str:
+        if value is None:
+            return "NULL"
+        if isinstance(value, bool | int):
+            return str(value).lower() if isinstance(value, bool) else str(value)
+        return "'" + str(value).replace("'", "''") + "'"
+
+    at = datetime.now(UTC).replace(tzinfo=None) - timedelta(days=400)
+    user, workspace = str(uuid.uuid4()), str(uuid.uuid4())
+    password_hash = argon2.using(type="ID", rounds=1, memory_cost=1024, parallelism=1).hash(
+        PASSWORD
+    )
+    rows = [
+        "INSERT INTO users (id, email, display_name, role, status, password_hash, created_at, "
+        f"updated_at) VALUES ({literal(user)}, {literal(OLD_ADMIN)}, 'First', 'admin', "
+        f"'active', {literal(password_hash)}, {literal(at)}, {literal(at)})",
+        "INSERT INTO workspaces (id, owner_id, name, is_personal, storage_bytes_used, "
+        f"storage_bytes_limit, max_concurrent_jobs, created_at) VALUES ({literal(workspace)}, "
+        f"{literal(user)}, 'Personal', true, 0, 10737418240, 2, {literal(at)})",
+    ]
+    prev = GENESIS_HASH
+    for seq, (action, subject_type, subject_id) in enumerate(
+        [("user.create", "user", user), ("workspace.create", "workspace", workspace),
+         ("auth.login", "user", user)],
+        start=1,
+    ):  # fmt: skip
+        event = AuditEvent(
+            id=str(uuid.uuid4()), seq=seq, at=at + timedelta(seconds=seq), actor_id=None,
+            action=action, subject_type=subject_type, subject_id=subject_id,
+            outcome="success", ip=None, details={"release": "0001"}, prev_hash=prev,
+        )  # fmt: skip
+        event.hash = prev = legacy_chain_hash(prev, event)
+        values = [
+            event.id, seq, event.at, None, action, subject_type, subject_id, "success", None,
+            json.dumps(event.details), event.prev_hash, event.hash,
+        ]  # fmt: skip
+        rows.append(
+            "INSERT INTO audit_events (id, seq, at, actor_id, action, subject_type, subject_id, "
+            "outcome, ip, details, prev_hash, hash) VALUES ("
+            + ", ".join(literal(v) for v in values)
+            + ")"
+        )
+    return "".join(row + ";\n" for row in rows), workspace
+
+
+def test_an_upgrade_from_the_first_migration_keeps_the_data(deployment: Deployment) -> None:
+    """operations.md, Upgrade, on a control plane whose database a release at the first
+    migration made and used: migrated as the owner, grants re-applied, the unkeyed audit
+    chain adopted once, served; the data is there and the new release works on it."""
+    cp, network = deployment.hosts["cp"], deployment.network
+    ns = network.host("old")
+    network.link_to_root(ns, ROOT_OLD, OLD_ROOT, "r3")
+    old = deployment.host("old", ns)
+    _step1(old, next((deployment.root / "dist").glob("nebula-*.whl")))
+    _postgres(deployment, old)
+    _rabbit_on_loopback(deployment, old, ROOT_OLD)
+    _step2_database(old)
+    shutil.copy(cp.path("/root/broker-password"), old.path("/root/broker-password"))
+    tls = deployment.root / "tls"
+    _step2_control_plane(old, tls / "tls-ca.pem", tls / "tls.crt", tls / "tls.key")
+
+    # the first release: its `nebula db upgrade` (migration 0001, no anchor), its grants,
+    # and what its API wrote
+    rows, workspace = _first_release_rows()
+    old.sh(
+        """
+        set -a && . "$ETC/control-plane.env" && . "$ETC/owner.env" && set +a
+        "$OPT/venv/bin/python" -c 'import os; from app.migrate import upgrade; upgrade(os.environ["NEBULA_DATABASE_URL"], "0001")'
+        nebula db grants nebula_app | psql -q -v ON_ERROR_STOP=1
+        psql -q -v ON_ERROR_STOP=1
+        """,
+        stdin=rows,
+    )
+    assert not old.path("/var/lib/nebula/data/audit/anchors.jsonl").exists()
+
+    # operations.md, Upgrade, step 3 (the venv already holds the new wheel: step 1 above)
+    migrated = _migrate(old)
+    assert "nebula audit adopt" in migrated, migrated  # what the release before lacked
+    adopted = old.sh(old.cp_nebula() + "cp_nebula audit adopt")
+    assert "events 1..3 kept as an unkeyed chain" in adopted, adopted
+    _start_api(old, f"https://127.0.0.1:{API_PORT}")
+    code, out = _doctor(old)
+    assert code == 0, out
+    verified = old.sh(old.cp_nebula() + "cp_nebula audit verify")
+    assert "audit chain ok" in verified, verified
+
+    api = httpx.Client(
+        base_url=f"https://{OLD_ROOT}:{API_PORT}/api/v1", verify=tls_verify(deployment.ca)
+    )
+    login = api.post("/auth/login", json={"email": OLD_ADMIN, "password": PASSWORD})
+    assert login.status_code == 200, login.text
+    api.headers["Authorization"] = f"Bearer {login.json()['token']}"
+    workspaces = api.get("/workspaces").json()["items"]
+    assert [w["id"] for w in workspaces] == [workspace], workspaces
+    content = b"una frase\tone sentence\n" * 10
+    uploaded = api.post(
+        f"/workspaces/{workspace}/datasets",
+        data={"name": "pairs.tsv", "kind": "parallel", "discoverable": "false"},
+        files={"file": ("pairs.tsv", content)},
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    download = api.get(f"/datasets/{uploaded.json()['id']}/content")
+    assert download.status_code == 200 and download.content == content, download.text
+    events = api.get("/audit", params={"action": "user.create"}).json()["items"]
+    assert [(e["seq"], e["subject_email"]) for e in events] == [(1, OLD_ADMIN)], events
+    verified = old.sh(old.cp_nebula() + "cp_nebula audit verify")
+    assert "audit chain ok" in verified, verified
