@@ -496,7 +496,12 @@ def child(
     command += ["--mib", str(args.mib), "--rtt-count", str(args.rtt_count)]
     if profile_to is not None:
         command += ["--profile-to", str(profile_to)]
-    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    # the checkout's packages first; other entries (a folder of bench extras) pass on,
+    # other checkouts do not
+    here = Path(__file__).resolve().parent.parent
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    extra = [p for p in inherited if p and Path(p).resolve() not in (here, code_root.resolve())]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code_root), *extra])}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode:
         raise RuntimeError(f"{paths} at {code_root} failed:\n{done.stderr[-4000:]}")
