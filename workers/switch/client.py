@@ -329,24 +329,29 @@ class SwitchLink:
 
     # sending
 
-    def _next_to_write(self, timeout: float) -> tuple[Receipt | None, Data | None] | None:
-        """What the writer sends next, waiting for it at most `timeout` seconds (then
-        nothing: (None, None)); None when the link is done."""
+    def _next_to_write(self, timeout: float) -> tuple[Data | None, Receipt | None] | None:
+        """What the writer sends next, in order (a frame before a receipt: a reply of the
+        role is not held up by it), waiting at most `timeout` seconds (then nothing:
+        (None, None)); None when the link is done."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._failure is not None:
                     return None
                 now = time.monotonic()
+                if self._closed.is_set():
+                    self._state.receipt_now(now)  # the last word on what came is not held
                 if self._state.has_work(now):
                     writes = self._state.next_to_write(now)
-                    return writes.receipt, writes.frame
+                    return writes.frame, writes.receipt
                 if self._closed.is_set():
                     return None
-                left = deadline - now
-                if left <= 0:
+                if now >= deadline:
                     return None, None
-                self._cond.wait(timeout=min(1.0, left))
+                wake = deadline
+                if self._state.receipt_at is not None:  # a receipt held back a little
+                    wake = min(wake, self._state.receipt_at)
+                self._cond.wait(timeout=min(1.0, max(wake - now, 0.0)))
 
     def _write_loop(self) -> None:
         while True:

@@ -12,7 +12,11 @@ or clock of its own (the caller passes `now` and holds the lock):
 - resuming: a new sending connection starts again at the oldest unacknowledged frame, a
   new receiving connection asks the far role to resend what may have been lost on the old;
 - silence: frames long sent with no receipt at all are sent again (a lost frame with no
-  frame after it is found so), since the far role drops what it already has.
+  frame after it is found so), since the far role drops what it already has;
+- receipts for frames delivered in order wait a little (`RECEIPT_DELAY_S`, or until
+  `RECEIPT_EVERY` frames are owed one), as TCP delays its acknowledgements: one receipt
+  then covers several frames, and a reply the role sends meanwhile is not queued behind
+  it at every hop. Duplicates, gaps and resumed connections are answered at once.
 
 Tests drive two of these joined by a fake switch (tests/workers/switch/test_linkstate.py),
 as h11's ConnectionPair joins two connections.
@@ -21,6 +25,7 @@ as h11's ConnectionPair joins two connections.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from workers.switch.frames import Buffer, Data, ProtocolError, Receipt, TensorSpec
@@ -28,6 +33,12 @@ from workers.switch.rules import ResendWindow
 
 # a gap is asked about once, then again only this long after, not for every frame after it
 ASK_AGAIN_S = 2.0
+# A receipt for in-order frames is written this long after the first of them, or once so
+# many are owed one. Small against the resend window (64 frames) and the silence after
+# which a sender resends (15 s); long against a 16-byte frame's round trip (about 1 ms),
+# so that a ping-pong of small frames no longer sends a receipt each way per round trip.
+RECEIPT_DELAY_S = 0.01
+RECEIPT_EVERY = 8
 
 
 class Taken(enum.Enum):
@@ -67,7 +78,8 @@ class LinkState:
         )
         self.write_from = 0  # the next frame of the window the writer sends
         self.expected = 0  # the next sequence number from the far role
-        self.receipt_due = False
+        self.receipt_at: float | None = None  # when the receipt owed is written (None: none)
+        self._owed = 0  # frames delivered since the last receipt
         self.ask_resend = False
         self._asked: tuple[int, float] = (-1, 0.0)  # (expected, when) of the last ask
         self.heard_at = now  # the last receipt from the far role
@@ -102,20 +114,31 @@ class LinkState:
             pending = True
         return pending
 
+    def _receipt_due(self, now: float) -> bool:
+        return self.receipt_at is not None and self.receipt_at <= now
+
     def has_work(self, now: float) -> bool:
         """Whether `next_to_write` has something (a receipt or a frame) for the writer."""
-        return self.receipt_due or self._pending(now)
+        return self._receipt_due(now) or self._pending(now)
+
+    def receipt_now(self, now: float) -> None:
+        """Write the receipt owed (if any) without waiting: the link is closing."""
+        if self.receipt_at is not None:
+            self.receipt_at = min(self.receipt_at, now)
+
+    def _owe_receipt(self, at: float) -> None:
+        self.receipt_at = at if self.receipt_at is None else min(self.receipt_at, at)
 
     def next_to_write(self, now: float) -> Writes:
         """The receipt due (if any) and the next frame to send (if any), marked as given."""
         pending = self._pending(now)
         receipt = None
-        if self.receipt_due:
+        if self._receipt_due(now):
             resend = self.ask_resend
             receipt = Receipt(self.job_id, self.role, self.peer_role, self.expected, resend)
             if resend:
                 self._asked = (self.expected, now)
-            self.receipt_due = self.ask_resend = False
+            self.receipt_at, self._owed, self.ask_resend = None, 0, False
         frame = None
         if pending:
             frame = self.window.get(self.write_from)
@@ -138,16 +161,18 @@ class LinkState:
     def sending_resumed(self) -> None:
         """A new sending connection: every unacknowledged frame again, and a receipt."""
         self.write_from = self.window.acked
-        self.receipt_due = True
+        self._owe_receipt(-math.inf)
 
     # receiving
 
     def take(self, frame: Data, now: float) -> Taken:
-        """Whether to deliver a frame from the far role; a receipt is due either way."""
-        self.receipt_due = True
+        """Whether to deliver a frame from the far role; a receipt is owed either way."""
         if frame.seq == self.expected:
             self.expected += 1
+            self._owed += 1
+            self._owe_receipt(now if self._owed >= RECEIPT_EVERY else now + RECEIPT_DELAY_S)
             return Taken.DELIVER
+        self._owe_receipt(now)  # a resend to stop, or a gap to report: at once
         if frame.seq < self.expected:
             return Taken.DUPLICATE
         # frames before it went missing (a switch restarted): ask for them, once a
@@ -159,8 +184,9 @@ class LinkState:
 
     def receiving_resumed(self) -> None:
         """A new receiving connection: what was on its way may be gone, ask for it."""
-        self.ask_resend = self.receipt_due = True
+        self.ask_resend = True
+        self._owe_receipt(-math.inf)
 
     def still_here(self) -> None:
         """The role reads slowly: a receipt tells the far role this end is not gone."""
-        self.receipt_due = True
+        self._owe_receipt(-math.inf)
