@@ -104,15 +104,15 @@ class FrameStream:
                 self.last_read_at = time.monotonic()
             return got
         restore = timeout = self.sock.gettimeout()
-        due = _due(idle, time.monotonic())
+        now = time.monotonic()
+        due = _due(idle, now)
         try:
             while got < size:
-                now = time.monotonic()
                 if due is None:
                     wanted = None
                 else:
                     # a timeout of 0 would make the socket non-blocking: wait a little
-                    wanted = max(due - now, MIN_WAIT_S)
+                    wanted = due - now if due - now > MIN_WAIT_S else MIN_WAIT_S
                     # setting the timeout is a system call: not for each record, so the
                     # wait may end a little after the due time (1 ms and a twentieth)
                     if timeout is not None and wanted <= timeout <= wanted * 1.05 + 0.001:
@@ -123,7 +123,8 @@ class FrameStream:
                 try:
                     count = self.sock.recv_into(body[got:])
                 except TimeoutError:  # nothing within the wait: the reader's timed work
-                    due = _due(idle, time.monotonic())
+                    now = time.monotonic()
+                    due = _due(idle, now)
                     continue
                 if not count:
                     break
