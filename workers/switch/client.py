@@ -181,6 +181,11 @@ class SwitchLink:
         try:
             sock = self._context.wrap_socket(raw, server_hostname=self.cluster)
             check_peer(sock, expected_cluster=self.cluster, revoked=frozenset())
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            # the connection ended in the middle of the handshake (a cut path, a switch
+            # going down): a failure of the network, dialled again, not a refusal
+            raw.close()
+            raise
         except (ssl.SSLError, PeerRejected) as exc:
             raw.close()
             raise LinkRefused(f"TLS to the switch failed: {exc}") from exc
