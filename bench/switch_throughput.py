@@ -15,7 +15,9 @@ of its own, ``--rounds`` (>= 3) interleaved rounds, median and spread of each:
 
 ``--against REV`` adds the switch of another commit (a temporary git worktree of REV,
 run with its own ``workers`` package) to every round, (b) and (d) both, so that a
-change to the hot path is measured against its parent in the same interleaving.
+change to the hot path is measured against its parent in the same interleaving; it may
+be given more than once (the parent and an older reference, say). The load average is
+stored with each round: on a shared machine a difference within the spread is no result.
 ``--profile DIR`` writes a cProfile of each switch process (all its threads) per path.
 
 Prints a table, writes bench/results/switch_throughput.json.
@@ -496,7 +498,12 @@ def child(
     command += ["--mib", str(args.mib), "--rtt-count", str(args.rtt_count)]
     if profile_to is not None:
         command += ["--profile-to", str(profile_to)]
-    env = {**os.environ, "PYTHONPATH": str(code_root)}
+    # the checkout's packages first; other entries (a folder of bench extras) pass on,
+    # other checkouts do not
+    here = Path(__file__).resolve().parent.parent
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    extra = [p for p in inherited if p and Path(p).resolve() not in (here, code_root.resolve())]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code_root), *extra])}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
     if done.returncode:
         raise RuntimeError(f"{paths} at {code_root} failed:\n{done.stderr[-4000:]}")
@@ -504,27 +511,28 @@ def child(
 
 
 @contextlib.contextmanager
-def checkout(rev: str | None) -> Iterator[Path | None]:
-    """A temporary git worktree of `rev` (None: nothing)."""
-    if rev is None:
-        yield None
-        return
+def checkouts(revs: list[str]) -> Iterator[dict[str, Path]]:
+    """A temporary git worktree of each of `revs`, by rev."""
     here = Path(__file__).resolve().parent.parent
+    paths: dict[str, Path] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "against"
-        subprocess.run(
-            ["git", "-C", str(here), "worktree", "add", "--detach", str(path), rev],
-            check=True,
-            capture_output=True,
-        )
         try:
-            yield path
+            for n, rev in enumerate(revs):
+                path = Path(tmp) / f"against-{n}"
+                subprocess.run(
+                    ["git", "-C", str(here), "worktree", "add", "--detach", str(path), rev],
+                    check=True,
+                    capture_output=True,
+                )
+                paths[rev] = path
+            yield paths
         finally:
-            subprocess.run(
-                ["git", "-C", str(here), "worktree", "remove", "--force", str(path)],
-                check=False,
-                capture_output=True,
-            )
+            for path in paths.values():
+                subprocess.run(
+                    ["git", "-C", str(here), "worktree", "remove", "--force", str(path)],
+                    check=False,
+                    capture_output=True,
+                )
 
 
 def spread(values: list[float]) -> dict:
@@ -543,7 +551,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--rtt-count", type=int, default=1000)
-    parser.add_argument("--against", metavar="REV", help="also measure this commit's switch")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        action="append",
+        default=[],
+        help="also measure this commit's switch (may be repeated)",
+    )
     parser.add_argument("--profile", type=Path, metavar="DIR", help="cProfile the switches")
     parser.add_argument("--only", help="comma-separated paths to run (default: all)")
     parser.add_argument("--note", default="", help="a note stored with the figures")
@@ -559,21 +573,23 @@ def main() -> None:
         parser.error("at least 3 rounds: one run cannot tell a change from noise")
     here = Path(__file__).resolve().parent.parent
     console = Console()
-    with checkout(args.against) as other:
-        roots = {"": here} | ({"@against": other} if other is not None else {})
+    with checkouts(args.against) as others:
+        roots = {"": here} | {f"@{rev}": path for rev, path in others.items()}
         mine = ["raw_tls", "switch", "grpc_relay", "switch_rtt", "grpc_rtt", "raw_tls_3hop_rtt"]
         if args.only:
             mine = [p for p in mine if p in args.only.split(",")]
         theirs = [p for p in mine if p.startswith("switch")]
         got: dict[str, list[dict]] = {}
+        loads: list[float] = []
         for n in range(args.rounds):
-            # the two checkouts alternate which goes first, and the paths rotate in a round
+            # the checkouts rotate which goes first, and the paths rotate in a round
             shift = n % len(mine)
             runs = [("", mine[shift:] + mine[:shift])]
-            if other is not None:
-                runs.insert(
-                    n % 2, ("@against", theirs[n % len(theirs) :] + theirs[: n % len(theirs)])
-                )
+            for tag in roots:
+                if tag:
+                    runs.append((tag, theirs[n % len(theirs) :] + theirs[: n % len(theirs)]))
+            runs = runs[n % len(runs) :] + runs[: n % len(runs)]
+            loads.append(round(os.getloadavg()[0], 2))
             for tag, paths in runs:
                 profile_to = None
                 if args.profile is not None and "switch" in paths:
@@ -584,6 +600,7 @@ def main() -> None:
                 for path, result in child(paths, roots[tag], args, profile_to).items():
                     got.setdefault(path + tag, []).append(result)
     summary = summarize(got, args)
+    summary["load_average_1min_per_round"] = loads
     print_table(console, summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -631,12 +648,13 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
     }
     if args.against:
         summary["against"] = args.against
-        summary["switch_vs_against"] = ratio(med("switch", "mb_s"), med("switch@against", "mb_s"))
-        summary["switch_cpu_per_gib_vs_against"] = ratio(
-            med("switch", "cpu_s_per_gib"), med("switch@against", "cpu_s_per_gib")
+    for rev in args.against:
+        summary[f"switch_vs_{rev}"] = ratio(med("switch", "mb_s"), med(f"switch@{rev}", "mb_s"))
+        summary[f"switch_cpu_per_gib_vs_{rev}"] = ratio(
+            med("switch", "cpu_s_per_gib"), med(f"switch@{rev}", "cpu_s_per_gib")
         )
-        summary["small_frame_rtt_p50_vs_against"] = ratio(
-            med("switch_rtt", "p50_us"), med("switch_rtt@against", "p50_us")
+        summary[f"small_frame_rtt_p50_vs_{rev}"] = ratio(
+            med("switch_rtt", "p50_us"), med(f"switch_rtt@{rev}", "p50_us")
         )
     summary |= {
         "paths": paths,

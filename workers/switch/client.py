@@ -37,6 +37,7 @@ import torch
 
 from contract.jobtoken import unverified_claims
 from workers.switch.link import LinkClosed, LinkEstimate, Payload
+from workers.switch.linkstate import LinkState, Taken
 from workers.switch.protocol import (
     CLOSED,
     DEFAULT_MAX_BODY_BYTES,
@@ -56,7 +57,7 @@ from workers.switch.protocol import (
     TensorSpec,
     Welcome,
 )
-from workers.switch.rules import Heartbeat, ResendWindow
+from workers.switch.rules import Heartbeat
 from workers.switch.stream import FrameStream, cut, tune
 from workers.switch.tls import PeerRejected, check_peer, client_context
 
@@ -123,17 +124,17 @@ class SwitchLink:
         self.ping_interval_s, self.io_timeout_s = ping_interval_s, io_timeout_s
         self._sent: defaultdict[str, int] = defaultdict(int)
         self._estimate: LinkEstimate | None = None
-        # the state below is the writer's and the reader's, under `_cond`
+        # the link's decisions, the writer's and the reader's, under `_cond`
         self._cond = threading.Condition()
-        self._window: ResendWindow[Data] = ResendWindow(
-            max_frames=window_frames, max_bytes=window_bytes
+        self._state = LinkState(
+            job_id=self.job_id,
+            role=role,
+            peer_role=peer_role,
+            window_frames=window_frames,
+            window_bytes=window_bytes,
+            resend_after_s=resend_after_s,
+            now=time.monotonic(),
         )
-        self._write_from = 0  # the next frame of the window the writer sends
-        self._expected = 0  # the next sequence number from the peer
-        self._receipt_due = False
-        self._ask_resend = False
-        self._asked: tuple[int, float] = (-1, 0.0)  # (expected, when) of the last ask
-        self._heard_at = time.monotonic()  # the last receipt from the peer
         self._failure: str | None = None  # why the link cannot go on
         self._closed = threading.Event()
         self._queues: defaultdict[str, queue.Queue[Data | None]] = defaultdict(
@@ -180,6 +181,11 @@ class SwitchLink:
         try:
             sock = self._context.wrap_socket(raw, server_hostname=self.cluster)
             check_peer(sock, expected_cluster=self.cluster, revoked=frozenset())
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+            # the connection ended in the middle of the handshake (a cut path, a switch
+            # going down): a failure of the network, dialled again, not a refusal
+            raw.close()
+            raise
         except (ssl.SSLError, PeerRejected) as exc:
             raw.close()
             raise LinkRefused(f"TLS to the switch failed: {exc}") from exc
@@ -261,7 +267,7 @@ class SwitchLink:
                         return
                     self._in, self._in_beat = stream, self._heartbeat()
                     with self._cond:  # what was on its way to us may be gone: ask for it
-                        self._ask_resend = self._receipt_due = True
+                        self._state.receiving_resumed()
                         self._cond.notify_all()
                 elif isinstance(event, Data):
                     self._take(event)
@@ -289,50 +295,34 @@ class SwitchLink:
 
     def _take(self, frame: Data) -> None:
         """Deliver the next frame in order; drop a duplicate; ask again after a gap."""
-        if frame.seq == self._expected:
-            q = self._queue(frame.channel)
-            while not self._closed.is_set():
-                try:
-                    q.put(frame, timeout=min(1.0, self.ping_interval_s))
-                    break
-                except queue.Full:
-                    # the switch hears from us meanwhile: it would cut a silent connection
-                    with contextlib.suppress(OSError, ProtocolError):
-                        self._ping_if_due(self._in, self._in_beat)
-                    # the role reads slowly: tell the sender we are here, not gone
-                    with self._cond:
-                        self._receipt_due = True
-                        self._cond.notify_all()
         with self._cond:
-            if frame.seq == self._expected:
-                self._expected += 1
-            elif frame.seq > self._expected:
-                # frames before it went missing (a switch restarted): ask for them, once
-                # a while, not once per frame that follows the gap
-                asked_for, asked_at = self._asked
-                now = time.monotonic()
-                if asked_for != self._expected or now - asked_at > 2.0:
-                    self._ask_resend = True
-            self._receipt_due = True
+            taken = self._state.take(frame, time.monotonic())
             self._cond.notify_all()
+        if taken is not Taken.DELIVER:
+            return
+        q = self._queue(frame.channel)
+        while not self._closed.is_set():
+            try:
+                q.put(frame, timeout=min(1.0, self.ping_interval_s))
+                return
+            except queue.Full:
+                # the switch hears from us meanwhile: it would cut a silent connection
+                with contextlib.suppress(OSError, ProtocolError):
+                    self._ping_if_due(self._in, self._in_beat)
+                # the role reads slowly: tell the sender we are here, not gone
+                with self._cond:
+                    self._state.still_here()
+                    self._cond.notify_all()
 
     def _receipt(self, receipt: Receipt) -> None:
         with self._cond:
-            self._heard_at = time.monotonic()
-            if receipt.next_seq > self._window.next_seq:
-                raise ProtocolError(
-                    f"receipt up to {receipt.next_seq}, but only {self._window.next_seq} sent"
-                )
-            if receipt.next_seq >= self._window.acked:  # an older one is no news
-                self._window.ack(receipt.next_seq)
-            if receipt.resend:
+            if self._state.take_receipt(receipt, time.monotonic()):
                 log.info(
                     "link %s/%s: the peer asks again from frame %d",
                     self.job_id,
                     self.role,
                     receipt.next_seq,
                 )
-                self._write_from = min(self._write_from, max(receipt.next_seq, self._window.acked))
             self._cond.notify_all()
 
     def _wake_receivers(self) -> None:
@@ -344,47 +334,29 @@ class SwitchLink:
 
     # sending
 
-    def _next_to_write(self, timeout: float) -> tuple[Receipt | None, Data | None] | None:
-        """What the writer sends next, waiting for it at most `timeout` seconds (then
-        nothing: (None, None)); None when the link is done."""
+    def _next_to_write(self, timeout: float) -> tuple[Data | None, Receipt | None] | None:
+        """What the writer sends next, in order (a frame before a receipt: a reply of the
+        role is not held up by it), waiting at most `timeout` seconds (then nothing:
+        (None, None)); None when the link is done."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._failure is not None:
                     return None
-                window = self._window
-                self._write_from = max(self._write_from, window.acked)
-                pending = self._write_from < window.next_seq
-                if (
-                    len(window)
-                    and not pending
-                    and time.monotonic() - self._heard_at > self.resend_after_s
-                ):
-                    # nothing heard of frames long sent: send them again (the receiver
-                    # drops what it has); a lost frame with none after it is found so
-                    log.info("link %s/%s: no receipt, sending again", self.job_id, self.role)
-                    self._write_from, self._heard_at = window.acked, time.monotonic()
-                    pending = True
-                if self._receipt_due or pending:
-                    break
+                now = time.monotonic()
+                if self._closed.is_set():
+                    self._state.receipt_now(now)  # the last word on what came is not held
+                if self._state.has_work(now):
+                    writes = self._state.next_to_write(now)
+                    return writes.frame, writes.receipt
                 if self._closed.is_set():
                     return None
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if now >= deadline:
                     return None, None
-                self._cond.wait(timeout=min(1.0, left))
-            receipt = None
-            if self._receipt_due:
-                resend = self._ask_resend
-                receipt = Receipt(self.job_id, self.role, self.peer_role, self._expected, resend)
-                if resend:
-                    self._asked = (self._expected, time.monotonic())
-                self._receipt_due = self._ask_resend = False
-            frame = None
-            if pending:
-                frame = window.get(self._write_from)
-                self._write_from += 1
-            return receipt, frame
+                wake = deadline
+                if self._state.receipt_at is not None:  # a receipt held back a little
+                    wake = min(wake, self._state.receipt_at)
+                self._cond.wait(timeout=min(1.0, max(wake - now, 0.0)))
 
     def _write_loop(self) -> None:
         while True:
@@ -432,8 +404,7 @@ class SwitchLink:
             return False
         self._out, self._out_beat = stream, self._heartbeat()
         with self._cond:
-            self._write_from = self._window.acked
-            self._receipt_due = True
+            self._state.sending_resumed()
         return True
 
     def send(self, channel: str, payload: Payload) -> None:
@@ -453,14 +424,12 @@ class SwitchLink:
                 lambda: (
                     self._closed.is_set()
                     or self._failure is not None
-                    or self._window.has_room(len(kept))
+                    or self._state.has_room(len(kept))
                 )
             )
             if self._closed.is_set() or self._failure is not None:
                 raise LinkClosed(f"{channel}: {self._failure or 'closed'}")
-            seq = self._window.next_seq
-            frame = Data(self.job_id, channel, seq, self.role, self.peer_role, kept, tensor)
-            self._window.push(frame, len(kept))
+            self._state.push(channel, kept, tensor)
             self._sent[channel] += len(kept)
             self._cond.notify_all()
 
@@ -492,7 +461,7 @@ class SwitchLink:
     def unacknowledged(self) -> int:
         """Frames sent that the peer role has not acknowledged yet."""
         with self._cond:
-            return len(self._window)
+            return len(self._state.window)
 
     def link_estimate(self) -> LinkEstimate | None:
         """The switches' latest measurement of the link (None until they report one)."""
@@ -503,7 +472,7 @@ class SwitchLink:
         blocked receivers get LinkClosed."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self._failure is not None or self._write_from >= self._window.next_seq,
+                lambda: self._failure is not None or self._state.all_written(),
                 timeout,
             )
             self._closed.set()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
+from collections.abc import Callable
 
 from support.certs import Pki
 from workers.switch.protocol import Connection, Data, PeerHello, ProtocolError, Side, Welcome
@@ -54,6 +56,101 @@ def test_a_cut_connection_yields_no_bytes_that_bypass_tls(pki: Pki) -> None:
         assert len(got) <= len(sent)
         for frame, taken in zip(sent, got, strict=False):
             assert (taken.seq, bytes(taken.body)) == (frame.seq, body)
+    finally:
+        writer.close()
+        reader.close()
+
+
+def _read_in_thread(
+    reader: FrameStream, idle: Callable[[], float | None]
+) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(reader.read_event(idle=idle))
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_body_that_flows_calls_idle_once_not_per_record(pki: Pki) -> None:
+    # The readiness and stall checks are the frame's, not each 16 KiB TLS record's.
+    writer, reader = _tls_pair(pki)
+    body = bytes(range(256)) * 4096  # 1 MiB: 64 TLS records
+    calls: list[float] = []
+
+    def idle() -> float:
+        calls.append(time.monotonic())
+        return 30.0
+
+    try:
+        thread, outcome = _read_in_thread(reader, idle)
+        writer.write(Data("j", "c", 0, "G", "D", body, None))
+        thread.join(timeout=30)
+        (frame,) = outcome
+        assert isinstance(frame, Data) and bytes(frame.body) == body
+        assert 1 <= len(calls) <= 2  # before the body (and before its header, if it waited)
+        assert reader.sock.gettimeout() == 10  # the socket's own timeout is back
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_body_that_stalls_midway_gets_its_idle_calls(pki: Pki) -> None:
+    # A sender that stops in the middle of a body: the reader's timed work (pings,
+    # acknowledgements due, the stall check) still runs every wait it asks for.
+    writer, reader = _tls_pair(pki)
+    body = bytes(range(256)) * 256  # 64 KiB
+    head, data = writer.conn.send(Data("j", "c", 0, "G", "D", body, None))
+    waited = threading.Event()
+    calls: list[float] = []
+
+    def idle() -> float:
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            waited.set()
+        return 0.01
+
+    try:
+        thread, outcome = _read_in_thread(reader, idle)
+        writer.sock.sendall(bytes(head) + bytes(memoryview(data)[:40000]))
+        assert waited.wait(timeout=30)
+        assert not outcome  # still waiting for the rest of the body
+        writer.sock.sendall(memoryview(data)[40000:])
+        thread.join(timeout=30)
+        (frame,) = outcome
+        assert isinstance(frame, Data) and bytes(frame.body) == body
+        assert reader.sock.gettimeout() == 10
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_stall_in_the_middle_of_a_body_ends_the_read(pki: Pki) -> None:
+    # idle's stall check raising mid-body ends the read with its error, and the socket
+    # keeps its own timeout for whoever writes on it next.
+    writer, reader = _tls_pair(pki)
+    body = bytes(64 * 1024)
+    head, data = writer.conn.send(Data("j", "c", 0, "G", "D", body, None))
+    calls: list[float] = []
+
+    def idle() -> float:
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            raise TimeoutError("the peer sent nothing for 5 s")
+        return 0.01
+
+    try:
+        thread, outcome = _read_in_thread(reader, idle)
+        writer.sock.sendall(bytes(head) + bytes(memoryview(data)[:20000]))
+        thread.join(timeout=30)
+        (error,) = outcome
+        assert isinstance(error, TimeoutError) and "sent nothing" in str(error)
+        assert reader.sock.gettimeout() == 10
     finally:
         writer.close()
         reader.close()
