@@ -26,8 +26,14 @@ from contract.kinds import KINDS
 def _fenced_role(
     db: Session, *, job_id: str, role: str, attempt: int
 ) -> tuple[Job, JobRole] | None:
-    """The job and role if `attempt` is still the job's live attempt, else None."""
-    job = db.get(Job, job_id, with_for_update=db.get_bind().dialect.name == "postgresql")
+    """The job and role if `attempt` is still the job's live attempt, else None.
+
+    The job's row is locked on PostgreSQL and read again as it is now: the caller may have
+    loaded it before the lock, and what it then writes (the latest metrics of every role)
+    must start from what concurrent writers committed meanwhile.
+    """
+    locks = db.get_bind().dialect.name == "postgresql"
+    job = db.get(Job, job_id, with_for_update=locks, populate_existing=True)
     if job is None or job.attempt != attempt or job.status in FINAL_STATUSES:
         return None
     row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
