@@ -622,6 +622,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="30 steps: to try, not to commit")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
+    parser.add_argument(
+        "--max-lag", type=int, default=None, help="the generator's lead in steps (the preset's)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
     if args.quick:
         STEPS, SKIP = 30, 10
@@ -638,7 +642,13 @@ def main() -> None:
         corpus = write_demo_corpus(Path(tmp) / "corpus")
         lines = clean_lines(corpus["text"].read_text(encoding="utf-8").splitlines())
         cfgs = {
-            n: electra_preset("tiny", steps=STEPS, ckpt_every=STEPS, n_discriminators=n)
+            n: electra_preset(
+                "tiny",
+                steps=STEPS,
+                ckpt_every=STEPS,
+                n_discriminators=n,
+                **({} if args.max_lag is None else {"max_lag": args.max_lag}),
+            )
             for n in N_DISCRIMINATORS
         }
         # one tokenizer for every run, so that every run sees the same tokens
@@ -817,9 +827,9 @@ def main() -> None:
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
-    console.print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
