@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # Never through a link someone planted, never onto a file that already exists.
@@ -19,15 +21,13 @@ def _temporary_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.{secrets.token_hex(16)}.tmp")
 
 
-def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` with mode 0600, atomically (a new temporary file, then a rename).
+@contextmanager
+def _staged(target: Path, data: bytes) -> Iterator[Path]:
+    """A new file beside `target` holding `data`, complete on disk, gone again on the way out.
 
-    The temporary file is created (O_EXCL, O_NOFOLLOW) under a random name, so a link
-    planted beside the target can neither redirect the write nor be followed by it: the
-    open fails instead. The rename replaces `path` itself, a link there included, never
-    what a link points at. A missing folder is made with mode 0700.
+    The caller gives it `target`'s name (by a rename or a link); whatever is still there on
+    the way out is removed. A missing folder is made with mode 0700.
     """
-    target = Path(path)
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = _temporary_name(target)
     fd = os.open(tmp, _NEW_FILE, 0o600)
@@ -37,10 +37,22 @@ def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
+        yield tmp
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
+
+
+def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` with mode 0600, atomically (a new temporary file, then a rename).
+
+    The temporary file is created (O_EXCL, O_NOFOLLOW) under a random name, so a link
+    planted beside the target can neither redirect the write nor be followed by it: the
+    open fails instead. The rename replaces `path` itself, a link there included, never
+    what a link points at. A missing folder is made with mode 0700.
+    """
+    target = Path(path)
+    with _staged(target, data) as tmp:
+        os.replace(tmp, target)
 
 
 def create_private_file(path: str | os.PathLike[str], data: bytes) -> None:
@@ -53,18 +65,8 @@ def create_private_file(path: str | os.PathLike[str], data: bytes) -> None:
     mode 0700.
     """
     target = Path(path)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = _temporary_name(target)
-    fd = os.open(tmp, _NEW_FILE, 0o600)
-    try:
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    with _staged(target, data) as tmp:
         os.link(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def make_private_folder(path: Path) -> None:
