@@ -16,9 +16,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import httpx
 import pytest
 
 from support.platforms import PASSWORD
+from support.processes import wait_until
 from support.services import PostgresTemplates, service_unavailable
 from workers.control_plane import tls_verify
 from workers.ports import free_port
@@ -76,16 +76,6 @@ class Deployment:
     api_port: int
     control_plane: Namespace
     sites: dict[str, Site]
-
-
-def _wait(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    deadline, tick = time.monotonic() + timeout, threading.Event()
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        tick.wait(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def _nebula(*args: str) -> list[str]:
@@ -187,7 +177,7 @@ def deployment(
             except httpx.TransportError:
                 return False
 
-        _wait(healthy, "the control plane")
+        wait_until(healthy, "the control plane", 120)
         subprocess.run(
             cp.exec_argv(*_nebula("users", "create-admin", "admin@deploy.example.org")),
             input=PASSWORD + "\n",
@@ -262,7 +252,7 @@ def deployment(
                 )
             )
         for site in sites.values():
-            _wait((site.bundle / "switch.json").exists, f"the switch of {site.name}", 60)
+            wait_until((site.bundle / "switch.json").exists, f"the switch of {site.name}", 60)
             for number in range(WORKERS_PER_CLUSTER):  # a pool of worker processes
                 site.processes.append(
                     start(
@@ -351,7 +341,7 @@ def _run_job(api: httpx.Client, workspace: str, body: dict[str, Any]) -> dict[st
         job = api.get(f"/jobs/{job_id}").json()
         return job if job["status"] in ("succeeded", "failed", "cancelled") else None
 
-    done: dict[str, Any] = _wait(finished, f"job {job_id}", timeout=300)
+    done: dict[str, Any] = wait_until(finished, f"job {job_id}", timeout=300)
     assert done["status"] == "succeeded", done["error"]
     return done
 
@@ -374,7 +364,7 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
             c["switch_online"] and c["workers_online"] == WORKERS_PER_CLUSTER for c in clusters
         )
 
-    _wait(healthy, "both clusters' switches and workers online", timeout=90)
+    wait_until(healthy, "both clusters' switches and workers online", timeout=90)
 
     corpus = write_demo_corpus(tmp_path / "corpus")
     workspace = api.get("/workspaces").json()["items"][0]["id"]

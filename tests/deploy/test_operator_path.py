@@ -33,18 +33,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from support.processes import wait_until
 from support.services import service_unavailable
 from workers.control_plane import tls_verify
 
@@ -68,16 +67,6 @@ RABBIT_PORTS = (4369, 25672, 5672)  # epmd and the node's distribution (rabbitmq
 API_PORT = 8443
 PASSWORD = "CHANGE-ME-a-long-passphrase"
 ADMIN = "you@example.org"
-
-
-def _wait(check: Callable[[], Any], what: str, timeout: float = 120.0) -> Any:
-    deadline, tick = time.monotonic() + timeout, threading.Event()
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        tick.wait(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @dataclass
@@ -494,7 +483,7 @@ def _start_api(cp: Host, url: str) -> None:
         out = cp.sh(f'curl -s --cacert "$ETC/tls/cp-ca.pem" {url}/readyz || true')
         return '"ready":true' in out.replace(" ", "")
 
-    _wait(ready, f"the API of {cp.name}\n{cp.deployment.log(f'{cp.name}-api')}", 120)
+    wait_until(ready, f"the API of {cp.name}\n{cp.deployment.log(f'{cp.name}-api')}", 120)
 
 
 def _steps3_to_6(deployment: Deployment, cp: Host, wheel: Path) -> None:
@@ -662,7 +651,7 @@ def test_the_clusters_come_up_and_the_demo_succeeds_against_the_deployment(
         )
 
     logs = " ".join(deployment.log(p)[-1500:] for p in deployment.processes if "relay" not in p)
-    _wait(online, f"both clusters' switch and worker online\n{logs}", 180)
+    wait_until(online, f"both clusters' switch and worker online\n{logs}", 180)
 
     # deploy.md, step 7
     demo = cp.sh(
@@ -708,7 +697,7 @@ def test_a_second_bundle_leaves_the_running_hosts_working(deployment: Deployment
         assert "ACCESS_REFUSED" not in since and "AccessRefused" not in since, since
         return " ready." in since and "Connected to amqps://" in since
 
-    _wait(connected, f"east's worker back on its old bundle\n{deployment.log(name)}", 120)
+    wait_until(connected, f"east's worker back on its old bundle\n{deployment.log(name)}", 120)
 
 
 def test_doctor_is_green_then_names_the_fix_while_the_broker_is_stopped(
@@ -747,7 +736,7 @@ def test_doctor_is_green_then_names_the_fix_while_the_broker_is_stopped(
                 sys.executable, str(HOSTS_PY), "relay", "127.0.0.1:5672", f"{ROOT_CP}:5672"
             ),
         )
-    _wait(lambda: _doctor(cp)[0] == 0, "doctor green again", 60)
+    wait_until(lambda: _doctor(cp)[0] == 0, "doctor green again", 60)
 
 
 def _bundle_options() -> str:
@@ -799,7 +788,7 @@ def test_doctor_names_the_renewal_of_an_expired_switch_certificate(
     def green() -> bool:
         return _doctor(cp)[0] == 0
 
-    _wait(green, f"east's switch enrolled again\n{deployment.log('east-gw-switch')}", 120)
+    wait_until(green, f"east's switch enrolled again\n{deployment.log('east-gw-switch')}", 120)
     code, out = _doctor(cp)
     assert f"ok   cluster {east} switch certificate: valid until" in out, out
 
