@@ -112,6 +112,13 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.port}"
 
 
+def is_listening(log: str, workers: int) -> bool:
+    """uvicorn's log says that all `workers` started and that the socket is bound: with one
+    worker, uvicorn runs the app's startup before it binds, so "startup complete" alone
+    comes before the port accepts connections."""
+    return log.count("Application startup complete") >= workers and "Uvicorn running on" in log
+
+
 @contextmanager
 def nebula_serve(
     var: Path, log_path: Path, *, workers: int = 1, env_extra: dict[str, str] | None = None
@@ -126,7 +133,7 @@ def nebula_serve(
         argv,
         log_path,
         env=env,
-        ready=lambda log: log.read_text().count("Application startup complete") >= workers,
+        ready=lambda log: is_listening(log.read_text(), workers),
         what=f"nebula serve with {workers} worker(s)",
         timeout=90,
     ) as process:

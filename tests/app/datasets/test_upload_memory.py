@@ -106,7 +106,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], dict[
     )
     assert proc.stderr is not None
     for raw in proc.stderr:  # blocks until uvicorn says it is up (or exits)
-        if b"Application startup complete" in raw:
+        if b"Uvicorn running on" in raw:  # logged once the socket is bound
             break
     else:
         raise AssertionError(f"uvicorn did not start (exit {proc.wait()})")
