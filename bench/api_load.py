@@ -61,6 +61,7 @@ from app.jobs.models import Job, JobMetric, JobStatus
 from app.migrate import upgrade
 from app.settings import Settings
 from app.workspaces.models import Workspace
+from bench.revisions import checkouts, short_head
 from workers.ports import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -129,10 +130,17 @@ class Server:
     """`nebula serve --workers N` in a process of its own, with production settings."""
 
     def __init__(
-        self, folder: Path, database_url: str, workers: int, threads: int | None = None
+        self,
+        folder: Path,
+        database_url: str,
+        workers: int,
+        threads: int | None = None,
+        code_root: Path = HERE.parent,
     ) -> None:
-        """`threads`: request threads a process (NEBULA_THREAD_POOL_SIZE), the default if None."""
+        """`threads`: request threads a process (NEBULA_THREAD_POOL_SIZE), the default if None;
+        `code_root`: the checkout whose code serves (another commit's, for --against)."""
         self.folder = folder
+        self.code_root = code_root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = workers
@@ -141,7 +149,7 @@ class Server:
             NEBULA_VAR_DIR=str(folder / "var"),
             NEBULA_DATABASE_URL=database_url,
             NEBULA_SECRET_KEY=SECRET,
-            PYTHONPATH=str(HERE.parent),
+            PYTHONPATH=str(code_root),
             # wrk's 64 and 256 connections stand for as many clients, from one address here
             NEBULA_MAX_CONNECTIONS_PER_ADDRESS="0",
             NEBULA_MAX_REQUESTS_PER_ADDRESS="0",
@@ -161,17 +169,24 @@ class Server:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cli", *argv],
                 env=self.env,
+                cwd=self.code_root,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         deadline = time.monotonic() + 120
         tick = threading.Event()
-        while self.log_path.read_text().count("Application startup complete") < self.workers:
+        while not self._listening():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the server did not start:\n{self.log_path.read_text()}")
             tick.wait(0.2)
         return self
+
+    def _listening(self) -> bool:
+        """Every worker started, and the socket bound (uvicorn logs it once bound)."""
+        log = self.log_path.read_text()
+        started = log.count("Application startup complete") >= self.workers
+        return started and "Uvicorn running on" in log
 
     def __exit__(self, *exc: object) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -515,6 +530,101 @@ def run_backend(
     return {"runs": runs, "event_streams": streams, "audit": checked}
 
 
+def compare(
+    kind: str, roots: dict[str, Path], args: argparse.Namespace, progress: Progress, task: Any
+) -> dict[str, Any]:
+    """--against: in each round a server of each commit in turn, the order rotating, on one
+    database seeded once; each driven with the chosen workloads at 64 connections, with the
+    event streams open. The commits must share the database schema."""
+    tags = list(roots)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix=f"nebula-bench-{kind}-") as tmp:
+        folder = Path(tmp)
+        plan = folder / "plan.lua"
+        seeded: Seeded | None = None
+        with database(kind, folder) as url:
+            for round_no in range(1, args.rounds + 1):
+                shift = round_no % len(tags)
+                for tag in tags[shift:] + tags[:shift]:
+                    with Server(folder, url, args.workers, code_root=roots[tag]) as server:
+                        seeded = seeded or seed(server)
+                        with EventStreams(server.url, seeded, EVENT_STREAMS):
+                            for mode in args.workloads:
+                                label = f"{kind} {tag}: {mode} @64, round {round_no}"
+                                progress.update(task, description=label)
+                                plan.write_text(seeded.plan_lua(pending_pairs(url)))
+                                result = wrk(server.url, plan, mode, 64, args.duration)
+                                result.update(
+                                    rev=tag, mode=mode, round=round_no, load=os.getloadavg()[0]
+                                )
+                                runs.append(result)
+                                progress.advance(task)
+    head = tags[0]
+    summary: dict[str, Any] = {}
+    for tag in tags:
+        for mode in args.workloads:
+            mine = [r for r in runs if r["rev"] == tag and r["mode"] == mode]
+            row: dict[str, Any] = {
+                "req_s": round(statistics.median(r["req_s"] for r in mine), 1),
+                "req_s_rounds": [round(r["req_s"], 1) for r in mine],
+                "p99_ms": round(statistics.median(r["p99_ms"] for r in mine), 2),
+                "errors": sum(r["errors"] for r in mine),
+                "load_rounds": [round(r["load"], 2) for r in mine],
+            }
+            if tag != head:
+                # this checkout's rate over the other commit's, within each round
+                base = {
+                    r["round"]: r["req_s"] for r in runs if r["rev"] == head and r["mode"] == mode
+                }
+                ratios = [base[r["round"]] / r["req_s"] for r in mine]
+                row[f"{head}_vs_this"] = round(statistics.median(ratios), 3)
+                row[f"{head}_vs_this_rounds"] = [round(x, 3) for x in ratios]
+            summary.setdefault(tag, {})[mode] = row
+    return summary
+
+
+def run_against(args: argparse.Namespace, console: Console) -> None:
+    """The --against comparison: a table of each commit's rates and the ratios."""
+    head = short_head()
+    with checkouts(args.against) as others:
+        roots = {head: HERE.parent} | {rev: path for rev, path in others.items()}
+        total = args.rounds * len(roots) * len(args.workloads) * len(args.kinds)
+        with Progress(console=console) as progress:
+            task = progress.add_task("api load", total=total)
+            result = {kind: compare(kind, roots, args, progress, task) for kind in args.kinds}
+    table = Table(title=f"{head} against {', '.join(args.against)}, 64 connections")
+    for column in ("database", "commit", "workload", "req/s (rounds)", f"{head} / this"):
+        table.add_column(column)
+    for kind, by_rev in result.items():
+        for tag, rows in by_rev.items():
+            for mode, row in rows.items():
+                rounds = ", ".join(f"{x:.0f}" for x in row["req_s_rounds"])
+                ratio = row.get(f"{head}_vs_this")
+                table.add_row(
+                    kind,
+                    tag,
+                    mode,
+                    f"{row['req_s']:.0f} ({rounds})",
+                    "" if ratio is None else f"{ratio:.3f}",
+                )
+    console.print(table)
+    out = {
+        "measured_at": utcnow().isoformat(timespec="seconds"),
+        "commit": head,
+        "against": args.against,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "duration_s": args.duration,
+        "rounds": args.rounds,
+        "workers": args.workers,
+        "connections": 64,
+        "note": args.note,
+        "by_database": result,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    console.print(f"written: {args.out}")
+
+
 def summarize(kind: str, backend: dict[str, Any]) -> dict[str, Any]:
     """Medians and spreads per (workload, connections); the named ratios."""
     rows: dict[str, Any] = {}
@@ -566,9 +676,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="nebula serve --workers")
     parser.add_argument("--databases", default="sqlite,postgresql")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="REV",
+        help="also serve REV's code (a temporary git worktree) in the same interleaved rounds, "
+        "on the same database: REV must share this checkout's schema",
+    )
+    parser.add_argument(
+        "--workloads", default="bare,reads", help="with --against: the workloads, at 64 connections"
+    )
+    parser.add_argument("--note", default="", help="with --against: a note kept in the JSON")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "results" / "api_load_against.json",
+        help="with --against",
+    )
     args = parser.parse_args()
     kinds = args.databases.split(",")
     console = Console()
+    if args.against:
+        if args.rounds < 3:
+            parser.error("at least 3 rounds: one run cannot tell a change from noise")
+        args.kinds = kinds
+        args.workloads = args.workloads.split(",")
+        run_against(args, console)
+        return
     load_before = load_average()
     per_backend = args.rounds * (len(CONNECTIONS) * len(WORKLOADS) + len(STEPS) + 1)
     summaries: dict[str, Any] = {}
