@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     # (bench/request_threads.py: 8 serve 1.22x the reads of 40 on SQLite, 1.07x on PostgreSQL)
     thread_pool_size: int = 8
     stream_threads: int = 4
+    # threads (and connections) that look up the credential of a signed-in route's request
+    # before it takes a slot (app/credential_gate.py): bad tokens wait for these, not slots
+    credential_check_threads: int = Field(default=2, ge=1)
 
     # Slow clients (no login needed) must not hold what complete requests need. A request's
     # head (line and headers) must arrive within request_head_timeout_s of its first byte (of
@@ -160,8 +163,8 @@ class Settings(BaseSettings):
     @property
     def database_pool_size(self) -> int:
         """Connections per server process: no thread ever waits for one."""
-        # + the readiness probe's own thread, the reaper and start-up
-        return self.thread_pool_size + self.stream_threads + 3
+        # + the credential checks, the readiness probe's own thread, the reaper and start-up
+        return self.thread_pool_size + self.stream_threads + self.credential_check_threads + 3
 
     @property
     def resolved_data_dir(self) -> Path:
