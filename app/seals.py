@@ -54,7 +54,8 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "workspaces": ("id", "owner_id", "data_key_wrapped"),
     # owner_id: who may download; workspace_id: whose data key opens it; sha256: which bytes;
     # deleted_at: a deleted dataset must stay deleted; discoverable: who may ask for it;
-    # default_clusters: where an approval lets it go when its owner names no clusters
+    # default_clusters: where an approval lets it go when its owner names no clusters;
+    # sources_digest: its whole list of dataset_sources rows, so that none can go unnoticed
     "datasets": (
         "id",
         "workspace_id",
@@ -64,6 +65,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
         "discoverable",
         "deleted_at",
         "default_clusters",
+        "sources_digest",
     ),
     # a grant: who may use which dataset, decided by whom, until when, on which clusters
     "access_requests": (

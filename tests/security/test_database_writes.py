@@ -171,9 +171,10 @@ def test_a_denied_request_edited_to_approved_keeps_no_valid_seal(
     assert _tampering_recorded(platform, request["id"])
 
 
-def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
+def _derived_model(
     client: TestClient, platform: Platform, settings: Settings
-) -> None:
+) -> tuple[Account, Account, str, bytes]:
+    """Bob's model derived from Alice's corpus under her grant: (alice, bob, model, bytes)."""
     alice, bob = platform.user(), platform.user()
     source = _upload(client, alice, discoverable=True)
     request = client.post(
@@ -199,7 +200,13 @@ def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
         db.execute(update(Job).where(Job.id == row.id).values(status=JobStatus.succeeded))
         db.commit()
     assert client.get(f"{API}/datasets/{model}/content", headers=bob.headers).status_code == 403
+    return alice, bob, model, model_file_bytes(row.id)
 
+
+def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    _alice, bob, model, content = _derived_model(client, platform, settings)
     forged = str(uuid.uuid4())
     _sql(
         platform,
@@ -212,8 +219,22 @@ def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
     )
     refused = client.get(f"{API}/datasets/{model}/content", headers=bob.headers)
     assert refused.status_code == 404, refused.text
-    assert refused.content != model_file_bytes(row.id)
+    assert refused.content != content
     assert _tampering_recorded(platform, forged)
+
+
+def test_a_source_row_deleted_from_the_database_is_refused_and_audited(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    """Deleting provenance would free Bob's model from Alice's terms: it is noticed instead."""
+    _alice, bob, model, content = _derived_model(client, platform, settings)
+    _sql(platform, "DELETE FROM dataset_sources WHERE dataset_id = :model", model=model)
+    refused = client.get(f"{API}/datasets/{model}/content", headers=bob.headers)
+    assert refused.status_code == 404, refused.text
+    assert refused.content != content
+    assert client.get(f"{API}/datasets/{model}", headers=bob.headers).status_code == 404
+    recorded = _tampering_recorded(platform, model)
+    assert recorded and {e.subject_type for e in recorded} == {"dataset_sources"}
 
 
 def test_rows_the_platform_writes_keep_their_seal_through_their_life(
