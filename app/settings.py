@@ -139,9 +139,14 @@ class Settings(BaseSettings):
     # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
     # newer than the last anchor could be deleted unseen by someone with database rights
     audit_anchor_interval_s: float = 1.0
-    # a folder on another mount or host that receives a write-once copy of every anchor
-    # (one O_EXCL file each); verify checks the local file against it. Empty: no mirror
+    # where a write-once copy of every anchor goes: a folder on another mount or host (one
+    # O_EXCL file each), or the https:// URL of `nebula audit mirror-serve` on a second
+    # host; verify checks the local file against it. Empty: no mirror
     audit_anchor_mirror: str = ""
+    # for a URL mirror: the file holding its writer token, and the CA that signed its TLS
+    # certificate (None: the system's CAs)
+    audit_anchor_mirror_token_file: Path | None = None
+    audit_anchor_mirror_ca: Path | None = None
     # the Ed25519 key that signs anchors (PKCS#8 PEM, mode 0600; `nebula audit anchor-key
     # create`). None: var_dir/audit_anchor_key, made at first start (same host: see
     # docs/audit.md, key ceremony). Retired keys' public halves (base64, comma-separated)
