@@ -179,7 +179,8 @@ def _audit_mirror_serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from app.audit.mirrors import MirrorServer, is_loopback_host
+    from app.audit.mirrors import MirrorServer
+    from app.clusters.broker import is_loopback
 
     try:
         token = args.token_file.read_text().strip()
@@ -198,7 +199,7 @@ def _audit_mirror_serve(args: argparse.Namespace, settings: Settings) -> int:
     elif args.cert is not None or args.key is not None:
         print("error: --cert and --key go together", file=sys.stderr)
         return 2
-    elif not is_loopback_host(args.host):
+    elif not is_loopback(args.host):
         print(
             f"error: serving on {args.host} without TLS would let the writer token cross in"
             " clear: give --cert and --key",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import ssl
@@ -34,6 +33,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from app.audit.anchor import Anchor, AnchorMirror, Mirror, MirrorConflict, signed_by_any
+from app.clusters.broker import is_loopback
 from app.settings import Settings
 
 log = logging.getLogger("nebula.audit")
@@ -46,16 +46,6 @@ class MirrorSettingError(ValueError):
     """The mirror's URL, token or CA cannot be used as configured."""
 
 
-def is_loopback_host(host: str) -> bool:
-    """Whether `host` names this machine's loopback (plain http is allowed there only)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class HttpAnchorMirror(Mirror):
     """The client of a `nebula audit mirror-serve` server."""
 
@@ -63,7 +53,7 @@ class HttpAnchorMirror(Mirror):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise MirrorSettingError(f"the anchor mirror URL {url!r} is not http(s)://HOST...")
-        if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
             raise MirrorSettingError(
                 f"the anchor mirror {url} is plain http off loopback: its writer's token would"
                 " cross in clear; use https://"

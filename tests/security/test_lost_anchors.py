@@ -136,11 +136,11 @@ def _mirrored(settings: Settings, tmp_path: Path) -> Path:
     return mirror
 
 
-def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
-    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
-) -> None:
-    """Delete the newest events, cut the file back to an older anchor: the mirror names it."""
-    mirror = _mirrored(settings, tmp_path)
+def _anchored_twice(
+    platform: Platform, settings: Settings
+) -> tuple[AnchorLog, Anchor, bytes, Anchor]:
+    """Events anchored, then more: (the anchor file, the older anchor, the file as it was
+    then, the newest anchor)."""
     _events(platform, 3)
     anchors = AnchorLog.for_settings(settings)
     older = anchors.newest()
@@ -149,14 +149,27 @@ def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
     _events(platform, 3)
     newest = anchors.newest()
     assert newest is not None and newest.seq > older.seq
-    assert AnchorMirror(mirror).get(newest.seq) == newest  # pushed as it was signed
-    assert (mirror / f"{newest.seq:012d}.json").stat().st_mode & 0o222 == 0
+    return anchors, older, saved, newest
 
+
+def _cut_back(platform: Platform, anchors: AnchorLog, older: Anchor, saved: bytes) -> None:
+    """Delete the events after `older` and put the anchor file back as it was then."""
     disable_audit_triggers(platform.factory)
     with platform.factory() as db:
         db.execute(delete(AuditEvent).where(AuditEvent.seq > older.seq))
         db.commit()
     anchors.path.write_bytes(saved)
+
+
+def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
+    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
+) -> None:
+    """Delete the newest events, cut the file back to an older anchor: the mirror names it."""
+    mirror = _mirrored(settings, tmp_path)
+    anchors, older, saved, newest = _anchored_twice(platform, settings)
+    assert AnchorMirror(mirror).get(newest.seq) == newest  # pushed as it was signed
+    assert (mirror / f"{newest.seq:012d}.json").stat().st_mode & 0o222 == 0
+    _cut_back(platform, anchors, older, saved)
 
     with platform.factory() as db:
         result = audit.verify(db, settings=settings)
@@ -260,14 +273,7 @@ def test_an_https_mirror_on_a_second_server_finds_a_cut_back_file_and_refuses_ov
     with _mirror_server(tmp_path / "second-host", token) as (url, ca):
         _mirrored_over_https(settings, url, ca, token, tmp_path)
         tls = ssl.create_default_context(cafile=str(ca))
-        _events(platform, 3)
-        anchors = AnchorLog.for_settings(settings)
-        older = anchors.newest()
-        assert older is not None
-        saved = anchors.path.read_bytes()
-        _events(platform, 3)
-        newest = anchors.newest()
-        assert newest is not None and newest.seq > older.seq
+        anchors, older, saved, newest = _anchored_twice(platform, settings)
         # pushed as signed, readable by anyone (an auditor needs no platform credential)
         read = httpx.get(f"{url}/anchors/{newest.seq}", verify=tls)
         assert read.status_code == 200 and Anchor.from_line(read.content) == newest
@@ -292,11 +298,7 @@ def test_an_https_mirror_on_a_second_server_finds_a_cut_back_file_and_refuses_ov
             mirror_for(settings).push(forged)  # type: ignore[union-attr]
 
         # delete the newest events and cut the local file back to the older anchor
-        disable_audit_triggers(platform.factory)
-        with platform.factory() as db:
-            db.execute(delete(AuditEvent).where(AuditEvent.seq > older.seq))
-            db.commit()
-        anchors.path.write_bytes(saved)
+        _cut_back(platform, anchors, older, saved)
         env = cli_env(settings) | {
             "NEBULA_AUDIT_ANCHOR_MIRROR": url,
             "NEBULA_AUDIT_ANCHOR_MIRROR_TOKEN_FILE": str(settings.audit_anchor_mirror_token_file),
