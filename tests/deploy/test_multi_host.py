@@ -3,9 +3,8 @@
 Four hosts, each a network namespace: the services host (the root namespace:
 PostgreSQL and RabbitMQ, which it forwards to the control plane's link only), the
 control plane (the API over HTTPS, and the broker over amqps: TLS ended there, the
-bytes forwarded), and two clusters,
-each linked to the control plane and, by a WAN link, to each other; nothing is routed
-between links. The clusters are registered, bundled and started from their bundles as
+bytes forwarded), and two clusters, each linked to the control plane and, by a WAN link,
+to each other; nothing is routed between links. The clusters are registered, bundled and started from their bundles as
 docs/deploy.md says; ELECTRA and then ABNet run end to end; and every TCP connection
 of each cluster host, sampled from its own kernel table during the run, goes only to
 the API, the broker, or the peer switch. The database answers nothing from a cluster.
