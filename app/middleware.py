@@ -353,7 +353,7 @@ class AdmissionMiddleware(HttpMiddleware):
         in_turn = True
         digest = ""
         try:
-            if self.gate is not None and self.gate.signs_in(scope["method"], scope["path"]):
+            if self.gate is not None:
                 refusal, digest = await self.gate.refusal(scope)
                 if refusal is not None:
                     turns.leave(address)
