@@ -203,6 +203,17 @@ def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
     assert anchors.newest() == older
 
 
+def _resigned(settings: Settings, anchor: Anchor) -> Anchor:
+    """Another anchor for `anchor`'s seq, signed with the platform's key over another hash."""
+    return sign(
+        anchor_signing_key(settings),
+        seq=anchor.seq,
+        hash="0" * 64,
+        legacy_through=anchor.legacy_through,
+        at=anchor.signed_at,
+    )
+
+
 def test_a_rewritten_local_anchor_differs_from_the_mirror_and_the_mirror_is_write_once(
     client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
 ) -> None:
@@ -212,13 +223,7 @@ def test_a_rewritten_local_anchor_differs_from_the_mirror_and_the_mirror_is_writ
     newest = anchors.newest()
     assert newest is not None
     # someone with the signing key re-signs the same seq (say, over a rewritten event)
-    forged = sign(
-        anchor_signing_key(settings),
-        seq=newest.seq,
-        hash="0" * 64,
-        legacy_through=newest.legacy_through,
-        at=newest.signed_at,
-    )
+    forged = _resigned(settings, newest)
     with pytest.raises(MirrorConflict):
         AnchorMirror(mirror).push(forged)  # the writer never replaces a mirrored anchor
     lines = anchors.path.read_bytes().splitlines(keepends=True)
@@ -280,13 +285,7 @@ def test_an_https_mirror_on_a_second_server_finds_a_cut_back_file_and_refuses_ov
         assert httpx.get(f"{url}/anchors", verify=tls).json()["seqs"][0] == newest.seq
 
         # write-once: no token 401, another anchor for a seq it holds 409, the same one 200
-        forged = sign(
-            anchor_signing_key(settings),
-            seq=newest.seq,
-            hash="0" * 64,
-            legacy_through=newest.legacy_through,
-            at=newest.signed_at,
-        )
+        forged = _resigned(settings, newest)
         put = f"{url}/anchors/{newest.seq}"
         assert httpx.put(put, content=forged.to_line(), verify=tls).status_code == 401
         writer = {"Authorization": f"Bearer {token}"}
