@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, JSONResponse
+from sqlalchemy.orm import Session
 
 from app import registry
+from app.accounts import service as accounts
 from app.api_errors import install_error_handlers
 from app.audit.anchoring import Anchorer
 from app.audit.flushing import RefusalFlusher
 from app.audit.service import use_chain_key
+from app.credential_gate import CredentialGate
 from app.db import make_engine, make_sessionmaker
+from app.deps import SESSION_COOKIE
 from app.jobs.dispatch import Reaper
 from app.middleware import (
     AdmissionMiddleware,
@@ -26,7 +30,7 @@ from app.middleware import (
     RejectNulMiddleware,
     SecurityHeadersMiddleware,
 )
-from app.openapi.document import install_document, route_methods
+from app.openapi.document import install_document, route_methods, signed_in_routes
 from app.pki.service import ensure_platform_keys
 from app.settings import Settings, get_settings
 from common.broker import broker_check
@@ -104,6 +108,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         AdmissionMiddleware,
         slots=settings.thread_pool_size,
         per_address=settings.max_requests_per_address,
+        gate=CredentialGate(
+            routes=lambda: signed_in_routes(app),
+            is_live=lambda secret: credential_is_live(app.state.read_sessionmaker, secret),
+            cookie_name=SESSION_COOKIE,
+            threads=settings.credential_check_threads,
+        ),
     )
     # outside admission: a slow body is read (or timed out) holding no slot
     app.add_middleware(
@@ -122,6 +132,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upload_limit=settings.max_upload_bytes,
     )
     return app
+
+
+def credential_is_live(sessionmaker: Callable[[], Session], secret: str) -> bool:
+    """Whether `secret` is a live token of an active user (one read, its own session)."""
+    with sessionmaker() as db:
+        return accounts.resolve_token(db, secret=secret) is not None
 
 
 def _mount_frontend(app: FastAPI) -> None:

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.ops.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from app.credential_gate import CredentialGate
+from app.ops.metrics import ADMISSIONS, HTTP_LATENCY, HTTP_REQUESTS
 
 # Uploads stream to disk and are bounded by their own limit and the workspace quota.
 _UPLOAD_PATH = re.compile(
@@ -312,13 +313,23 @@ class AdmissionMiddleware(HttpMiddleware):
     A request arrives here complete (IntakeMiddleware), or as an upload whose route
     authenticates it before it reads the body and which gives its slot back while it waits
     for data. One client address holds at most `per_address` slots: its other requests wait
-    their turn behind its own. Probes never wait.
+    their turn behind its own. Probes never wait. A request to a signed-in route passes
+    `gate` first (app/credential_gate.py): one without a live credential is answered 401
+    without ever taking a slot.
     """
 
-    def __init__(self, app: ASGIApp, *, slots: int, per_address: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        slots: int,
+        per_address: int = 0,
+        gate: CredentialGate | None = None,
+    ) -> None:
         super().__init__(app)
         self.slots = slots
         self.per_address = per_address
+        self.gate = gate
         self._turns: weakref.WeakKeyDictionary[Loop, _Turns] = weakref.WeakKeyDictionary()
 
     def _loop_turns(self) -> _Turns:
@@ -340,11 +351,20 @@ class AdmissionMiddleware(HttpMiddleware):
             address = _UNCOUNTED
         await turns.enter(address)
         in_turn = True
+        digest = ""
         try:
+            if self.gate is not None:
+                refusal, digest = await self.gate.refusal(scope)
+                if refusal is not None:
+                    turns.leave(address)
+                    ADMISSIONS.labels("refused_before_slot").inc()
+                    await _send_error(send, 401, refusal, [])
+                    return
             await turns.slots.acquire()
         except BaseException:
             turns.leave(address)
             raise
+        ADMISSIONS.labels("admitted").inc()
         admitted = True
         responded = False
 
@@ -362,6 +382,8 @@ class AdmissionMiddleware(HttpMiddleware):
             if message["type"] == "http.response.start":
                 responded = True
                 leave()
+                if digest and message["status"] == 401 and self.gate is not None:
+                    self.gate.forget(digest)
             await send(message)
 
         async def receive_off_slot() -> Message:

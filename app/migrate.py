@@ -109,6 +109,10 @@ def _sign_first_anchor(url: str, settings: Settings) -> None:
         engine.dispose()
 
 
-def downgrade(url: str, revision: str) -> None:
-    """Take the database at `url` back to `revision`."""
-    command.downgrade(alembic_config(url), revision)
+def downgrade(url: str, revision: str, *, settings: Settings | None = None) -> None:
+    """Take the database at `url` back to `revision` (`settings`: as for `upgrade`; 0016
+    seals dataset rows again on its way down)."""
+    cfg = alembic_config(url)
+    if settings is not None:
+        cfg.attributes["settings"] = settings
+    command.downgrade(cfg, revision)

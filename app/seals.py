@@ -10,6 +10,12 @@ and checks the seal whenever it loads one (a load hook): a row whose seal fails 
 `TamperedRow` (a NotFound, so the caller is told nothing more), and the HTTP layer audits
 it as `integrity.tampered`.
 
+A row is sealed as the ORM flushes it. An UPDATE or INSERT statement run through a session
+(`db.execute(update(Dataset)...)`, ORM-enabled or not) would write rows without their seals:
+such a statement on a sealed table raises `UnsealedWrite` before it runs, and the tests scan
+the code for the legacy `Session.bulk_*` methods, which no event sees. Change sealed rows
+by loading them and setting attributes.
+
 SEALED_FIELDS is the one list to change. Adding a column that confers or restricts access
 (say, the clusters a grant allows) means: add it here, and write a migration that re-seals
 the existing rows with `row_mac(...)` over the list as it stands at that revision (the
@@ -28,7 +34,7 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine, event, inspect
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import ORMExecuteState, Session
 
 from app.db import Base
 from app.errors import NotFound
@@ -48,7 +54,8 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
     "workspaces": ("id", "owner_id", "data_key_wrapped"),
     # owner_id: who may download; workspace_id: whose data key opens it; sha256: which bytes;
     # deleted_at: a deleted dataset must stay deleted; discoverable: who may ask for it;
-    # default_clusters: where an approval lets it go when its owner names no clusters
+    # default_clusters: where an approval lets it go when its owner names no clusters;
+    # sources_digest: its whole list of dataset_sources rows, so that none can go unnoticed
     "datasets": (
         "id",
         "workspace_id",
@@ -58,6 +65,7 @@ SEALED_FIELDS: dict[str, tuple[str, ...]] = {
         "discoverable",
         "deleted_at",
         "default_clusters",
+        "sources_digest",
     ),
     # a grant: who may use which dataset, decided by whom, until when, on which clusters
     "access_requests": (
@@ -183,6 +191,25 @@ def check_values(db: Session, table: str, values: Mapping[str, Any]) -> None:
         raise TamperedRow(table, _identity(table, values))
 
 
+class UnsealedWrite(RuntimeError):
+    """An UPDATE or INSERT statement on a sealed table, which would skip the seals."""
+
+    def __init__(self, table: str) -> None:
+        super().__init__(
+            f"a bulk UPDATE or INSERT statement on {table} would write rows without their "
+            "seals (app/seals.py): load the rows and set their attributes instead"
+        )
+        self.table = table
+
+
+def _refuse_unsealed_writes(state: ORMExecuteState) -> None:
+    if not (state.is_update or state.is_insert):
+        return
+    name = getattr(getattr(state.statement, "table", None), "name", None)
+    if name in SEALED_FIELDS:
+        raise UnsealedWrite(str(name))
+
+
 def _table_name(row: Base) -> str:
     return str(inspect(row).mapper.local_table.name)  # type: ignore[attr-defined]
 
@@ -227,6 +254,7 @@ def _check_on_refresh(row: Base, context: Any, _attrs: Any) -> None:
 
 
 event.listen(Session, "before_flush", _seal_before_flush)
+event.listen(Session, "do_orm_execute", _refuse_unsealed_writes)
 for _model in SEALED_MODELS:
     event.listen(_model, "load", _check_on_load)
     event.listen(_model, "refresh", _check_on_refresh)

@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     # (bench/request_threads.py: 8 serve 1.22x the reads of 40 on SQLite, 1.07x on PostgreSQL)
     thread_pool_size: int = 8
     stream_threads: int = 4
+    # threads (and connections) that look up the credential of a signed-in route's request
+    # before it takes a slot (app/credential_gate.py): bad tokens wait for these, not slots
+    credential_check_threads: int = Field(default=2, ge=1)
 
     # Slow clients (no login needed) must not hold what complete requests need. A request's
     # head (line and headers) must arrive within request_head_timeout_s of its first byte (of
@@ -136,9 +139,14 @@ class Settings(BaseSettings):
     # how often the audit chain's head is signed into var/data/audit/anchors.jsonl; events
     # newer than the last anchor could be deleted unseen by someone with database rights
     audit_anchor_interval_s: float = 1.0
-    # a folder on another mount or host that receives a write-once copy of every anchor
-    # (one O_EXCL file each); verify checks the local file against it. Empty: no mirror
+    # where a write-once copy of every anchor goes: a folder on another mount or host (one
+    # O_EXCL file each), or the https:// URL of `nebula audit mirror-serve` on a second
+    # host; verify checks the local file against it. Empty: no mirror
     audit_anchor_mirror: str = ""
+    # for a URL mirror: the file holding its writer token, and the CA that signed its TLS
+    # certificate (None: the system's CAs)
+    audit_anchor_mirror_token_file: Path | None = None
+    audit_anchor_mirror_ca: Path | None = None
     # the Ed25519 key that signs anchors (PKCS#8 PEM, mode 0600; `nebula audit anchor-key
     # create`). None: var_dir/audit_anchor_key, made at first start (same host: see
     # docs/audit.md, key ceremony). Retired keys' public halves (base64, comma-separated)
@@ -160,8 +168,8 @@ class Settings(BaseSettings):
     @property
     def database_pool_size(self) -> int:
         """Connections per server process: no thread ever waits for one."""
-        # + the readiness probe's own thread, the reaper and start-up
-        return self.thread_pool_size + self.stream_threads + 3
+        # + the credential checks, the readiness probe's own thread, the reaper and start-up
+        return self.thread_pool_size + self.stream_threads + self.credential_check_threads + 3
 
     @property
     def resolved_data_dir(self) -> Path:

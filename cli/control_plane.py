@@ -130,13 +130,14 @@ def _reset_link(args: argparse.Namespace, settings: Settings) -> int:
 def _audit_verify(args: argparse.Namespace, settings: Settings) -> int:
     from app.audit import service as audit
     from app.audit.anchor import AnchorKeyError
+    from app.audit.mirrors import MirrorSettingError
     from app.db import make_sessionmaker
 
     engine = _engine(settings)
     try:
         with make_sessionmaker(engine)() as db:
             result = audit.verify(db, settings=settings)
-    except AnchorKeyError as exc:
+    except (AnchorKeyError, MirrorSettingError) as exc:
         print(f"audit chain not checked: {exc}")
         return 1
     finally:
@@ -167,6 +168,68 @@ def _audit_adopt(args: argparse.Namespace, settings: Settings) -> int:
         f"first anchor signed at seq {anchor.seq}; events 1..{anchor.legacy_through}"
         " kept as an unkeyed chain, pinned by it"
     )
+    return 0
+
+
+def _audit_mirror_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import base64
+    import signal
+    import ssl
+    import threading
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from app.audit.mirrors import MirrorServer
+    from app.clusters.broker import is_loopback
+
+    try:
+        token = args.token_file.read_text().strip()
+        keys = [Ed25519PublicKey.from_public_bytes(base64.b64decode(k)) for k in args.public_key]
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if len(token) < 32:
+        print("error: the writer token must be at least 32 characters", file=sys.stderr)
+        return 2
+    tls = None
+    if args.cert is not None and args.key is not None:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        tls.load_cert_chain(args.cert, args.key)
+    elif args.cert is not None or args.key is not None:
+        print("error: --cert and --key go together", file=sys.stderr)
+        return 2
+    elif not is_loopback(args.host):
+        print(
+            f"error: serving on {args.host} without TLS would let the writer token cross in"
+            " clear: give --cert and --key",
+            file=sys.stderr,
+        )
+        return 2
+    args.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server = MirrorServer(
+        (args.host, args.port), folder=args.dir, token=token, public_keys=keys, tls=tls
+    )
+    stopping = threading.Event()
+
+    def stop(_signum: int, _frame: object) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    scheme = "https" if tls is not None else "http"
+    print(
+        f"anchor mirror on {scheme}://{args.host}:{server.server_address[1]} keeping {args.dir}"
+        f" ({len(server.store.seqs())} anchors; writes need the token"
+        f"{', and a signature by a listed key' if keys else ''})",
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
     return 0
 
 
@@ -573,3 +636,28 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         " var/audit_anchor_key)",
     )
     anchor_key.set_defaults(run=_anchor_key)
+    mirror = audit.add_parser(
+        "mirror-serve",
+        help="on a second host: keep a write-once copy of a control plane's anchors (its"
+        " NEBULA_AUDIT_ANCHOR_MIRROR); an anchor is never replaced (409)",
+    )
+    mirror.add_argument("--dir", type=Path, required=True, help="where the anchors are kept")
+    mirror.add_argument(
+        "--token-file",
+        type=Path,
+        required=True,
+        help="the file holding the writer's token (the control plane's"
+        " NEBULA_AUDIT_ANCHOR_MIRROR_TOKEN_FILE holds the same)",
+    )
+    mirror.add_argument("--host", default="127.0.0.1")
+    mirror.add_argument("--port", type=int, default=8470)
+    mirror.add_argument("--cert", type=Path, default=None, help="TLS certificate (PEM)")
+    mirror.add_argument("--key", type=Path, default=None, help="its private key (PEM)")
+    mirror.add_argument(
+        "--public-key",
+        action="append",
+        default=[],
+        help="accept only anchors signed by this key (base64, `nebula audit anchor-key"
+        " public`); repeat for retired keys",
+    )
+    mirror.set_defaults(run=_audit_mirror_serve)

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import stat
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -196,7 +197,37 @@ class MirrorConflict(Exception):
     """The mirror already holds a different anchor for the same seq."""
 
 
-class AnchorMirror:
+class Mirror(ABC):
+    """A write-once store of anchors off the control plane's host: a folder, or a server."""
+
+    where: str  # the folder or URL, for messages
+
+    @abstractmethod
+    def push(self, anchor: Anchor) -> bool:
+        """Copy `anchor` once; True if written now, False if the same one was there already.
+
+        MirrorConflict when a different anchor already holds its seq; OSError when the
+        mirror cannot be reached.
+        """
+
+    @abstractmethod
+    def get(self, seq: int) -> Anchor | None:
+        """The mirrored anchor of `seq`, or None (OSError when the mirror cannot be read)."""
+
+    @abstractmethod
+    def seqs(self) -> list[int]:
+        """Every mirrored seq, newest first (OSError when the mirror cannot be read)."""
+
+    def newest(self, valid: Callable[[Anchor], bool]) -> Anchor | None:
+        """The newest mirrored anchor that `valid` accepts (its signature holds), or None."""
+        for seq in self.seqs():
+            anchor = self.get(seq)
+            if anchor is not None and valid(anchor):
+                return anchor
+        return None
+
+
+class AnchorMirror(Mirror):
     """A write-once copy of the anchors in a folder on another mount or host.
 
     Each anchor is its own file `<seq>.json`, created with O_EXCL and never opened for
@@ -204,28 +235,18 @@ class AnchorMirror:
     to the local file. Point it at a folder on storage the control plane's host cannot
     rewrite (an NFS export with an append-only/immutable policy, a mounted write-once
     bucket, a second server's share) so that rewriting history needs that host too.
+    `nebula audit mirror-serve` keeps its anchors in such a folder (app/audit/mirrors.py).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-
-    @classmethod
-    def for_settings(cls, settings: Settings) -> AnchorMirror | None:
-        """The configured mirror (NEBULA_AUDIT_ANCHOR_MIRROR), or None."""
-        where = settings.audit_anchor_mirror.strip()
-        if not where:
-            return None
-        return cls(Path(where.removeprefix("file://")))
+        self.where = str(path)
 
     def _file(self, seq: int) -> Path:
         return self.path / f"{seq:012d}.json"
 
     def push(self, anchor: Anchor) -> bool:
-        """Copy `anchor` once; True if written now, False if the same one was there already.
-
-        MirrorConflict when a different anchor already holds its seq; OSError when the
-        mirror cannot be reached.
-        """
+        """Copy `anchor` once (an O_EXCL file); see Mirror.push."""
         line = anchor.to_line()
         try:
             fd = os.open(
@@ -261,14 +282,6 @@ class AnchorMirror:
             if ext == "json" and stem.isdigit():
                 found.append(int(stem))
         return sorted(found, reverse=True)
-
-    def newest(self, valid: Callable[[Anchor], bool]) -> Anchor | None:
-        """The newest mirrored anchor that `valid` accepts (its signature holds), or None."""
-        for seq in self.seqs():
-            anchor = self.get(seq)
-            if anchor is not None and valid(anchor):
-                return anchor
-        return None
 
 
 class AnchorLog:

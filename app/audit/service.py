@@ -9,7 +9,6 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, ClassVar, Literal, NoReturn, Protocol, TypeVar
 from weakref import WeakKeyDictionary
 
@@ -23,13 +22,14 @@ from app.audit import refusals
 from app.audit.anchor import (
     Anchor,
     AnchorLog,
-    AnchorMirror,
+    Mirror,
     MirrorConflict,
     anchor_signing_key,
     sign,
     signed_by_any,
     trusted_public_keys,
 )
+from app.audit.mirrors import MirrorSettingError, mirror_for
 from app.audit.models import AuditEvent
 from app.audit.refusals import Verdict
 from app.db import Page, begin_writing, utcnow
@@ -377,7 +377,12 @@ def _against_mirror(
     it may be gone unseen), and one holding another anchor for the same seq means it was
     rewritten: both are named. Without a mirror, `newest` as it is.
     """
-    mirror = AnchorMirror.for_settings(settings)
+    try:
+        mirror = mirror_for(settings)
+    except MirrorSettingError as exc:
+        log.error("the audit anchor mirror is misconfigured: %s", exc)
+        findings.add("anchors_disagree", max(newest.seq if newest else 0, 1), 0)
+        return newest
     if mirror is None:
         return newest
     keys = trusted_public_keys(settings)
@@ -394,7 +399,11 @@ def _against_mirror(
         findings.add("anchors_disagree", max(local_seq, 0), mirrored.seq)
         return mirrored
     if newest is not None:
-        copy = mirror.get(newest.seq)
+        try:
+            copy = mirror.get(newest.seq)
+        except OSError:  # gone between the two reads: as unreadable
+            findings.add("anchors_disagree", max(newest.seq, 1), 0)
+            return newest
         if copy is not None and copy != newest:
             findings.add("anchors_disagree", newest.seq, newest.seq)
             return copy
@@ -466,32 +475,34 @@ class AnchorsDisagree(AnchorsMissing):
 # The newest seq this process has seen in each mirror: after the first pass the anchorer
 # compares against it instead of listing the mirror every interval (a folder of one file per
 # anchor grows without end). Read and written under the anchor file's lock.
-_mirror_high: dict[Path, int] = {}
+_mirror_high: dict[str, int] = {}
 
 
-def _check_mirror(
-    mirror: AnchorMirror, newest: Anchor | None, keys: list[Ed25519PublicKey]
-) -> None:
+def _check_mirror(mirror: Mirror, newest: Anchor | None, keys: list[Ed25519PublicKey]) -> None:
     """Refuse to anchor over a local file that the mirror shows was cut back or rewritten."""
-    high = _mirror_high.get(mirror.path)
+    high = _mirror_high.get(mirror.where)
     if high is None:
         try:
             mirrored = mirror.newest(lambda a: signed_by_any(a, keys))
         except OSError as exc:
-            log.error("the audit anchor mirror %s cannot be read: %s", mirror.path, exc)
+            log.error("the audit anchor mirror %s cannot be read: %s", mirror.where, exc)
             return  # anchoring goes on locally; verify names the mirror's absence
         high = mirrored.seq if mirrored is not None else -1
     local = newest.seq if newest is not None else -1
     if high > local:
         raise AnchorsDisagree(
-            f"the anchor mirror {mirror.path} holds a signed anchor at seq {high} but"
+            f"the anchor mirror {mirror.where} holds a signed anchor at seq {high} but"
             f" the local anchor file ends at seq {newest.seq if newest else 'nothing'}: it was"
             " cut back; restore it from the mirror (nothing is signed until then)"
         )
-    _mirror_high[mirror.path] = high
+    _mirror_high[mirror.where] = high
     if newest is None:
         return
-    copy = mirror.get(newest.seq)
+    try:
+        copy = mirror.get(newest.seq)
+    except OSError as exc:
+        log.error("the audit anchor mirror %s cannot be read: %s", mirror.where, exc)
+        return  # as above: anchoring goes on locally, verify names it
     if copy is not None and copy != newest:
         raise AnchorsDisagree(
             f"the local anchor at seq {newest.seq} differs from the anchor mirror's copy: the"
@@ -499,17 +510,17 @@ def _check_mirror(
         )
 
 
-def _push(mirror: AnchorMirror | None, anchor: Anchor) -> None:
+def _push(mirror: Mirror | None, anchor: Anchor) -> None:
     """Copy `anchor` to the mirror; an unreachable mirror is logged and retried next pass."""
     if mirror is None:
         return
     try:
         mirror.push(anchor)
-        _mirror_high[mirror.path] = max(_mirror_high.get(mirror.path, -1), anchor.seq)
+        _mirror_high[mirror.where] = max(_mirror_high.get(mirror.where, -1), anchor.seq)
     except MirrorConflict as exc:
         raise AnchorsDisagree(f"{exc}: the local anchor file was rewritten") from exc
     except OSError as exc:
-        log.error("audit anchor %d not copied to the mirror %s: %s", anchor.seq, mirror.path, exc)
+        log.error("audit anchor %d not copied to the mirror %s: %s", anchor.seq, mirror.where, exc)
 
 
 def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anchor | None:
@@ -527,7 +538,7 @@ def anchor_head(db: Session, *, settings: Settings, adopt: bool = False) -> Anch
     signer = anchor_signing_key(settings)
     keys = trusted_public_keys(settings)
     anchors = AnchorLog.for_settings(settings)
-    mirror = AnchorMirror.for_settings(settings)
+    mirror = mirror_for(settings)
     with anchors.locked():
         newest = anchors.newest()
         if mirror is not None:

@@ -38,7 +38,7 @@ from app.jobs.schemas import (
 )
 from app.jobs.states import FINAL_STATUSES
 from app.pki import service as pki
-from app.releases.models import DatasetSource
+from app.releases import provenance
 from app.settings import Settings
 from app.workspaces import service as workspaces
 from app.workspaces.models import Dataset, DatasetKind, Workspace
@@ -139,13 +139,7 @@ def _columns_in_model(db: Session, model_id: str) -> set[tuple[str, int]]:
     role = artifact.details.get("role")
     if job is None or not isinstance(role, str) or job.kind not in KINDS:
         return set()
-    sources = set(
-        db.scalars(
-            select(DatasetSource.source_id).where(
-                DatasetSource.dataset_id == model_id, DatasetSource.direct.is_(True)
-            )
-        )
-    )
+    sources = {row.source_id for row in provenance.sources_of(db, model_id) if row.direct}
     found: set[tuple[str, int]] = set()
     try:
         reads = role_reads(job.kind, role, job.config)

@@ -52,6 +52,16 @@ def route_methods(app: FastAPI) -> list[tuple[re.Pattern[str], frozenset[str]]]:
     return [(route.path_regex, frozenset(route.methods or ())) for route in api_routes(app)]
 
 
+def signed_in_routes(app: FastAPI) -> list[tuple[re.Pattern[str], frozenset[str]]]:
+    """Each documented path's pattern with the methods that answer only a signed-in caller."""
+    signed_in: dict[str, list[str]] = {"bearer": []}
+    return [
+        (route.path_regex, frozenset(route.methods or ()))
+        for route in api_routes(app)
+        if signed_in in security_of(route)
+    ]
+
+
 def _calls(route: RouteContext) -> Iterator[Callable[..., Any]]:
     if route.endpoint is not None:
         yield route.endpoint

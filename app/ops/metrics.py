@@ -18,3 +18,10 @@ HTTP_LATENCY = Histogram(
     ["route"],
     registry=REGISTRY,
 )
+ADMISSIONS = Counter(
+    "nebula_admissions_total",
+    "Requests past the admission middleware: admitted to a slot, or refused before one "
+    "(a signed-in route's request without a live credential).",
+    ["outcome"],
+    registry=REGISTRY,
+)

@@ -8,18 +8,28 @@ Alice) and stop at a released one, which is its owner's to use as they wish.
 
 This module reads rows only (no grants logic, no audit), so that the grant checks,
 downloads and release requests can all build on it.
+
+Each source row is sealed (app/seals.py), but a row deleted from the database leaves no
+seal to fail, and would free the derived dataset from its source's terms. So the derived
+dataset's own sealed row binds `sources_digest`, a digest of its whole list of source rows,
+and every read of the list here compares the two: a list that lost (or gained) a row raises
+TamperedRow, refused as missing and audited as `integrity.tampered`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.errors import NotFound
 from app.releases.models import DatasetSource, ReleaseRequest, ReleaseStatus
+from app.seals import TamperedRow
 from app.workspaces.models import Dataset
 
 
@@ -52,6 +62,30 @@ class Input:
     grant_id: str | None
 
 
+def sources_digest(rows: Sequence[DatasetSource]) -> str | None:
+    """The digest a derived dataset's row binds of its source rows (None: it has none)."""
+    if not rows:
+        return None
+    listed = sorted(
+        [r.source_id, r.source_owner_id, bool(r.direct), r.job_id, r.grant_id] for r in rows
+    )
+    return hashlib.sha256(json.dumps(listed, separators=(",", ":")).encode()).hexdigest()
+
+
+def checked_sources(db: Session, dataset: Dataset) -> list[DatasetSource]:
+    """Everything `dataset` derives from, direct inputs first; TamperedRow if a row went."""
+    rows = list(
+        db.scalars(
+            select(DatasetSource)
+            .where(DatasetSource.dataset_id == dataset.id)
+            .order_by(DatasetSource.direct.desc(), DatasetSource.source_id)
+        )
+    )
+    if sources_digest(rows) != dataset.sources_digest:
+        raise TamperedRow("dataset_sources", dataset.id)
+    return rows
+
+
 def record_sources(db: Session, *, dataset_id: str, job_id: str, inputs: Iterable[Input]) -> None:
     """Write what `dataset_id` derives from: the inputs, and their own sources; not committed."""
     inputs = list(inputs)
@@ -81,30 +115,31 @@ def record_sources(db: Session, *, dataset_id: str, job_id: str, inputs: Iterabl
             ),
         )
     db.add_all(rows.values())
+    dataset = db.get(Dataset, dataset_id)
+    if dataset is None:
+        raise NotFound()
+    dataset.sources_digest = sources_digest(list(rows.values()))  # sealed with the dataset
     db.flush()
 
 
 def derived_ids(db: Session, dataset_ids: Iterable[str]) -> set[str]:
-    """Which of `dataset_ids` were derived by a job (one query)."""
+    """Which of `dataset_ids` were derived by a job (one query), as their sealed rows say."""
     ids = list(set(dataset_ids))
     if not ids:
         return set()
-    return set(
-        db.scalars(
-            select(DatasetSource.dataset_id).where(DatasetSource.dataset_id.in_(ids)).distinct()
-        )
+    # whole rows, not ids: their seals are checked as they load (app/seals.py)
+    derived = db.scalars(
+        select(Dataset).where(Dataset.id.in_(ids), Dataset.sources_digest.is_not(None))
     )
+    return {dataset.id for dataset in derived}
 
 
 def sources_of(db: Session, dataset_id: str) -> list[DatasetSource]:
-    """Everything `dataset_id` derives from, direct inputs first."""
-    return list(
-        db.scalars(
-            select(DatasetSource)
-            .where(DatasetSource.dataset_id == dataset_id)
-            .order_by(DatasetSource.direct.desc(), DatasetSource.source_id)
-        )
-    )
+    """Everything `dataset_id` derives from, direct inputs first (checked: checked_sources)."""
+    dataset = db.get(Dataset, dataset_id)
+    if dataset is None:
+        raise NotFound()
+    return checked_sources(db, dataset)
 
 
 def is_released(db: Session, dataset_id: str) -> bool:
@@ -130,12 +165,10 @@ def bindings(db: Session, dataset: Dataset) -> list[Binding]:
     found: dict[str, Binding] = {}
     stack, seen = [dataset.id], {dataset.id}
     while stack:
-        current = stack.pop()
-        direct = db.scalars(
-            select(DatasetSource).where(
-                DatasetSource.dataset_id == current, DatasetSource.direct.is_(True)
-            )
-        ).all()
+        current = db.get(Dataset, stack.pop())
+        if current is None:
+            raise NotFound()
+        direct = [row for row in checked_sources(db, current) if row.direct]
         for row in direct:
             if row.source_owner_id != dataset.owner_id:
                 found.setdefault(

@@ -69,3 +69,6 @@ class Dataset(Base):
     row_mac: Mapped[str | None] = mapped_column(String(64))
     # the clusters an approval allows when the owner names none (sorted); None: any
     default_clusters: Mapped[list[str] | None] = mapped_column(JSON)
+    # a derived dataset's digest of its dataset_sources rows (app/releases/provenance.py),
+    # sealed with the row, so that a source row deleted from the database is noticed
+    sources_digest: Mapped[str | None] = mapped_column(String(64))

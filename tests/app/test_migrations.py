@@ -19,11 +19,14 @@ from app.db import make_engine
 from app.migrate import alembic_config, downgrade, upgrade
 from app.models import Base
 from app.releases.models import DatasetSource
+from app.releases.provenance import Input, needs_release, record_sources, sources_of
+from app.seals import TamperedRow
 from app.settings import Settings
 from app.workspaces.models import Dataset, DatasetKind
 from support.platforms import Platform
 
 PROVENANCE = "0007"
+SOURCES_DIGEST = "0016"  # the revision that binds each derived dataset's list of sources
 SEALS = "0012"  # the revision that seals the rows that confer access  # the revision that brings dataset_sources and release requests
 
 
@@ -74,7 +77,7 @@ def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
     below = ScriptDirectory.from_config(alembic_config(database_url)).get_revision(PROVENANCE)
     assert below is not None and isinstance(below.down_revision, str)
     with pytest.raises(RuntimeError, match="bind job outputs to other owners' data"):
-        downgrade(database_url, below.down_revision)
+        downgrade(database_url, below.down_revision, settings=settings)
     # revisions above PROVENANCE may have gone down before it refused (SQLite runs each
     # migration's DDL on its own); up again, the schema is whole and no source was lost
     upgrade(database_url, settings=settings)
@@ -84,7 +87,7 @@ def test_going_below_provenance_refuses_while_outputs_are_bound_to_others_data(
     with platform.factory() as db:
         db.execute(delete(DatasetSource))
         db.commit()
-    downgrade(database_url, below.down_revision)
+    downgrade(database_url, below.down_revision, settings=settings)
     upgrade(database_url, settings=settings)
     assert _drift(database_url) == []
 
@@ -105,11 +108,11 @@ def test_upgrading_seals_the_rows_already_there_with_the_platforms_key(
     content = f"/api/v1/datasets/{uploaded.json()['id']}/content"
     seals = ScriptDirectory.from_config(alembic_config(database_url)).get_revision(SEALS)
     assert seals is not None and isinstance(seals.down_revision, str)
-    downgrade(database_url, seals.down_revision)
+    downgrade(database_url, seals.down_revision, settings=settings)
     upgrade(database_url, settings=settings)
     assert client.get(content, headers=alice.headers).content == b"one line\n"
     # sealed under another secret, the rows are refused: the key is the platform's alone
-    downgrade(database_url, seals.down_revision)
+    downgrade(database_url, seals.down_revision, settings=settings)
     other = settings.model_copy(update={"secret_key": SecretStr("another-secret")})
     upgrade(database_url, settings=other)
     assert client.get(content, headers=alice.headers).status_code == 404
@@ -141,3 +144,37 @@ def test_root_writes_the_first_anchor_as_the_owner_of_the_var_folder(
         assert all(path.stat().st_uid == nobody for path in var.rglob("*"))
     finally:
         shutil.rmtree(root)
+
+
+def test_upgrading_binds_the_sources_of_datasets_already_derived(
+    database_url: str, platform: Platform, settings: Settings
+) -> None:
+    """0016 computes `sources_digest` for existing derived datasets and seals them again."""
+    alice, bob = platform.user(), platform.user()
+    with platform.factory() as db:
+        text = Dataset(
+            owner_id=alice.id, name="t", kind=DatasetKind.text, size_bytes=1, sha256="0" * 64
+        )
+        model = Dataset(
+            owner_id=bob.id, name="m", kind=DatasetKind.model, size_bytes=1, sha256="0" * 64
+        )
+        db.add_all([text, model])
+        db.flush()
+        record_sources(db, dataset_id=model.id, job_id="job", inputs=[Input(text, None)])
+        db.commit()
+        model_id = model.id
+    digest = ScriptDirectory.from_config(alembic_config(database_url)).get_revision(SOURCES_DIGEST)
+    assert digest is not None and isinstance(digest.down_revision, str)
+    downgrade(database_url, digest.down_revision, settings=settings)
+    upgrade(database_url, settings=settings)
+    assert _drift(database_url) == []
+    with platform.factory() as db:
+        derived = db.get(Dataset, model_id)  # its seal holds over the new field list
+        assert derived is not None and derived.sources_digest is not None
+        assert [s.source_id for s in sources_of(db, model_id)] == [text.id]
+        assert needs_release(db, derived)
+    with platform.factory() as db:
+        db.execute(delete(DatasetSource))
+        db.commit()
+    with platform.factory() as db, pytest.raises(TamperedRow):
+        sources_of(db, model_id)

@@ -2,9 +2,9 @@
 
 Four hosts, each a network namespace: the services host (the root namespace:
 PostgreSQL and RabbitMQ, which it forwards to the control plane's link only), the
-control plane (the API over HTTPS and the broker's port, forwarded), and two clusters,
-each linked to the control plane and, by a WAN link, to each other; nothing is routed
-between links. The clusters are registered, bundled and started from their bundles as
+control plane (the API over HTTPS, and the broker over amqps: TLS ended there, the
+bytes forwarded), and two clusters, each linked to the control plane and, by a WAN link,
+to each other; nothing is routed between links. The clusters are registered, bundled and started from their bundles as
 docs/deploy.md says; ELECTRA and then ABNet run end to end; and every TCP connection
 of each cluster host, sampled from its own kernel table during the run, goes only to
 the API, the broker, or the peer switch. The database answers nothing from a cluster.
@@ -53,6 +53,7 @@ CP_A, A_CP = "10.231.1.1", "10.231.1.2"
 CP_B, B_CP = "10.231.2.1", "10.231.2.2"
 A_WAN, B_WAN = "10.231.3.1", "10.231.3.2"
 PEER_PORT, WORKER_PORT, AMQP_PORT, PG_PORT = 7101, 7201, 5672, 5432
+AMQPS_PORT = 5671  # the clusters' door to the broker: TLS, ended on the control plane
 WORKERS_PER_CLUSTER = 2
 
 
@@ -76,6 +77,7 @@ class Deployment:
     api_port: int
     control_plane: Namespace
     sites: dict[str, Site]
+    logs: Path
 
 
 def _nebula(*args: str) -> list[str]:
@@ -137,15 +139,20 @@ def deployment(
             "NEBULA_REAPER_INTERVAL_S": "0.5",
             "NEBULA_HEARTBEAT_TIMEOUT_S": "10",
         }
-        # the control plane forwards the broker's port to its cluster links (as a DNAT would)
+        # the control plane offers the broker to its cluster links over TLS only (amqps,
+        # its certificate from the same CA as the API's): a TLS listener in front of the
+        # broker, as a TLS-terminating balancer would be, since the machine's shared
+        # RabbitMQ has no TLS listener of its own and cannot be restarted to add one
         start(
-            "broker-forward",
+            "broker-tls",
             cp.exec_argv(
                 sys.executable,
                 str(Path(__file__).with_name("hosts.py")),
                 "relay",
-                f"0.0.0.0:{AMQP_PORT}",
+                f"0.0.0.0:{AMQPS_PORT}",
                 f"{SERVICES_CP}:{AMQP_PORT}",
+                str(cert),
+                str(key),
             ),
             base_env,
         )
@@ -217,9 +224,9 @@ def deployment(
                     "--control-plane-ca",
                     str(ca_path),
                     "--broker-url",
-                    f"amqp://{site.control_plane_ip}:{AMQP_PORT}/{vhost}",
-                    # the machine's shared RabbitMQ has no TLS listener to point at
-                    "--insecure-plain-broker",
+                    f"amqps://{site.control_plane_ip}:{AMQPS_PORT}/{vhost}",
+                    "--broker-ca",
+                    str(ca_path),
                 ),
                 env=cp_env,
                 check=True,
@@ -263,7 +270,7 @@ def deployment(
                         {**base_env, "NEBULA_VAR_DIR": str(root / site.name)},
                     )
                 )
-        yield Deployment(api=api, api_port=api_port, control_plane=cp, sites=sites)
+        yield Deployment(api=api, api_port=api_port, control_plane=cp, sites=sites, logs=logs)
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -401,11 +408,16 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
             },
         )
     assert "decoder.loss" in abnet["metrics"]
+    # every worker reached the broker over TLS, through the CA its bundle carries
+    for site in sites.values():
+        for number in range(WORKERS_PER_CLUSTER):
+            log = (deployment.logs / f"worker-{site.name}-{number}.log").read_text()
+            assert f"Connected to amqps://nebula-cluster-{site.name}" in log, log[-2000:]
 
     for site in sites.values():
         allowed_out = {
             (site.control_plane_ip, deployment.api_port),
-            (site.control_plane_ip, AMQP_PORT),
+            (site.control_plane_ip, AMQPS_PORT),
             (site.peer_wan_ip, PEER_PORT),
         }
         outbound, inbound, strays = set(), set(), []
@@ -422,13 +434,13 @@ def test_electra_then_abnet_across_three_hosts_touch_only_the_api_broker_and_pee
         # and it did use each of the three doors
         assert outbound >= {
             (site.control_plane_ip, deployment.api_port),
-            (site.control_plane_ip, AMQP_PORT),
+            (site.control_plane_ip, AMQPS_PORT),
         }, outbound
         assert (site.peer_wan_ip, PEER_PORT) in outbound or inbound, (outbound, inbound)
 
     # the control plane reaches out only to the database and the broker on the services
     # host; everything else is someone connecting to its API or broker port
-    served = {deployment.api_port, AMQP_PORT}
+    served = {deployment.api_port, AMQPS_PORT}
     strays = [
         c
         for c in sampler.control_plane_seen

@@ -8,18 +8,22 @@ attempt is audited as `integrity.tampered`.
 
 from __future__ import annotations
 
+import ast
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select, text, update
+from sqlalchemy import insert, select, text, update
 
 from app.audit.models import AuditEvent
 from app.db import utcnow
 from app.jobs.models import Job, JobStatus
 from app.jobs.outputs import store_job_output
+from app.seals import SEALED_MODELS, UnsealedWrite
 from app.settings import Settings
+from app.workspaces.models import Dataset
 from support.clusters import register_clusters
 from support.platforms import Account, Platform, model_file_bytes
 
@@ -167,9 +171,10 @@ def test_a_denied_request_edited_to_approved_keeps_no_valid_seal(
     assert _tampering_recorded(platform, request["id"])
 
 
-def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
+def _derived_model(
     client: TestClient, platform: Platform, settings: Settings
-) -> None:
+) -> tuple[Account, Account, str, bytes]:
+    """Bob's model derived from Alice's corpus under her grant: (alice, bob, model, bytes)."""
     alice, bob = platform.user(), platform.user()
     source = _upload(client, alice, discoverable=True)
     request = client.post(
@@ -195,7 +200,13 @@ def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
         db.execute(update(Job).where(Job.id == row.id).values(status=JobStatus.succeeded))
         db.commit()
     assert client.get(f"{API}/datasets/{model}/content", headers=bob.headers).status_code == 403
+    return alice, bob, model, model_file_bytes(row.id)
 
+
+def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    _alice, bob, model, content = _derived_model(client, platform, settings)
     forged = str(uuid.uuid4())
     _sql(
         platform,
@@ -208,8 +219,22 @@ def test_an_approved_release_inserted_in_the_database_is_refused_and_audited(
     )
     refused = client.get(f"{API}/datasets/{model}/content", headers=bob.headers)
     assert refused.status_code == 404, refused.text
-    assert refused.content != model_file_bytes(row.id)
+    assert refused.content != content
     assert _tampering_recorded(platform, forged)
+
+
+def test_a_source_row_deleted_from_the_database_is_refused_and_audited(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    """Deleting provenance would free Bob's model from Alice's terms: it is noticed instead."""
+    _alice, bob, model, content = _derived_model(client, platform, settings)
+    _sql(platform, "DELETE FROM dataset_sources WHERE dataset_id = :model", model=model)
+    refused = client.get(f"{API}/datasets/{model}/content", headers=bob.headers)
+    assert refused.status_code == 404, refused.text
+    assert refused.content != content
+    assert client.get(f"{API}/datasets/{model}", headers=bob.headers).status_code == 404
+    recorded = _tampering_recorded(platform, model)
+    assert recorded and {e.subject_type for e in recorded} == {"dataset_sources"}
 
 
 def test_rows_the_platform_writes_keep_their_seal_through_their_life(
@@ -242,3 +267,42 @@ def test_rows_the_platform_writes_keep_their_seal_through_their_life(
             db.scalar(select(AuditEvent.id).where(AuditEvent.action == "integrity.tampered"))
             is None
         )
+
+
+def test_bulk_updates_and_inserts_on_sealed_tables_are_refused_before_they_run(
+    client: TestClient, platform: Platform
+) -> None:
+    """A statement would write rows without their seals (issue 27, finding 2: bulk updates)."""
+    alice, carol = platform.user(), platform.user()
+    dataset = _upload(client, alice)
+    statements = [
+        update(Dataset).where(Dataset.id == dataset).values(owner_id=carol.id),  # ORM-enabled
+        update(Dataset.__table__)
+        .where(Dataset.__table__.c.id == dataset)
+        .values(discoverable=True),
+        insert(Dataset.__table__).values(id=str(uuid.uuid4()), owner_id=carol.id),
+    ]
+    for statement in statements:
+        with platform.factory() as db, pytest.raises(UnsealedWrite, match="datasets"):
+            db.execute(statement)
+    for model in SEALED_MODELS:
+        with platform.factory() as db, pytest.raises(UnsealedWrite):
+            db.execute(update(model).values(row_mac=None))
+    with platform.factory() as db:
+        row = db.get(Dataset, dataset)  # loads through its seal check: unchanged
+        assert row is not None and (row.owner_id, row.discoverable) == (alice.id, False)
+        # tables that confer nothing still take bulk statements
+        db.execute(update(Job).where(Job.id == "none").values(status=JobStatus.failed))
+    assert client.get(f"{API}/datasets/{dataset}/content", headers=carol.headers).status_code == 404
+
+
+def test_no_code_uses_the_session_bulk_methods_that_skip_every_event() -> None:
+    """`Session.bulk_*` run without flush or execute events: sealed rows would go unsealed."""
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for folder in ("app", "cli", "common", "workers"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr.startswith("bulk_"):
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {node.attr}")
+    assert found == []

@@ -9,21 +9,38 @@ restored; only `nebula audit adopt`, an operator's decision, signs a chain witho
 
 from __future__ import annotations
 
+import re
+import secrets
+import ssl
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, select
 
+from app.accounts.models import Role
 from app.audit import service as audit
-from app.audit.anchor import AnchorLog, AnchorMirror, MirrorConflict, anchor_signing_key, sign
+from app.audit.anchor import (
+    Anchor,
+    AnchorLog,
+    AnchorMirror,
+    MirrorConflict,
+    anchor_signing_key,
+    sign,
+)
 from app.audit.anchoring import Anchorer
+from app.audit.mirrors import MirrorSettingError, mirror_for
 from app.audit.models import AuditEvent
 from app.audit.service import GENESIS_HASH, Actor
 from app.settings import Settings
+from support.certs import localhost_certificate
 from support.platforms import Platform, anchor_now, cli_env, disable_audit_triggers
+from support.processes import environment, serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,11 +136,11 @@ def _mirrored(settings: Settings, tmp_path: Path) -> Path:
     return mirror
 
 
-def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
-    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
-) -> None:
-    """Delete the newest events, cut the file back to an older anchor: the mirror names it."""
-    mirror = _mirrored(settings, tmp_path)
+def _anchored_twice(
+    platform: Platform, settings: Settings
+) -> tuple[AnchorLog, Anchor, bytes, Anchor]:
+    """Events anchored, then more: (the anchor file, the older anchor, the file as it was
+    then, the newest anchor)."""
     _events(platform, 3)
     anchors = AnchorLog.for_settings(settings)
     older = anchors.newest()
@@ -132,14 +149,27 @@ def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
     _events(platform, 3)
     newest = anchors.newest()
     assert newest is not None and newest.seq > older.seq
-    assert AnchorMirror(mirror).get(newest.seq) == newest  # pushed as it was signed
-    assert (mirror / f"{newest.seq:012d}.json").stat().st_mode & 0o222 == 0
+    return anchors, older, saved, newest
 
+
+def _cut_back(platform: Platform, anchors: AnchorLog, older: Anchor, saved: bytes) -> None:
+    """Delete the events after `older` and put the anchor file back as it was then."""
     disable_audit_triggers(platform.factory)
     with platform.factory() as db:
         db.execute(delete(AuditEvent).where(AuditEvent.seq > older.seq))
         db.commit()
     anchors.path.write_bytes(saved)
+
+
+def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
+    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
+) -> None:
+    """Delete the newest events, cut the file back to an older anchor: the mirror names it."""
+    mirror = _mirrored(settings, tmp_path)
+    anchors, older, saved, newest = _anchored_twice(platform, settings)
+    assert AnchorMirror(mirror).get(newest.seq) == newest  # pushed as it was signed
+    assert (mirror / f"{newest.seq:012d}.json").stat().st_mode & 0o222 == 0
+    _cut_back(platform, anchors, older, saved)
 
     with platform.factory() as db:
         result = audit.verify(db, settings=settings)
@@ -173,6 +203,17 @@ def test_a_file_cut_back_to_an_older_anchor_fails_verify_against_the_mirror(
     assert anchors.newest() == older
 
 
+def _resigned(settings: Settings, anchor: Anchor) -> Anchor:
+    """Another anchor for `anchor`'s seq, signed with the platform's key over another hash."""
+    return sign(
+        anchor_signing_key(settings),
+        seq=anchor.seq,
+        hash="0" * 64,
+        legacy_through=anchor.legacy_through,
+        at=anchor.signed_at,
+    )
+
+
 def test_a_rewritten_local_anchor_differs_from_the_mirror_and_the_mirror_is_write_once(
     client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
 ) -> None:
@@ -182,13 +223,7 @@ def test_a_rewritten_local_anchor_differs_from_the_mirror_and_the_mirror_is_writ
     newest = anchors.newest()
     assert newest is not None
     # someone with the signing key re-signs the same seq (say, over a rewritten event)
-    forged = sign(
-        anchor_signing_key(settings),
-        seq=newest.seq,
-        hash="0" * 64,
-        legacy_through=newest.legacy_through,
-        at=newest.signed_at,
-    )
+    forged = _resigned(settings, newest)
     with pytest.raises(MirrorConflict):
         AnchorMirror(mirror).push(forged)  # the writer never replaces a mirrored anchor
     lines = anchors.path.read_bytes().splitlines(keepends=True)
@@ -201,3 +236,112 @@ def test_a_rewritten_local_anchor_differs_from_the_mirror_and_the_mirror_is_writ
         for p in result.problems
     ), result.problems
     assert any("was rewritten" in p.detail for p in result.problems)
+
+
+@contextmanager
+def _mirror_server(folder: Path, token: str) -> Iterator[tuple[str, Path]]:
+    """`nebula audit mirror-serve` over TLS as a second host runs it: (its URL, its CA)."""
+    folder.mkdir(exist_ok=True)
+    ca, cert, key = localhost_certificate(folder, "mirror")
+    token_file = folder / "writer.token"
+    token_file.write_text(token)
+    argv = [
+        *("-m", "cli", "audit", "mirror-serve", "--dir", str(folder / "anchors")),
+        *("--token-file", str(token_file), "--port", "0", "--cert", str(cert), "--key", str(key)),
+    ]
+
+    def port(log: Path) -> str | None:
+        found = re.search(r"anchor mirror on https://127\.0\.0\.1:(\d+)", log.read_text())
+        return found.group(1) if found else None
+
+    log = folder / "mirror.log"
+    with serving(
+        [sys.executable, *argv], log, env=environment(), ready=port, what="the mirror", timeout=60
+    ):
+        yield f"https://localhost:{port(log)}", ca
+
+
+def _mirrored_over_https(settings: Settings, url: str, ca: Path, token: str, folder: Path) -> None:
+    token_file = folder / "control-plane.token"
+    token_file.write_text(token)
+    settings.audit_anchor_mirror = url
+    settings.audit_anchor_mirror_token_file = token_file
+    settings.audit_anchor_mirror_ca = ca
+    audit._mirror_high.clear()
+
+
+def test_an_https_mirror_on_a_second_server_finds_a_cut_back_file_and_refuses_overwrites(
+    client: TestClient, platform: Platform, settings: Settings, tmp_path: Path
+) -> None:
+    token = secrets.token_hex(32)
+    admin = platform.user(role=Role.admin)  # signed in before the cut: no event after it
+    with _mirror_server(tmp_path / "second-host", token) as (url, ca):
+        _mirrored_over_https(settings, url, ca, token, tmp_path)
+        tls = ssl.create_default_context(cafile=str(ca))
+        anchors, older, saved, newest = _anchored_twice(platform, settings)
+        # pushed as signed, readable by anyone (an auditor needs no platform credential)
+        read = httpx.get(f"{url}/anchors/{newest.seq}", verify=tls)
+        assert read.status_code == 200 and Anchor.from_line(read.content) == newest
+        assert httpx.get(f"{url}/anchors", verify=tls).json()["seqs"][0] == newest.seq
+
+        # write-once: no token 401, another anchor for a seq it holds 409, the same one 200
+        forged = _resigned(settings, newest)
+        put = f"{url}/anchors/{newest.seq}"
+        assert httpx.put(put, content=forged.to_line(), verify=tls).status_code == 401
+        writer = {"Authorization": f"Bearer {token}"}
+        over = httpx.put(put, content=forged.to_line(), headers=writer, verify=tls)
+        assert over.status_code == 409, over.text
+        same = httpx.put(put, content=newest.to_line(), headers=writer, verify=tls)
+        assert same.status_code == 200, same.text
+        with pytest.raises(MirrorConflict):
+            mirror_for(settings).push(forged)  # type: ignore[union-attr]
+
+        # delete the newest events and cut the local file back to the older anchor
+        _cut_back(platform, anchors, older, saved)
+        env = cli_env(settings) | {
+            "NEBULA_AUDIT_ANCHOR_MIRROR": url,
+            "NEBULA_AUDIT_ANCHOR_MIRROR_TOKEN_FILE": str(settings.audit_anchor_mirror_token_file),
+            "NEBULA_AUDIT_ANCHOR_MIRROR_CA": str(ca),
+        }
+        verify = [sys.executable, "-m", "cli", "audit", "verify"]
+        cli = subprocess.run(verify, env=env, capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert cli.returncode == 1 and "was cut back" in cli.stdout, cli.stdout
+        assert f"seq {newest.seq}" in cli.stdout
+        # without the mirror the cut is invisible: that is what the mirror is for
+        assert _cli(settings, "verify").returncode == 0
+        # the admin's endpoint says so too, and the anchorer signs nothing over the cut
+        answer = client.get("/api/v1/audit/verify", headers=admin.headers).json()
+        assert answer["ok"] is False, answer
+        anchorer = Anchorer(client.app.state.read_sessionmaker, settings)  # type: ignore[attr-defined]
+        anchorer.anchor_once()
+        assert anchorer.halted
+
+        # the operator restores the file from the mirror: the cut is named as tail_deleted
+        anchors.path.write_bytes(
+            b"".join(
+                mirror_for(settings).get(seq).to_line()  # type: ignore[union-attr]
+                for seq in sorted(mirror_for(settings).seqs())  # type: ignore[union-attr]
+            )
+        )
+        with platform.factory() as db:
+            result = audit.verify(db, settings=settings)
+        assert {p.kind for p in result.problems} == {"tail_deleted"}, result.problems
+
+    # the mirror gone: verify fails rather than trust the local file alone
+    audit._mirror_high.clear()
+    cli = subprocess.run(verify, env=env, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert cli.returncode == 1 and "cannot be read" in cli.stdout, cli.stdout
+
+
+def test_an_http_mirror_off_loopback_is_refused_and_a_url_needs_its_token(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings.audit_anchor_mirror = "http://mirror.example.org:8470"
+    settings.audit_anchor_mirror_token_file = tmp_path / "token"
+    (tmp_path / "token").write_text("t" * 64)
+    with pytest.raises(MirrorSettingError, match="plain http off loopback"):
+        mirror_for(settings)
+    settings.audit_anchor_mirror = "https://mirror.example.org:8470"
+    settings.audit_anchor_mirror_token_file = None
+    with pytest.raises(MirrorSettingError, match="TOKEN_FILE"):
+        mirror_for(settings)

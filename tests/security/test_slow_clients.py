@@ -207,3 +207,51 @@ def test_slow_authenticated_uploads_give_their_slots_back(tmp_path: Path) -> Non
                     uploads.append(sock)
             assert probe(server, headers) == (200, 200, 200)
             assert all(still_open(sock) for sock in uploads)
+
+
+def admissions(server: ServeProcess) -> dict[str, float]:
+    """The server's `nebula_admissions_total` counts by outcome."""
+    text = httpx.get(f"{server.url}/metrics", timeout=ANSWER_TIMEOUT_S).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("nebula_admissions_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            counts[outcome] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_bad_tokens_take_no_slot_and_cannot_starve_signed_in_reads(tmp_path: Path) -> None:
+    clients, each = 64, 15
+    with served(tmp_path) as server:
+        headers = login(server)
+        before = admissions(server)
+        statuses: list[int] = []
+        started = threading.Barrier(clients + 1)
+
+        def hammer(n: int) -> None:
+            # from 16 addresses, so that the per-address caps alone cannot hold them back
+            transport = httpx.HTTPTransport(local_address=f"127.0.0.{2 + n % 16}")
+            with httpx.Client(base_url=server.url, transport=transport, timeout=60) as c:
+                started.wait()
+                for i in range(each):
+                    forged = {"Authorization": f"Bearer forged-{n}-{i}"}
+                    statuses.append(c.get("/api/v1/me", headers=forged).status_code)
+
+        threads = [threading.Thread(target=hammer, args=(n,)) for n in range(clients)]
+        for thread in threads:
+            thread.start()
+        started.wait()
+        reads = 0
+        while any(thread.is_alive() for thread in threads):
+            began = time.monotonic()
+            assert probe(server, headers) == (200, 200, 200)
+            assert time.monotonic() - began < 3.0  # three requests, each well under 1 s
+            reads += 1
+        for thread in threads:
+            thread.join()
+        after = admissions(server)
+        assert statuses == [401] * (clients * each)
+        # every forged token was refused before a slot; the slots went to the signed-in
+        # reads (one slot each) and to the two /metrics reads around them
+        assert after["refused_before_slot"] - before.get("refused_before_slot", 0) == clients * each
+        assert after["admitted"] - before["admitted"] == reads + 1
