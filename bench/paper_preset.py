@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import random
 import resource
 import statistics
@@ -45,7 +44,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -58,7 +56,14 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.electra_throughput import LinkTicket, SwitchPair, load_average, run_processes, spread
+from bench.electra_throughput import (
+    LinkTicket,
+    SwitchPair,
+    load_average,
+    machine_now,
+    run_processes,
+    spread,
+)
 from bench.table5 import ROWS, Row
 from workers.training.abnet import AbnetConfig, abnet_preset, run_abnet_decoder, run_abnet_encoder
 from workers.training.abnet.sides import DecoderSide, EncoderSide
@@ -215,39 +220,38 @@ def electra_discriminator(
     return {"history": result.history, "times": times, "peak_rss_mib": peak_rss_mib()}
 
 
-def abnet_encoder(
+def abnet_role(
     conn: Connection,
+    role: str,
     cfg: AbnetConfig,
     ticket: LinkTicket,
     lines: list[str],
     plm: Path,
     root: Path,
-    n: int,
+    stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Cluster-a: the encoder role, stopped after `n` steps (no final checkpoint)."""
+    """Cluster-a's `encoder` role, stopped after `stop_after` steps (no final checkpoint),
+    or cluster-b's `decoder` role, which runs until the encoder stops."""
+    run = run_abnet_encoder if role == "encoder" else run_abnet_decoder
     times: dict[int, tuple[float, float]] = {}
-    hooks = _step_hooks(conn, "abnet-encoder", times)
-    # S reports step k - 1 after step k (T's sync comes back a step late)
-    hooks.should_stop = lambda: len(times) >= n - 1
-    with ticket.open() as link:
-        result = run_abnet_encoder(cfg, link, lines, plm.read_bytes(), root / "s", hooks, seed=SEED)
-    return {"history": result.history, "times": times, "peak_rss_mib": peak_rss_mib()}
+    hooks = _step_hooks(conn, f"abnet-{role}", times)
+    # the clocks as each step ends: S asks whether to stop once before every step
+    ends: dict[int, tuple[float, float]] = {}
 
+    def should_stop() -> bool:
+        ends[len(ends)] = (time.perf_counter(), time.process_time())
+        # S reports step k - 1 after step k (T's sync comes back a step late)
+        return stop_after is not None and len(times) >= stop_after - 1
 
-def abnet_decoder(
-    conn: Connection,
-    cfg: AbnetConfig,
-    ticket: LinkTicket,
-    lines: list[str],
-    plm: Path,
-    root: Path,
-) -> dict[str, Any]:
-    """Cluster-b: the decoder role; runs until S stops."""
-    times: dict[int, tuple[float, float]] = {}
-    hooks = _step_hooks(conn, "abnet-decoder", times)
+    hooks.should_stop = should_stop
     with ticket.open() as link:
-        result = run_abnet_decoder(cfg, link, lines, plm.read_bytes(), root / "t", hooks, seed=SEED)
-    return {"history": result.history, "times": times, "peak_rss_mib": peak_rss_mib()}
+        result = run(cfg, link, lines, plm.read_bytes(), root / role, hooks, seed=SEED)
+    # T's reports wait for the next micro-batch: its clocks are taken at its reports
+    return {
+        "history": result.history,
+        "times": ends if role == "encoder" else times,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 # ---------------------------------------------------------------- the CPU's limit
@@ -460,13 +464,14 @@ def run_abnet(
 ) -> tuple[AbnetConfig, ScenarioRun]:
     """ABNet split across two switches for warmup + steps steps."""
     cfg = sizes.abnet_config()
+    total = warmup + steps
     switches = SwitchPair(root / "pki", own_processes=True)
     s_ticket, t_ticket = switches.tickets("paper-abnet", "encoder", "decoder")
     try:
         run = split_run(
             [
-                ("encoder", abnet_encoder, (cfg, s_ticket, lines, plm, root, warmup + steps)),
-                ("decoder", abnet_decoder, (cfg, t_ticket, lines, plm, root)),
+                ("encoder", abnet_role, ("encoder", cfg, s_ticket, lines, plm, root, total)),
+                ("decoder", abnet_role, ("decoder", cfg, t_ticket, lines, plm, root)),
             ],
             "abnet-decoder",
             advance,
@@ -673,11 +678,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "codec_chunk_sentences": sizes.codec_chunk,
         "wall_s": round(wall_s, 1),
         "load_average_before": load_before,
-        "load_average_after": load_average(),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "sizes": asdict(sizes),
+        **machine_now(),
     }
     show(console, summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
