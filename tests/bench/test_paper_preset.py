@@ -1,7 +1,7 @@
 """bench/paper_preset.py's code path at tiny sizes, so that the script cannot rot.
 
 The script runs both scenarios split across two switches, each role in a process of its
-own; at the `tiny` sizes that takes seconds. The committed figures come from the `paper`
+own; at the `tiny` sizes that takes a minute or two (three under load). The committed figures come from the `paper`
 sizes (bench/results/paper_preset.json).
 """
 
