@@ -360,6 +360,16 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def machine_now() -> dict[str, Any]:
+    """What a result file says of the machine as a run ends: load, CPUs, torch, time."""
+    return {
+        "load_average_after": load_average(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
 # ---------------------------------------------------------------- pre-generated batches
 
 

@@ -27,19 +27,24 @@ ELECTRA_PRESETS: dict[str, dict[str, Any]] = {
         "dropout": 0.1,
         "ckpt_every": 100,
     },
-    # Nebula-I's sizes: generator about 220M, discriminator about 550M parameters (GPU)
+    # Nebula-I's sizes. The discriminator is an ERNIE-M base (Ouyang et al. 2021): 12
+    # layers of width 768, 12 heads, 3,072 wide feed-forward, the 250,002-piece vocabulary
+    # ERNIE-M shares with XLM-R, 512 positions (its config.json); about 278M parameters,
+    # 192M of them the embedding. The generator is ELECTRA-Base's (Clark et al. 2020): the
+    # discriminator's depth at a third of its width (256, 4 heads, 1,024), about 74M.
+    # bench/paper_preset.py runs a few steps of it on CPU.
     "paper": {
-        "vocab_size": 64000,  # a multilingual WordPiece vocabulary
+        "vocab_size": 250_002,
         "seq_len": 512,
         "batch_size": 32,
-        "gen_d_model": 1024,
+        "gen_d_model": 256,
         "gen_layers": 12,
-        "gen_heads": 16,
-        "gen_d_ff": 4096,
-        "disc_d_model": 1280,
-        "disc_layers": 24,
-        "disc_heads": 20,
-        "disc_d_ff": 5120,
+        "gen_heads": 4,
+        "gen_d_ff": 1024,
+        "disc_d_model": 768,
+        "disc_layers": 12,
+        "disc_heads": 12,
+        "disc_d_ff": 3072,
         "steps": 400_000,
         "lr_generator": 2e-4,
         "lr_discriminator": 2e-4,
@@ -59,7 +64,7 @@ ABNET_PRESETS: dict[str, dict[str, Any]] = {
         "backward_codec": "int8",  # gradients T -> S (Nebula-I)
         "compress_from_step": 0,
     },
-    # sizes for the `paper` ELECTRA models on GPUs
+    # for two `paper` ELECTRA discriminators (ERNIE-M base sized) as the frozen PLMs, on GPUs
     "paper": {
         "adapter_dim": 2048,  # ABNet's decoder adapters
         "cross_heads": 16,

@@ -234,9 +234,17 @@ def test_model_artifact_round_trip(text_lines: list[str]) -> None:
 
 
 def test_presets_have_the_papers_sizes() -> None:
-    counts = parameter_counts(electra_preset("paper"))
-    assert 200e6 < counts["generator"] < 240e6
-    assert 500e6 < counts["discriminator"] < 600e6
+    paper = electra_preset("paper")
+    # the discriminator is an ERNIE-M base: its config.json's sizes and vocabulary
+    disc = paper.discriminator_body(paper.vocab_size)
+    assert (disc.d_model, disc.n_layers, disc.n_heads, disc.d_ff) == (768, 12, 12, 3072)
+    assert (paper.vocab_size, paper.seq_len) == (250_002, 512)
+    # the generator is ELECTRA-Base's: the same depth at a third of the width
+    gen = paper.generator_body(paper.vocab_size)
+    assert (gen.d_model, gen.n_layers, gen.n_heads, gen.d_ff) == (256, 12, 4, 1024)
+    counts = parameter_counts(paper)
+    assert 270e6 < counts["discriminator"] < 285e6  # ERNIE-M base: about 278M
+    assert 70e6 < counts["generator"] < 78e6
     tiny = parameter_counts(electra_preset("tiny"))
     assert tiny["discriminator"] > 2 * tiny["generator"]
     with pytest.raises(ValueError, match="unknown preset"):
