@@ -26,10 +26,16 @@ _POOL_ONLY: Final = 2
 
 
 class BufferPool:
-    """Large `bytearray`s, handed out again once no one else refers to them."""
+    """Large `bytearray`s, handed out again once no one else refers to them.
 
-    def __init__(self, *, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+    It tracks the buffers it made, up to `max_bytes` of them (in use or free: a frame
+    queued for a slow reader keeps its buffer, and on a busy link most are queued), and
+    keeps no more than `max_free_bytes` of free ones: what it holds on to beyond what is
+    in use. A buffer past either bound is made and freed as before.
+    """
+
+    def __init__(self, *, max_bytes: int, max_free_bytes: int) -> None:
+        self.max_bytes, self.max_free_bytes = max_bytes, max_free_bytes
         self._kept: list[bytearray] = []
         self._kept_bytes = 0
         self._lock = threading.Lock()
@@ -39,30 +45,46 @@ class BufferPool:
         """A buffer of exactly `nbytes`, its contents unspecified: the caller fills it."""
         if nbytes < POOLED_BYTES:
             return bytearray(nbytes)
-        kept = self._kept
         with self._lock:
-            spare = -1  # a free buffer of another size, given up if room is needed
-            for i in range(len(kept)):
-                if sys.getrefcount(kept[i]) != _POOL_ONLY:
-                    continue
-                if len(kept[i]) == nbytes:
-                    self.reused += 1
-                    return kept[i]
-                spare = i
-            if self._kept_bytes + nbytes > self.max_bytes and spare >= 0:
-                self._kept_bytes -= len(kept.pop(spare))
-            buf = bytearray(nbytes)
-            if self._kept_bytes + nbytes <= self.max_bytes:
-                kept.append(buf)
+            kept = self._kept
+            free = [i for i in range(len(kept)) if sys.getrefcount(kept[i]) == _POOL_ONLY]
+            chosen = next((i for i in free if len(kept[i]) == nbytes), None)
+            buf = kept[chosen] if chosen is not None else bytearray(nbytes)
+            spare = [i for i in free if i != chosen]
+            if spare and (
+                sum(len(kept[i]) for i in spare) > self.max_free_bytes
+                or (chosen is None and self._kept_bytes + nbytes > self.max_bytes)
+            ):
+                # free buffers beyond the bound (or of a size no longer asked for)
+                # are let go, the oldest first
+                self._let_go(spare)
+            if chosen is not None:
+                self.reused += 1
+            elif self._kept_bytes + nbytes <= self.max_bytes:
+                self._kept.append(buf)
                 self._kept_bytes += nbytes
             return buf
 
+    def _let_go(self, spare: list[int]) -> None:
+        kept, budget = self._kept, self.max_free_bytes
+        drop = set()
+        for i in reversed(spare):  # the newest are kept
+            if len(kept[i]) <= budget:
+                budget -= len(kept[i])
+            else:
+                drop.add(i)
+        if not drop:
+            drop = {spare[0]}
+        self._kept_bytes -= sum(len(kept[i]) for i in drop)
+        self._kept = [buf for i, buf in enumerate(kept) if i not in drop]
+
     def kept_bytes(self) -> int:
-        """Bytes of the buffers the pool keeps, in use or free."""
+        """Bytes of the buffers the pool tracks, in use or free."""
         with self._lock:
             return self._kept_bytes
 
 
 # the process's pool for frame bodies: every connection's decoder and every link's
-# resend copies; 32 frames of 4 MiB, in use or free
-BODIES: Final = BufferPool(max_bytes=128 * 1024 * 1024)
+# resend copies; it tracks up to 1 GiB of them (a switch's mailboxes and windows may
+# hold that much on a busy link) and keeps at most 64 MiB free
+BODIES: Final = BufferPool(max_bytes=1024 * 1024 * 1024, max_free_bytes=64 * 1024 * 1024)
