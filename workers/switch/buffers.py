@@ -21,6 +21,8 @@ from typing import Final
 
 # below this a body is cheaper to allocate than to look up (the allocator's own pools)
 POOLED_BYTES: Final = 64 * 1024
+# buffers a pool tracks at most: each `take` looks at each of them once
+MAX_BUFFERS: Final = 256
 # references to a buffer the pool alone holds: its list's, and getrefcount's argument
 _POOL_ONLY: Final = 2
 
@@ -28,10 +30,10 @@ _POOL_ONLY: Final = 2
 class BufferPool:
     """Large `bytearray`s, handed out again once no one else refers to them.
 
-    It tracks the buffers it made, up to `max_bytes` of them (in use or free: a frame
-    queued for a slow reader keeps its buffer, and on a busy link most are queued), and
-    keeps no more than `max_free_bytes` of free ones: what it holds on to beyond what is
-    in use. A buffer past either bound is made and freed as before.
+    It tracks the buffers it made, up to `max_bytes` and `MAX_BUFFERS` of them (in use
+    or free: a frame queued for a slow reader keeps its buffer, and on a busy link most
+    are queued), and keeps no more than `max_free_bytes` of free ones: what it holds on
+    to beyond what is in use. A buffer past these bounds is made and freed as before.
     """
 
     def __init__(self, *, max_bytes: int, max_free_bytes: int) -> None:
@@ -60,7 +62,7 @@ class BufferPool:
                 self._let_go(spare)
             if chosen is not None:
                 self.reused += 1
-            elif self._kept_bytes + nbytes <= self.max_bytes:
+            elif self._kept_bytes + nbytes <= self.max_bytes and len(self._kept) < MAX_BUFFERS:
                 self._kept.append(buf)
                 self._kept_bytes += nbytes
             return buf
