@@ -264,7 +264,7 @@ class Heartbeat:
 # window (64 frames) and its silence timeout (5 s); what it saves is a TLS write on the
 # receiving switch and a read on the sending one per small frame, both in the way of the
 # frame's next hop on a busy machine.
-ACK_DELAY_S = 0.005
+ACK_DELAY_S = 0.025
 ACK_EVERY = 8
 ACK_AT_ONCE_BYTES = 64 * 1024
 
