@@ -19,6 +19,9 @@ change to the hot path is measured against its parent in the same interleaving; 
 be given more than once (the parent and an older reference, say). The load average is
 stored with each round: on a shared machine a difference within the spread is no result.
 ``--profile DIR`` writes a cProfile of each switch process (all its threads) per path.
+The switch paths also count the page faults and voluntary context switches of the
+workers' process and both switches (per GiB, per frame, per round trip): counts, unlike
+times, that the load of a shared machine does not inflate.
 
 Prints a table, writes bench/results/switch_throughput.json.
 """
