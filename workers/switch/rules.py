@@ -11,8 +11,6 @@ clocks, so that each rule is tested by calling it (tests/workers/switch/test_rul
   connection.
 - `Heartbeat`: when a role's link pings its switch on a connection, and when it gives
   the switch up for gone (a path that drops every byte silently).
-- `AckSchedule`: when a switch acknowledges a peer's frames (small ones together, as
-  TCP delays its acknowledgements).
 - `StreamTracker`: sequence numbers per stream, each delivered once and in order.
 - `channel_refusal`: whether a worker's frame stays on the channel its token allows.
 - `peer_frame_is_fresh` and `peer_frame_verdict`: what a switch does with a frame a
@@ -30,7 +28,7 @@ from collections.abc import Collection, Hashable, Iterator, Mapping
 from typing import Generic, TypeVar
 
 from contract.jobtoken import JobClaims
-from workers.switch.frames import Ack, Direction, Hello, ProtocolError, Routed
+from workers.switch.frames import Direction, Hello, ProtocolError, Routed
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -256,65 +254,6 @@ class Heartbeat:
         if self._waiting_since is not None:
             due = min(due, self._waiting_since + self.timeout_s)
         return max(0.0, due - now)
-
-
-# A peer's small frames are acknowledged together, as TCP delays its acknowledgements:
-# at most ACK_DELAY_S after they came, or at once when ACK_EVERY are owed; a frame of
-# ACK_AT_ONCE_BYTES or more and a ping's answer at once. Small against the peer's resend
-# window (64 frames) and its silence timeout (5 s); what it saves is a TLS write on the
-# receiving switch and a read on the sending one per small frame, both in the way of the
-# frame's next hop on a busy machine.
-ACK_DELAY_S = 0.025
-ACK_EVERY = 8
-ACK_AT_ONCE_BYTES = 64 * 1024
-
-
-class AckSchedule:
-    """When a switch writes the acknowledgements of the frames a peer sent it.
-
-    Each acknowledgement waits the played link's `delay_s` first (the way back of a
-    shaped link). `frame(now, nbytes)` counts a frame taken, `ping(now, id)` a ping to
-    answer; `take_due(now)` gives what to write now: each ping's answer, and of the
-    counts due only the latest (it says as much as the ones before).
-    """
-
-    def __init__(self, *, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self.count = 0  # frames taken on the connection
-        self._written = 0  # the count last written
-        self._due: collections.deque[tuple[float, Ack]] = collections.deque()
-
-    def frame(self, now: float, nbytes: int) -> None:
-        """A frame of `nbytes` of body was taken."""
-        self.count += 1
-        at = now + self.delay_s
-        if nbytes < ACK_AT_ONCE_BYTES and self.count - self._written < ACK_EVERY:
-            at += ACK_DELAY_S
-        self._add(at, Ack(self.count))
-
-    def ping(self, now: float, ping_id: int) -> None:
-        """A ping came: its answer (with the count so far) after the played delay."""
-        self._add(now + self.delay_s, Ack(self.count, ping=ping_id))
-
-    def _add(self, at: float, ack: Ack) -> None:
-        if self._due and self._due[-1][0] > at:
-            # counts are cumulative: one written sooner covers those that waited longer
-            self._due = collections.deque((min(t, at), a) for t, a in self._due)
-        self._due.append((at, ack))
-
-    def take_due(self, now: float) -> list[Ack]:
-        """The acknowledgements to write now, in order."""
-        due, out = self._due, []
-        while due and due[0][0] <= now:
-            _, ack = due.popleft()
-            if ack.ping is not None or not due or due[0][0] > now:
-                out.append(ack)
-                self._written = ack.count
-        return out
-
-    def next_at(self) -> float | None:
-        """When the next acknowledgement is due (None: none is owed)."""
-        return self._due[0][0] if self._due else None
 
 
 class StreamTracker:

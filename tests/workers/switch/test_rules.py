@@ -13,10 +13,6 @@ from hypothesis import strategies as st
 from contract.jobtoken import JobClaims
 from workers.switch import protocol as p
 from workers.switch.rules import (
-    ACK_AT_ONCE_BYTES,
-    ACK_DELAY_S,
-    ACK_EVERY,
-    AckSchedule,
     Heartbeat,
     LinkMeter,
     ResendWindow,
@@ -301,44 +297,3 @@ def test_unclaimed_mailboxes_are_capped_per_peer_and_expire() -> None:
 
 def test_the_stream_tracker_lives_with_the_rules() -> None:
     assert p.StreamTracker is StreamTracker
-
-
-def test_small_frames_are_acknowledged_together_within_the_delay() -> None:
-    acks = AckSchedule(delay_s=0.0)
-    for n in range(3):
-        acks.frame(10.0 + n * 0.001, 16)
-    assert acks.take_due(10.002) == []  # none due yet: held back
-    assert acks.next_at() == pytest.approx(10.0 + ACK_DELAY_S)
-    # when the first is due, one acknowledgement says all three arrived
-    assert acks.take_due(10.002 + ACK_DELAY_S) == [p.Ack(3)]
-    assert acks.next_at() is None
-
-
-def test_the_eighth_small_frame_owed_is_acknowledged_at_once() -> None:
-    acks = AckSchedule(delay_s=0.0)
-    for _ in range(ACK_EVERY - 1):
-        acks.frame(5.0, 16)
-    assert acks.take_due(5.0) == []
-    acks.frame(5.0, 16)
-    assert acks.take_due(5.0) == [p.Ack(ACK_EVERY)]
-    acks.frame(5.0, 16)  # owed afresh from the count written
-    assert acks.take_due(5.0) == []
-
-
-def test_a_large_frame_or_a_ping_is_acknowledged_at_once_and_covers_the_small_ones() -> None:
-    acks = AckSchedule(delay_s=0.0)
-    acks.frame(1.0, 16)
-    acks.frame(1.0, ACK_AT_ONCE_BYTES)
-    assert acks.take_due(1.0) == [p.Ack(2)]
-    acks.frame(2.0, 16)
-    acks.ping(2.0, 7)
-    assert acks.take_due(2.0) == [p.Ack(3, ping=7)]
-    assert acks.take_due(3.0) == []  # the small frame's count went with the ping's answer
-
-
-def test_acknowledgements_wait_the_played_delay() -> None:
-    acks = AckSchedule(delay_s=0.02)
-    acks.frame(1.0, ACK_AT_ONCE_BYTES)
-    acks.ping(1.0, 1)
-    assert acks.take_due(1.019) == []
-    assert acks.take_due(1.02) == [p.Ack(1, ping=1)]
