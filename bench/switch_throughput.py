@@ -19,6 +19,9 @@ change to the hot path is measured against its parent in the same interleaving; 
 be given more than once (the parent and an older reference, say). The load average is
 stored with each round: on a shared machine a difference within the spread is no result.
 ``--profile DIR`` writes a cProfile of each switch process (all its threads) per path.
+The switch paths also count the page faults and voluntary context switches of the
+workers' process and both switches (per GiB, per frame, per round trip): counts, unlike
+times, that the load of a shared machine does not inflate.
 
 Prints a table, writes bench/results/switch_throughput.json.
 """
@@ -34,6 +37,7 @@ import os
 import platform
 import pstats
 import queue
+import resource
 import socket
 import ssl
 import statistics
@@ -100,14 +104,21 @@ class Pki:
         return key_path, cert_path
 
 
-def measure(run: Callable[[Callable[[], None]], tuple[float, float] | None]) -> dict:
-    """Wall and CPU seconds of one run; `run` calls its argument once per frame received."""
+def measure(run: Callable[[Callable[[], None]], tuple[float, ...] | None]) -> dict:
+    """Wall and CPU seconds of one run (and, where it counts them, page faults per GiB and
+    voluntary context switches per frame); `run` calls its argument once per frame."""
     wall, cpu = time.perf_counter(), time.process_time()
     own = run(lambda: None)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    counts: dict = {}
     if own is not None:  # the run timed itself (it had processes to start first)
-        wall, cpu = own
-    return {"mb_s": TOTAL / wall / 1e6, "wall_s": wall, "cpu_s_per_gib": cpu * (1 << 30) / TOTAL}
+        wall, cpu, faults, switches = own
+        counts = {
+            "faults_per_gib": faults * (1 << 30) / TOTAL,
+            "cswitch_per_frame": switches / FRAMES,
+        }
+    gib = (1 << 30) / TOTAL
+    return {"mb_s": TOTAL / wall / 1e6, "wall_s": wall, "cpu_s_per_gib": cpu * gib} | counts
 
 
 def payloads() -> Iterator[torch.Tensor]:
@@ -165,20 +176,33 @@ def _profile_threads() -> list[cProfile.Profile]:
     return profiles
 
 
+def usage() -> tuple[float, int, int]:
+    """This process's CPU seconds, minor page faults and voluntary context switches (a
+    thread that blocked: each hand-off between threads is one), all threads together.
+    The counts, unlike times, do not grow with the load of a shared machine."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return time.process_time(), own.ru_minflt, own.ru_nvcsw
+
+
+def usage_since(mark: tuple[float, int, int]) -> tuple[float, int, int]:
+    now = usage()
+    return now[0] - mark[0], now[1] - mark[1], now[2] - mark[2]
+
+
 def run_switch(config: SwitchConfig, pipe: Connection, profile_to: str | None = None) -> None:
     """A switch in its own process, as deployed: addresses out, peers and marks in."""
     profiles = _profile_threads() if profile_to else None
     switch = Switch(config).start()
     pipe.send((switch.worker_address, switch.peer_address))
-    mark = time.process_time()
+    mark = usage()
     while True:
         command, *args = pipe.recv()
         if command == "peer":
             switch.add_peer(*args)
         elif command == "mark":
-            mark = time.process_time()
+            mark = usage()
         elif command == "stop":
-            pipe.send(time.process_time() - mark)
+            pipe.send(usage_since(mark))
             switch.stop()
             if profiles and profile_to:
                 stats = pstats.Stats(*profiles)
@@ -240,7 +264,7 @@ def switch_pair(
             pipe.send(("mark",))
         return 0.0
 
-    spent: list[float] = []
+    spent: list[tuple[float, int, int]] = []
     try:
         yield link, mark
     finally:
@@ -249,14 +273,17 @@ def switch_pair(
             spent.append(pipe.recv())
         for proc in procs.values():
             proc.join()
-        SWITCH_CPU.append(sum(spent))
+        SWITCH_USAGE.append(tuple(map(sum, zip(*spent, strict=True))))  # type: ignore[arg-type]
 
 
-SWITCH_CPU: list[float] = []
+# (CPU s, page faults, voluntary context switches) of both switches since the last mark
+SWITCH_USAGE: list[tuple[float, int, int]] = []
 
 
-def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
-    """(b) worker -> switch A -> switch B -> worker, all checks on; returns the switches' CPU s."""
+def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, ...]:
+    """(b) worker -> switch A -> switch B -> worker, all checks on; returns the wall
+    seconds, and the CPU seconds, page faults and voluntary context switches of the
+    workers' process and both switches."""
     with (
         switch_pair(pki, _argv_value("--profile-to")) as (link, mark),
         link("cluster-a", "G", "D") as sender,
@@ -265,7 +292,7 @@ def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
         sender.send("warmup", b"x")  # the first frame waits for the switches to connect
         assert receiver.recv("warmup", timeout=60) == b"x"
         mark()
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, own = time.perf_counter(), usage()
 
         def receive() -> None:
             for i in range(FRAMES):
@@ -278,8 +305,8 @@ def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, float]:
         for tensor in payloads():
             sender.send("acts", tensor)
         thread.join()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return wall, cpu + SWITCH_CPU[-1]
+        wall, spent = time.perf_counter() - wall, usage_since(own)
+    return wall, *(mine + theirs for mine, theirs in zip(spent, SWITCH_USAGE[-1], strict=True))
 
 
 def _percentiles(samples: list[float]) -> dict:
@@ -304,10 +331,12 @@ def _ping_pong(send: Callable[[bytes], None], receive: Callable[[], bytes]) -> d
 def switch_rtt(pki: Pki) -> dict:
     """(d) a 16-byte frame worker -> switch A -> switch B -> worker, and back."""
     with (
-        switch_pair(pki) as (link, _),
+        switch_pair(pki) as (link, mark),
         link("cluster-a", "G", "D") as g,
         link("cluster-b", "D", "G") as d,
     ):
+        mark()
+        own = usage()
 
         def echo() -> None:
             for _ in range(RTT_WARMUP + RTT_COUNT):
@@ -320,7 +349,10 @@ def switch_rtt(pki: Pki) -> dict:
             lambda: bytes(g.recv("pong", timeout=60)),
         )
         thread.join()
-    return result
+        workers = usage_since(own)[2]
+    # the switches' count runs on to their stop, past the links' goodbyes: a few more
+    trips = RTT_WARMUP + RTT_COUNT
+    return result | {"cswitch_per_round_trip": (workers + SWITCH_USAGE[-1][2]) / trips}
 
 
 def grpc_rtt(pki: Pki) -> dict:
@@ -607,20 +639,23 @@ def main() -> None:
     console.print(f"wrote {args.out}")
 
 
+# what each path measures, stored with median and spread where a path has it
+FIGURES = (
+    "mb_s",
+    "cpu_s_per_gib",
+    "faults_per_gib",
+    "cswitch_per_frame",
+    "p50_us",
+    "p99_us",
+    "cswitch_per_round_trip",
+)
+
+
 def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
     """Medians and spreads per path, and the ratios the targets name (medians of rounds)."""
     paths: dict[str, dict] = {}
     for name, runs in got.items():
-        if "mb_s" in runs[0]:
-            paths[name] = {
-                "mb_s": spread([r["mb_s"] for r in runs]),
-                "cpu_s_per_gib": spread([r["cpu_s_per_gib"] for r in runs]),
-            }
-        else:
-            paths[name] = {
-                "p50_us": spread([r["p50_us"] for r in runs]),
-                "p99_us": spread([r["p99_us"] for r in runs]),
-            }
+        paths[name] = {key: spread([r[key] for r in runs]) for key in FIGURES if key in runs[0]}
 
     def med(path: str, key: str) -> float | None:
         return paths[path][key]["median"] if path in paths else None
@@ -656,6 +691,13 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         summary[f"small_frame_rtt_p50_vs_{rev}"] = ratio(
             med("switch_rtt", "p50_us"), med(f"switch_rtt@{rev}", "p50_us")
         )
+        summary[f"switch_faults_per_gib_vs_{rev}"] = ratio(
+            med("switch", "faults_per_gib"), med(f"switch@{rev}", "faults_per_gib")
+        )
+        summary[f"small_frame_cswitch_per_round_trip_vs_{rev}"] = ratio(
+            med("switch_rtt", "cswitch_per_round_trip"),
+            med(f"switch_rtt@{rev}", "cswitch_per_round_trip"),
+        )
     summary |= {
         "paths": paths,
         "rounds": args.rounds,
@@ -677,7 +719,8 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
 
 def print_table(console: Console, summary: dict) -> None:
     table = Table(title=f"switch bench, {summary['rounds']} interleaved rounds, median [min-max]")
-    for column in ("path", "MB/s", "CPU s per GiB", "p50 us", "p99 us"):
+    columns = ("path", "MB/s", "CPU s per GiB", "faults per GiB", "p50 us", "p99 us", "cswitch")
+    for column in columns:
         table.add_column(column, justify="right" if column != "path" else "left")
 
     def cell(row: dict, key: str) -> str:
@@ -691,8 +734,10 @@ def print_table(console: Console, summary: dict) -> None:
             name,
             cell(row, "mb_s"),
             cell(row, "cpu_s_per_gib"),
+            cell(row, "faults_per_gib"),
             cell(row, "p50_us"),
             cell(row, "p99_us"),
+            cell(row, "cswitch_per_frame") or cell(row, "cswitch_per_round_trip"),
         )
     console.print(table)
     for key, value in summary.items():

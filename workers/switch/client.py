@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from contract.jobtoken import unverified_claims
+from workers.switch.buffers import BODIES
 from workers.switch.link import LinkClosed, LinkEstimate, Payload
 from workers.switch.linkstate import LinkState, Taken
 from workers.switch.protocol import (
@@ -88,6 +89,22 @@ def tensor_from_wire(body: Buffer, spec: TensorSpec) -> torch.Tensor:
     if not len(body):
         return torch.empty(spec.shape, dtype=dtype)
     return torch.frombuffer(body, dtype=dtype).reshape(spec.shape)
+
+
+def _resend_copy(body: Buffer) -> Buffer:
+    """What the resend window keeps of a body: `bytes` as they are (nothing can change
+    them), anything else copied (the caller may reuse it at once), a large body into a
+    recycled buffer: a fresh one per frame costs its pages' faults and zeroing, as much
+    again as the copy (bench/results/switch_profiles/NOTES.md)."""
+    if isinstance(body, bytes):
+        return body
+    view = memoryview(body)
+    if not view.c_contiguous:
+        return view.tobytes()
+    view = view.cast("B")
+    kept = BODIES.take(view.nbytes)
+    kept[:] = view
+    return kept
 
 
 class SwitchLink:
@@ -296,8 +313,12 @@ class SwitchLink:
     def _take(self, frame: Data) -> None:
         """Deliver the next frame in order; drop a duplicate; ask again after a gap."""
         with self._cond:
+            owed_at = self._state.receipt_at
             taken = self._state.take(frame, time.monotonic())
-            self._cond.notify_all()
+            # the writer waits for its next receipt: woken only when that comes sooner, not
+            # for each frame (a wake-up it has nothing to do for, in the way of the role's)
+            if self._state.receipt_at != owed_at:
+                self._cond.notify_all()
         if taken is not Taken.DELIVER:
             return
         q = self._queue(frame.channel)
@@ -418,7 +439,7 @@ class SwitchLink:
 
     def send_encoded(self, channel: str, body: Buffer, tensor: TensorSpec | None) -> None:
         """Send a body as it is; `tensor` describes it (a codec's output travels untouched)."""
-        kept = bytes(body)
+        kept = _resend_copy(body)
         with self._cond:
             self._cond.wait_for(
                 lambda: (

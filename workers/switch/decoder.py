@@ -4,6 +4,8 @@ The header is checked before anything is buffered, so a peer announcing a huge f
 gets a `ProtocolError`, not an allocation; so does a kind the caller's `expect()` does
 not allow. A DATA body may be received in place: `body_view()` is where a shell
 `recv_into`s the rest of the current body, `advance_body()` counts what it wrote.
+A large body's buffer comes from a `BufferPool` (buffers.py): one no frame refers to
+any more, not a fresh allocation per frame.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import enum
 import json
 from typing import Any, Final
 
+from workers.switch.buffers import BODIES, BufferPool
 from workers.switch.frames import (
     DEFAULT_MAX_BODY_BYTES,
     HEADER,
@@ -51,8 +54,11 @@ ALL_KINDS: Final = frozenset(Kind)
 class FrameDecoder:
     """Turns a byte stream into frames; holds at most one frame's bytes plus what it was given."""
 
-    def __init__(self, *, max_body: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, *, max_body: int = DEFAULT_MAX_BODY_BYTES, pool: BufferPool = BODIES
+    ) -> None:
         self.max_body = max_body
+        self._pool = pool
         self.max_meta = MAX_META_BYTES
         self.allowed: frozenset[Kind] = ALL_KINDS
         self.stage = "here"
@@ -196,7 +202,7 @@ class FrameDecoder:
             if parsed["tensor"] is not None:
                 check_tensor_length(parsed["tensor"], self._body_len)
             self._fields = parsed
-            self._body = bytearray(self._body_len)
+            self._body = self._pool.take(self._body_len)
             self._filled = 0
             self._state = _State.BODY
             return None
