@@ -45,8 +45,18 @@ class JobConfig(StrictIn):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     # the device every role needs (cpu, cuda, or any: whatever its worker has), and per
     # role where one differs; a worker that lacks it is refused at claim and the job fails
-    device: DeviceNeed = ANY_DEVICE
-    role_devices: dict[str, DeviceNeed] = Field(default_factory=dict, max_length=8)
+    device: DeviceNeed = Field(
+        default=ANY_DEVICE,
+        description="The device every role needs: cpu, cuda, or any (what its worker has). "
+        "A worker that lacks it refuses the role at claim, and the job fails saying so.",
+    )
+    role_devices: dict[str, DeviceNeed] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Per placed role, a device other than `device` (a discriminator's "
+        "replicas follow it)",
+        examples=[{"discriminator": "cuda"}],
+    )
 
     # the training-config fields a job may set on top of its preset
     OVERRIDES: ClassVar[tuple[str, ...]] = ()
