@@ -88,6 +88,13 @@ export function buildConfig(spec: Pick<JobKindSpec, "config_fields">, preset: Pr
   return config;
 }
 
+/** The device a role of a job needs: its `role_devices` entry, else the job's `device`, else "any". */
+export function roleDevice(config: Record<string, unknown> | undefined, role: string): string {
+  const perRole = config?.role_devices as Record<string, unknown> | undefined;
+  const need = perRole?.[role] ?? config?.device;
+  return typeof need === "string" ? need : "any";
+}
+
 /**
  * What each role's cluster receives, for a job kind and its config: the truth the job page
  * shows (README, "Which cluster sees what"), from the server's table. A role whose `read_if`
