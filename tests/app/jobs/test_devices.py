@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from app.jobs.models import JobRole
 from app.jobs.states import RoleStatus
-from support.clusters import ELECTRA_FAST, RunningPlatform, User
+from support.clusters import RunningPlatform, electra_job
 from support.processes import wait_until
 
 pytestmark = [
@@ -24,29 +24,10 @@ pytestmark = [
 ]
 
 
-def _submit(
-    running: RunningPlatform, corpus: dict[str, Path], **config: object
-) -> tuple[User, str]:
-    user = running.user("dana")
-    text = user.upload(corpus["text"], "text", lines=400)
-    job = user.call(
-        "POST",
-        f"/workspaces/{user.workspace}/jobs",
-        202,
-        json={
-            "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, **config},
-            "inputs": {"text": text},
-            "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
-        },
-    )["id"]
-    return user, str(job)
-
-
 def test_the_workers_report_the_cpu_and_a_job_that_asks_for_it_runs(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
-    user, job = _submit(running, corpus, device="cpu")
+    user, job = electra_job(running, corpus, "dana", steps=6, device="cpu")
 
     def cpu_workers() -> bool:
         clusters = user.call("GET", "/clusters", 200)["items"]
@@ -65,7 +46,9 @@ def test_the_workers_report_the_cpu_and_a_job_that_asks_for_it_runs(
 def test_a_cpu_worker_asked_for_cuda_refuses_the_claim_and_the_job_says_why(
     running: RunningPlatform, corpus: dict[str, Path]
 ) -> None:
-    user, job = _submit(running, corpus, role_devices={"discriminator": "cuda"})
+    user, job = electra_job(
+        running, corpus, "erin", steps=6, role_devices={"discriminator": "cuda"}
+    )
     done = wait_until(lambda: user.finished(job), "the job to fail")
     assert done["status"] == "failed"
     assert done["error"].startswith(
