@@ -791,6 +791,16 @@ def test_a_cpu_worker_asked_for_cuda_is_refused_at_claim_and_the_job_says_why(
     text = _upload(client, alice)
     job_id = _submit(client, alice, text, role_devices={"discriminator": "cuda"})
 
+    # a claim of an attempt that is not the job's live one is refused without failing it:
+    # the live attempt may yet land on a CUDA worker
+    body = {"attempt": 2, "worker": "test:discriminator", "device": "cpu"}
+    stale = site.client.post(
+        f"{CLUSTER_API}/jobs/{job_id}/roles/discriminator/claim",
+        json=body,
+        headers=site.headers("cluster-b"),
+    )
+    assert stale.status_code == 409
+    assert client.get(f"{API}/jobs/{job_id}", headers=alice.headers).json()["error"] is None
     # the generator needs any device: a CPU worker takes it and is told to run on the CPU
     status, claimed = _claim_on(site, job_id, "generator", "cpu")
     assert (status, claimed["device"]) == (200, "cpu")
