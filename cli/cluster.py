@@ -71,7 +71,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
     from contract.queues import queue_for
     from workers.control_plane import ClusterClient, ControlPlaneError
     from workers.presence import PresenceReporter
-    from workers.runner import ClusterSide, resolve_device
+    from workers.runner import ClusterSide, describe_device, resolve_device
     from workers.worker_state import current_side, set_side
 
     flags = bundles.WorkerFlags(
@@ -146,6 +146,7 @@ def _worker(args: argparse.Namespace, settings: ClusterSettings) -> int:
         kind="worker",
         cluster=cluster,
         scratch_dir=current_side().scratch_dir,
+        device=describe_device(device),
     ).start()
     try:
         app.worker_main(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from contract.devices import DeviceInfo, DeviceKind
 from contract.fields import StrictIn
 
 MAX_POINTS_PER_BATCH = 10_000
@@ -22,6 +23,8 @@ MetricValue = Annotated[float, Field(allow_inf_nan=False)]
 class ClaimIn(StrictIn):
     attempt: int = Field(ge=1, le=1000)
     worker: str = Field(min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$")
+    # what the claiming worker trains on; a worker that does not say counts as CPU only
+    device: DeviceKind = "cpu"
 
 
 class TokenOut(BaseModel):
@@ -39,6 +42,7 @@ class ClaimOut(TokenOut):
     kind: str
     config: dict[str, Any]
     inputs: list[str]  # the inputs this role may read
+    device: DeviceKind = "cpu"  # where the role runs: what it needs, on this worker
     heartbeat_s: float
     grace_s: float  # keep training this long without the control plane, then stop
     # base64; seals what the role leaves on the cluster's disk
@@ -121,6 +125,7 @@ class PresenceIn(StrictIn):
     instance: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
     version: str = Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]+$")
     online: bool = True  # false: the process is leaving
+    device: DeviceInfo | None = None  # a worker's; a switch has none
 
 
 class PresenceAnswer(BaseModel):

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from contract.codec_spec import PER_SAMPLE, SpecError, check_stream_spec
+from contract.devices import ANY_DEVICE, DeviceNeed
 from contract.fields import StrictIn
 from contract.presets import ABNET_PRESETS, ELECTRA_PRESETS, Preset
 
@@ -42,10 +43,33 @@ class JobConfig(StrictIn):
 
     preset: Preset = "tiny"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    # the device every role needs (cpu, cuda, or any: whatever its worker has), and per
+    # role where one differs; a worker that lacks it is refused at claim and the job fails
+    device: DeviceNeed = Field(
+        default=ANY_DEVICE,
+        description="The device every role needs: cpu, cuda, or any (what its worker has). "
+        "A worker that lacks it refuses the role at claim, and the job fails saying so.",
+    )
+    role_devices: dict[str, DeviceNeed] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Per placed role, a device other than `device` (a discriminator's "
+        "replicas follow it)",
+        examples=[{"discriminator": "cuda"}],
+    )
 
     # the training-config fields a job may set on top of its preset
     OVERRIDES: ClassVar[tuple[str, ...]] = ()
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    ROLES: ClassVar[tuple[str, ...]] = ()  # the kind's placed roles (role_devices' keys)
+
+    @field_validator("role_devices")
+    @classmethod
+    def _known_roles(cls, value: dict[str, DeviceNeed]) -> dict[str, DeviceNeed]:
+        unknown = sorted(set(value) - set(cls.ROLES))
+        if unknown:
+            raise ValueError(f"role_devices: no role {unknown[0]!r}; roles: {', '.join(cls.ROLES)}")
+        return value
 
     def overrides(self) -> dict[str, Any]:
         """The training-config fields this job sets on top of its preset."""
@@ -73,6 +97,7 @@ class ElectraJobConfig(JobConfig):
         "precision",
     )
     PRESETS = ELECTRA_PRESETS
+    ROLES = ("generator", "discriminator")
 
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=2, le=4096)
@@ -102,6 +127,7 @@ class AbnetJobConfig(JobConfig):
         "precision",
     )
     PRESETS = ABNET_PRESETS
+    ROLES = ("encoder", "decoder")
 
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=2, le=4096)
@@ -346,6 +372,13 @@ def job_roles(kind: str, config: dict[str, Any], placement: dict[str, str]) -> d
         for rank in range(1, int(config.get("n_discriminators") or 1)):
             roles[f"{REPLICA_PREFIX}{rank}"] = placement[REPLICA_OF]
     return roles
+
+
+def device_need(kind: str, role: str, config: dict[str, Any]) -> DeviceNeed:
+    """The device one role of a job needs (a replica needs what its discriminator does)."""
+    placed = REPLICA_OF if kind == "electra_pretrain" and replica_rank(role) is not None else role
+    parsed = KINDS[kind].config.model_validate(config)
+    return parsed.role_devices.get(placed, parsed.device)
 
 
 def role_reads(kind: str, role: str, config: dict[str, Any]) -> dict[str, int | None]:

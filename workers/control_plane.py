@@ -37,6 +37,7 @@ from contract.cluster_api import (
     PresenceIn,
     Rendezvous,
 )
+from contract.devices import DeviceInfo
 
 log = logging.getLogger("nebula.cluster")
 
@@ -147,14 +148,24 @@ class ClusterClient:
         _raise_for(answer)
         return str(answer.json()["cluster"])
 
-    def report_presence(self, *, kind: str, instance: str, version: str, online: bool) -> float:
-        """Report this switch or worker in (or leaving); how long until the next report."""
+    def report_presence(
+        self,
+        *,
+        kind: str,
+        instance: str,
+        version: str,
+        online: bool,
+        device: DeviceInfo | None = None,
+    ) -> float:
+        """Report this switch or worker (with its device) in, or leaving; how long until the
+        next report."""
         # built unvalidated from the contract's model: the server judges the body
         body = PresenceIn.model_construct(
             kind=kind,  # type: ignore[arg-type]
             instance=instance,
             version=version,
             online=online,
+            device=device,
         )
         answer = self.http.post("/presence", json=body.model_dump())
         _raise_for(answer)
@@ -168,9 +179,12 @@ class ClusterClient:
         _raise_for(answer)
         return EndedJobsOut.model_validate(answer.json()).ended
 
-    def claim(self, *, job_id: str, role: str, attempt: int, worker: str) -> RoleSession:
-        """Start the role's attempt; Fenced if it is stale, final or held."""
-        body = ClaimIn.model_construct(attempt=attempt, worker=worker)
+    def claim(
+        self, *, job_id: str, role: str, attempt: int, worker: str, device: str = "cpu"
+    ) -> RoleSession:
+        """Start the role's attempt on a worker that trains on `device`; Fenced if it is
+        stale, final or held, or if the role needs a device the worker lacks."""
+        body = ClaimIn.model_construct(attempt=attempt, worker=worker, device=device)  # type: ignore[arg-type]
         answer = self.http.post(f"/jobs/{job_id}/roles/{role}/claim", json=body.model_dump())
         _raise_for(answer)
         return RoleSession(self, ClaimOut.model_validate(answer.json()))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from contract.devices import DeviceInfo
 from workers.control_plane import ClusterClient, ControlPlaneError
 
 log = logging.getLogger("nebula.presence")
@@ -49,13 +50,21 @@ def sweep_scratch(client: ClusterClient, scratch_dir: Path) -> list[str]:
 class PresenceReporter:
     """A thread that reports this process in every few seconds, and says goodbye at stop.
 
-    A worker's reporter also sweeps its scratch folder of jobs that ended.
+    A worker's reporter also tells its device, and sweeps its scratch folder of jobs that
+    ended.
     """
 
     def __init__(
-        self, client: ClusterClient, *, kind: str, cluster: str, scratch_dir: Path | None = None
+        self,
+        client: ClusterClient,
+        *,
+        kind: str,
+        cluster: str,
+        scratch_dir: Path | None = None,
+        device: DeviceInfo | None = None,
     ) -> None:
         self.client, self.kind, self.scratch_dir = client, kind, scratch_dir
+        self.device = device
         self.instance = instance_name(cluster)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"presence-{kind}", daemon=True)
@@ -66,7 +75,11 @@ class PresenceReporter:
 
     def _report(self, online: bool) -> float:
         return self.client.report_presence(
-            kind=self.kind, instance=self.instance, version=version(), online=online
+            kind=self.kind,
+            instance=self.instance,
+            version=version(),
+            online=online,
+            device=self.device,
         )
 
     def _run(self) -> None:

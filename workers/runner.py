@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from contract.cluster_api import MAX_ERROR_MESSAGE, ErrorCode, Rendezvous
+from contract.devices import DeviceInfo
 from contract.kinds import KINDS, REPLICA_OF, replica_rank
 from contract.text import split_lines
 from workers.control_plane import (
@@ -61,6 +62,39 @@ def resolve_device(choice: str) -> str:
     return "cpu"
 
 
+def describe_device(device: str) -> DeviceInfo:
+    """What a worker tells the control plane of its device: cheap facts, read once."""
+    import torch
+
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return DeviceInfo(
+            kind="cuda",
+            name=_printable(props.name),
+            count=torch.cuda.device_count(),
+            memory_bytes=int(props.total_memory),
+            runtime=_printable(torch.version.cuda or "").replace(" ", ""),
+        )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return DeviceInfo(kind="cpu", name=_cpu_model(), count=cores or 1)
+
+
+def _cpu_model() -> str:
+    """The processor's model name as Linux tells it, or "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return _printable(line.partition(":")[2].strip())
+    except OSError:
+        pass
+    return ""
+
+
+def _printable(text: str) -> str:
+    return "".join(c for c in text if " " <= c <= "~")[:128]
+
+
 @dataclass(frozen=True)
 class ClusterSide:
     """What a worker knows: its cluster, its switch, the CA, the control plane, its credential."""
@@ -74,7 +108,9 @@ class ClusterSide:
     control_plane_ca: Path | None = None  # trust for an https control plane; None: the system's
     main_pid: int = field(default_factory=os.getpid)  # the worker's main process (pre-fork)
     rendezvous_host: str = "127.0.0.1"  # where the cluster's other workers reach this host
-    device: str = "cpu"  # where every role of this worker trains (`nebula worker --device`)
+    # what this worker trains on (`nebula worker --device`); a role runs there unless its
+    # job asks for the CPU (the claim's answer says where)
+    device: str = "cpu"
 
     def client(self) -> ClusterClient:
         """A client of the cluster API with this cluster's worker credential."""
@@ -377,8 +413,13 @@ def run_role(*, job_id: str, role: str, attempt: int, side: ClusterSide) -> str:
     client = side.client()
     try:
         try:
-            session = client.claim(job_id=job_id, role=role, attempt=attempt, worker=worker)
-        except Fenced:
+            session = client.claim(
+                job_id=job_id, role=role, attempt=attempt, worker=worker, device=side.device
+            )
+        except Fenced as exc:
+            # a stale attempt, or a role that needs a device this worker lacks (the control
+            # plane failed the job, saying so)
+            log.info("not claimed: %s/%s attempt %d: %s", job_id, role, attempt, exc.detail)
             return "stale"
         except Refused as exc:
             raise CredentialRefused(str(exc)) from None
@@ -429,7 +470,7 @@ def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> R
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / REPLICA_OF
     seed = int(claim.config.get("seed", 0))
     return run_discriminator_replica(
-        cfg, rank, rendezvous, ckpt_dir, seed=seed, device=side.device, key=session.checkpoint_key
+        cfg, rank, rendezvous, ckpt_dir, seed=seed, device=claim.device, key=session.checkpoint_key
     )
 
 
@@ -460,7 +501,7 @@ def _run_trainer(
     ckpt_dir = side.scratch_dir / "jobs" / claim.job_id / claim.role
     seed = int(claim.config.get("seed", 0))
     entry = ROLE_ENTRIES[(claim.kind, claim.role)]
-    return entry(cfg, link, inputs, ckpt_dir, hooks, seed, side.device)
+    return entry(cfg, link, inputs, ckpt_dir, hooks, seed, claim.device)
 
 
 def _run_claimed(session: RoleSession, side: ClusterSide) -> _Outcome:

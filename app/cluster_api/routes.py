@@ -116,6 +116,7 @@ def presence(
         instance=body.instance,
         version=body.version,
         online=body.online,
+        device=body.device,
     )
     db.commit()
     return PresenceAnswer(report_every_s=settings.presence_report_s)
@@ -137,7 +138,10 @@ def claim(
     db: SessionDep,
     settings: SettingsDep,
 ) -> ClaimOut:
-    """Start a dispatched role on this cluster: its job token, config and inputs."""
+    """Start a dispatched role on this cluster: its job token, config, inputs and device.
+
+    409 when the attempt is not live, or when the worker lacks the device the role needs
+    (the job then fails, saying so)."""
     answer = service.claim(
         db,
         cluster=cluster,
@@ -145,6 +149,7 @@ def claim(
         role=role,
         attempt=body.attempt,
         worker=body.worker,
+        device=body.device,
         settings=settings,
     )
     db.commit()

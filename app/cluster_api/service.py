@@ -29,8 +29,9 @@ from app.pki import service as pki
 from app.settings import Settings
 from app.unit_of_work import commit_before_raising, commit_before_waiting
 from contract.cluster_api import ErrorCode, RoleReport
+from contract.devices import DeviceKind, role_device
 from contract.jobtoken import JobTokenError, verify_job_token
-from contract.kinds import KINDS, REPLICA_OF, replica_rank, role_reads, role_spec
+from contract.kinds import KINDS, REPLICA_OF, device_need, replica_rank, role_reads, role_spec
 
 OUTPUT_CHUNK_BYTES = 1024 * 1024
 
@@ -130,13 +131,18 @@ def claim(
     role: str,
     attempt: int,
     worker: str,
+    device: DeviceKind,
     settings: Settings,
 ) -> dict[str, Any]:
-    """Start a dispatched role on this cluster and hand it its job token and config."""
+    """Start a dispatched role on this cluster and hand it its job token, its config and
+    the device it runs on."""
     row = db.scalar(select(JobRole).where(JobRole.job_id == job_id, JobRole.role == role))
     if row is None or row.cluster != cluster.name:
         raise NotFound()
     _refuse_outside_residency(db, job_id=job_id, cluster=cluster.name)
+    runs_on = _device_for(
+        db, job_id=job_id, role=role, attempt=attempt, cluster=cluster.name, device=device
+    )
     if not attempts.start_role(db, job_id=job_id, role=role, attempt=attempt, worker=worker):
         commit_before_raising(db)  # a held job's role went back to pending
         raise Conflict(f"attempt {attempt} of job {job_id} is not live (stale, final or held)")
@@ -155,6 +161,7 @@ def claim(
         "kind": job.kind,
         "config": dict(job.config),
         "inputs": sorted(set(role_reads(job.kind, role, job.config)) & set(job.inputs)),
+        "device": runs_on,
         "heartbeat_s": settings.role_heartbeat_s,
         "grace_s": settings.heartbeat_timeout_s,
         # only a live attempt gets it: once the job ends, what it left sealed stays sealed
@@ -252,6 +259,45 @@ def _refuse_outside_residency(db: Session, *, job_id: str, cluster: str) -> None
         jobs.fail_for_residency(db, job=job, refusal=refusal)
     commit_before_raising(db)
     raise Forbidden(refusal.describe())
+
+
+def _device_for(
+    db: Session, *, job_id: str, role: str, attempt: int, cluster: str, device: DeviceKind
+) -> DeviceKind:
+    """The device the role runs on, on a worker that trains on `device`.
+
+    A worker that lacks the device the role needs is refused (409) and the job fails,
+    saying which role needs what and where; a stale attempt's claim is refused without
+    failing the job, whose live attempt may land on another worker.
+    """
+    job = db.get(Job, job_id)
+    if job is None:
+        raise NotFound()
+    need = device_need(job.kind, role, job.config)
+    runs_on = role_device(need, device)
+    if runs_on is not None:
+        return runs_on
+    error = (
+        f"role {role} needs a {need.upper()} device, but the worker of cluster {cluster!r} "
+        f"that took it trains on {device.upper()} only: start that cluster's workers with "
+        f"`nebula worker --device {need}` on hosts that have one, or submit the job with "
+        f"device {'any'!r}"
+    )
+    if job.status not in FINAL_STATUSES and job.attempt == attempt:
+        jobs.fail_job(
+            db,
+            job,
+            error=error,
+            details={
+                "reason": "device_unavailable",
+                "role": role,
+                "cluster": cluster,
+                "needs": need,
+                "worker_device": device,
+            },
+        )
+    commit_before_raising(db)
+    raise Conflict(error)
 
 
 def _column_chunks(lines: Iterable[str], column: int) -> Iterator[bytes]:

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app.accounts.models import Identity, Role, User
 from app.clusters import service
 from app.clusters.bundle import provision_broker_user
-from app.clusters.models import Certificate, Cluster
+from app.clusters.models import Certificate, Cluster, ClusterPresence
 from app.clusters.schemas import (
     CertificateList,
     CertificateOut,
@@ -20,6 +20,7 @@ from app.clusters.schemas import (
     ClusterOut,
     ClusterSlotsIn,
     CsrIn,
+    DeviceOut,
     EnrollIn,
     EnrollmentTokenIn,
     EnrollmentTokenOut,
@@ -32,6 +33,7 @@ from app.clusters.schemas import (
     WorkerCredentialIssued,
     WorkerCredentialList,
     WorkerCredentialOut,
+    WorkerDevicesOut,
 )
 from app.deps import AdminDep, CallerDep, PageDep, SessionDep, SettingsDep, client_ip
 from app.errors import Conflict, Invalid, NotAuthenticated, NotFound, raises
@@ -76,12 +78,21 @@ def _out(
             "switch_online": health.switch_online,
             "workers_online": health.workers_online,
             "running_jobs": health.running_jobs,
+            "worker_devices": [
+                WorkerDevicesOut(device=DeviceOut(**d.device.model_dump()), workers=d.workers)
+                for d in health.worker_devices
+            ],
             "role_slots": slots if slots is not None else settings.default_cluster_role_slots,
             "slots_in_use": use.in_use,
             "slots_by_tenant": _slots_by_tenant(db, use, viewer),
             "queued_jobs": use.queued_jobs,
         }
     )
+
+
+def _device_out(presence: ClusterPresence) -> DeviceOut | None:
+    device = service.presence_device(presence)
+    return DeviceOut(**device.model_dump()) if device is not None else None
 
 
 def _presence_timeout(settings: Settings) -> timedelta:
@@ -162,7 +173,9 @@ def list_presence(
     cluster = service.get(db, cluster_id=cluster_id)
     rows = service.presences(db, cluster=cluster, timeout=_presence_timeout(settings))
     items = [
-        PresenceOut.model_validate(p).model_copy(update={"running_roles": roles})
+        PresenceOut.model_validate(p).model_copy(
+            update={"running_roles": roles, "device": _device_out(p)}
+        )
         for p, roles in rows
     ]
     return PresenceList(items=items, total=len(items))

@@ -28,6 +28,23 @@ class ClusterCreateIn(StrictIn):
     switch_port: int = Field(ge=1, le=65535)
 
 
+class DeviceOut(BaseModel):
+    """A worker's device as it reported it."""
+
+    kind: Literal["cpu", "cuda"]
+    name: str = ""  # CUDA: the first device's name; CPU: the processor's model, or ""
+    count: int = 1  # CUDA devices visible to the worker; CPU: cores it may use
+    memory_bytes: int | None = None  # CUDA: the first device's memory
+    runtime: str = ""  # CUDA: the CUDA runtime torch was built with
+
+
+class WorkerDevicesOut(BaseModel):
+    """Online workers with the same device."""
+
+    device: DeviceOut
+    workers: int
+
+
 class TenantSlotsOut(BaseModel):
     tenant: str  # an email, or "other tenants"
     slots: int
@@ -46,6 +63,9 @@ class ClusterOut(BaseModel):
     switch_online: bool = False  # its switch reported in lately
     workers_online: int = 0  # worker processes that reported in lately
     running_jobs: int = 0  # jobs with a running role there
+    # the online workers' devices, alike ones together, CUDA first: where a job that needs
+    # CUDA (config.device) can run
+    worker_devices: list[WorkerDevicesOut] = []
     # fair share: how many roles may run there at once (None: unbounded), how many placed
     # jobs hold, per tenant (admins see every tenant's email; others see their own and
     # "other tenants"), and how many jobs wait for slots there
@@ -76,6 +96,7 @@ class PresenceOut(BaseModel):
     started_at: datetime
     last_seen: datetime
     running_roles: list[str] = []  # job/role
+    device: DeviceOut | None = None  # a worker's; a switch has none
 
 
 class PresenceList(BaseModel):

@@ -24,6 +24,7 @@ from app.errors import Conflict, Invalid, NotFound
 from app.jobs.models import Job, JobRole
 from app.jobs.states import FINAL_STATUSES, RoleStatus
 from app.settings import Settings
+from contract.devices import DeviceInfo
 
 
 def create(db: Session, *, actor: Actor, name: str, switch_host: str, switch_port: int) -> Cluster:
@@ -137,9 +138,17 @@ PRESENCE_KINDS = ("switch", "worker")
 
 
 def report_presence(
-    db: Session, *, cluster: Cluster, kind: str, instance: str, version: str, online: bool
+    db: Session,
+    *,
+    cluster: Cluster,
+    kind: str,
+    instance: str,
+    version: str,
+    online: bool,
+    device: DeviceInfo | None = None,
 ) -> None:
-    """A switch or worker reports in (or, with `online` false, says it is leaving)."""
+    """A switch or worker reports in (or, with `online` false, says it is leaving), a
+    worker with its device."""
     row = db.scalar(
         select(ClusterPresence).where(
             ClusterPresence.cluster_id == cluster.id,
@@ -151,12 +160,35 @@ def report_presence(
         if row is not None:
             db.delete(row)
         return
+    details: dict[str, object] = {"device": device.model_dump()} if device is not None else {}
     if row is None:
         db.add(
-            ClusterPresence(cluster_id=cluster.id, kind=kind, instance=instance, version=version)
+            ClusterPresence(
+                cluster_id=cluster.id,
+                kind=kind,
+                instance=instance,
+                version=version,
+                details=details,
+            )
         )
         return
     row.version, row.last_seen = version, utcnow()
+    if row.details != details:
+        row.details = details
+
+
+def presence_device(presence: ClusterPresence) -> DeviceInfo | None:
+    """The device a worker reported, None for a switch (or a worker that did not say)."""
+    stored = (presence.details or {}).get("device")
+    return DeviceInfo.model_validate(stored) if isinstance(stored, dict) else None
+
+
+@dataclass(frozen=True)
+class WorkerDevices:
+    """Online workers of a cluster with the same device: how many, and what it is."""
+
+    device: DeviceInfo
+    workers: int
 
 
 @dataclass(frozen=True)
@@ -166,6 +198,7 @@ class ClusterHealth:
     switch_online: bool
     workers_online: int
     running_jobs: int
+    worker_devices: list[WorkerDevices]
 
 
 def _online(db: Session, *, cluster_id: str, timeout: timedelta) -> list[ClusterPresence]:
@@ -198,7 +231,22 @@ def health(db: Session, *, cluster: Cluster, timeout: timedelta) -> ClusterHealt
         switch_online=any(p.kind == "switch" for p in online),
         workers_online=sum(p.kind == "worker" for p in online),
         running_jobs=int(running or 0),
+        worker_devices=_group_devices(online),
     )
+
+
+def _group_devices(online: list[ClusterPresence]) -> list[WorkerDevices]:
+    """The online workers' devices, alike ones counted together, CUDA first."""
+    counts: dict[str, tuple[DeviceInfo, int]] = {}
+    for presence in online:
+        device = presence_device(presence) if presence.kind == "worker" else None
+        if device is not None:
+            key = device.model_dump_json()
+            counts[key] = (device, counts.get(key, (device, 0))[1] + 1)
+    return [
+        WorkerDevices(device=device, workers=n)
+        for device, n in sorted(counts.values(), key=lambda dn: (dn[0].kind != "cuda", -dn[1]))
+    ]
 
 
 def presences(

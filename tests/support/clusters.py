@@ -153,9 +153,10 @@ class RunningPlatform:
 
 
 def electra_job(
-    running: RunningPlatform, corpus: dict[str, Path], name: str, *, steps: int
+    running: RunningPlatform, corpus: dict[str, Path], name: str, *, steps: int, **config: Any
 ) -> tuple[User, str]:
-    """A new user's ELECTRA job of `steps` steps on their own text, checkpointing every 4."""
+    """A new user's ELECTRA job of `steps` steps on their own text, checkpointing every 4
+    (`config`: further fields of its config)."""
     user = running.user(name)
     text = user.upload(corpus["text"], "text", lines=400)
     job = user.call(
@@ -164,7 +165,7 @@ def electra_job(
         202,
         json={
             "kind": "electra_pretrain",
-            "config": {**ELECTRA_FAST, "steps": steps, "ckpt_every": 4},
+            "config": {**ELECTRA_FAST, "steps": steps, "ckpt_every": 4, **config},
             "inputs": {"text": text},
             "placement": {"generator": "cluster-a", "discriminator": "cluster-b"},
         },

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contract.kinds import KINDS
-from workers.runner import ROLE_ENTRIES, RoleInputs, resolve_device
+from workers.runner import ROLE_ENTRIES, RoleInputs, describe_device, resolve_device
 from workers.training.runtime import Hooks
 
 
@@ -69,3 +69,13 @@ def test_nebula_worker_device_choice() -> None:
             resolve_device("cuda")
     with pytest.raises(ValueError, match="cpu, cuda or auto"):
         resolve_device("tpu")
+
+
+def test_a_cpu_worker_describes_its_device_within_the_contract() -> None:
+    from contract.devices import DeviceInfo
+
+    device = describe_device("cpu")
+    assert device.kind == "cpu" and device.count >= 1
+    assert device.memory_bytes is None and device.runtime == ""
+    # what the presence report sends is what the control plane validates
+    assert DeviceInfo.model_validate(device.model_dump()) == device

@@ -4,6 +4,11 @@ Dense codecs (`none`, `fp16`, `bf16`, `int8`) are stateless apart from scratch
 buffers and a random generator. `lowrank` nests a dense codec for its factors and
 keeps the power-iteration warm start; `ef` keeps the error-feedback residual. Keep
 one instance per tensor stream. Any blob decodes with `decode` alone.
+
+Codecs compute on the tensor's device: its state (residual, warm basis, int8 scratch)
+stays there, and only the wire bytes go to the host (`wire.tensor_bytes`). Decoding
+reads the bytes on the host, moves the wire-dtype values to the device asked for and
+computes the rest there.
 """
 
 from __future__ import annotations
@@ -96,6 +101,22 @@ def check_input(x: object) -> torch.Tensor:
     return x.detach()
 
 
+Device = torch.device | str | None
+"""Where a decoded tensor is made: a device, its name, or None for the host."""
+HOST = torch.device("cpu")
+
+
+def _device_generator(
+    generators: dict[torch.device, torch.Generator], device: torch.device, seed: int
+) -> torch.Generator:
+    """The stream's random generator on `device` (a CUDA sketch needs a CUDA generator);
+    every device's starts from the same seed."""
+    device = torch.device(device.type, device.index) if device.type != "cpu" else HOST
+    if device not in generators:
+        generators[device] = torch.Generator(device=device).manual_seed(seed)
+    return generators[device]
+
+
 def _non_finite(what: str) -> NonFiniteError:
     return NonFiniteError(f"{what}: the tensor holds NaN or Inf; nothing was encoded")
 
@@ -130,11 +151,14 @@ class Codec(ABC):
         *,
         shape: Sequence[int | None] | None = None,
         max_numel: int = MAX_DECODED_NUMEL,
+        device: Device = None,
     ) -> torch.Tensor:
-        """The float32 tensor a blob of this codec carries; WireError for any other codec's
-        blob, or a claimed shape other than `shape` (None: any size on that axis) or past
-        `max_numel` elements, before anything is allocated."""
-        return decode(blob, shape=shape, max_numel=max_numel, accepted=self.accepts())
+        """The float32 tensor a blob of this codec carries, on `device` (None: the host);
+        WireError for any other codec's blob, or a claimed shape other than `shape` (None:
+        any size on that axis) or past `max_numel` elements, before anything is allocated."""
+        return decode(
+            blob, shape=shape, max_numel=max_numel, accepted=self.accepts(), device=device
+        )
 
     def reset(self) -> None:
         """Forget carried state (warm starts, residuals); stateless codecs have none."""
@@ -187,7 +211,7 @@ class CastCodec(DenseCodec):
     def encode(self, x: torch.Tensor) -> bytes:
         """Header and the values cast to the wire dtype."""
         x = check_input(x)
-        y = x.to(self.dtype).cpu()
+        y = x.to(self.dtype)  # on x's device; tensor_bytes takes the cast values to the host
         if not all_finite(y):
             if all_finite(x):
                 raise NonFiniteError(
@@ -206,7 +230,7 @@ class Int8Codec(DenseCodec):
     def __init__(self, stochastic: bool = False, seed: int = 0) -> None:
         self.stochastic = stochastic
         self.seed = seed
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generators: dict[torch.device, torch.Generator] = {}
         self._scratch: torch.Tensor | None = None
 
     @property
@@ -225,32 +249,34 @@ class Int8Codec(DenseCodec):
 
     def reset(self) -> None:
         """Restart the rounding noise from the seed."""
-        self._generator.manual_seed(self.seed)
+        self._generators.clear()
 
-    def _buffer(self, shape: tuple[int, int]) -> torch.Tensor:
+    def _buffer(self, x: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         # reusing the float32 scratch is several times faster than allocating it per call
-        if self._scratch is None or tuple(self._scratch.shape) != shape:
-            self._scratch = torch.empty(shape, dtype=torch.float32)
-        return self._scratch
+        scratch = self._scratch
+        if scratch is None or tuple(scratch.shape) != shape or scratch.device != x.device:
+            self._scratch = scratch = x.new_empty(shape)
+        return scratch
 
     def encode(self, x: torch.Tensor) -> bytes:
         """Header, float32 scales (absmax / 127 per row), then the int8 values."""
-        x = check_input(x).cpu()
+        x = check_input(x)
         rows = row_count(x.shape)
         cols = x.shape[-1] if x.dim() else 1
         x2 = x.reshape(rows, cols)
         if x2.numel():
             absmax = torch.linalg.vector_norm(x2, ord=math.inf, dim=1)
         else:
-            absmax = torch.zeros(rows)
+            absmax = x.new_zeros(rows)
         if not all_finite(absmax):
             raise _non_finite(self.spec)
         live = absmax >= INT8_TINY
         scale = torch.where(live, absmax / 127.0, 0.0)
         inverse = torch.where(live, 127.0 / torch.where(live, absmax, 1.0), 0.0)
-        y = torch.mul(x2, inverse.unsqueeze(1), out=self._buffer((rows, cols)))
+        y = torch.mul(x2, inverse.unsqueeze(1), out=self._buffer(x, (rows, cols)))
         if self.stochastic:
-            y.add_(torch.rand(y.shape, generator=self._generator)).floor_()
+            generator = _device_generator(self._generators, y.device, self.seed)
+            y.add_(torch.empty_like(y).uniform_(generator=generator)).floor_()
         else:
             y.round_()
         q = y.clamp_(-127.0, 127.0).to(torch.int8)
@@ -301,8 +327,9 @@ class LowRankCodec(Codec):
         self.layout: Layout = layout
         self.fallback = fallback
         self.seed = seed
-        self._generator = torch.Generator().manual_seed(seed)
-        self._warm: torch.Tensor | None = None
+        self._generator = torch.Generator().manual_seed(seed)  # cold starts, on the host
+        self._generators: dict[torch.device, torch.Generator] = {}  # sketches, on the device
+        self._warm: torch.Tensor | None = None  # on the device of the tensors it factors
 
     @property
     def spec(self) -> str:
@@ -337,6 +364,7 @@ class LowRankCodec(Codec):
         """Drop the warm start and restart the random sketches from the seed."""
         self._warm = None
         self._generator.manual_seed(self.seed)
+        self._generators.clear()
 
     def matrices(self, shape: Sequence[int]) -> tuple[int, int, int]:
         """(batch, m, n): how the tensor is cut into matrices."""
@@ -380,17 +408,17 @@ class LowRankCodec(Codec):
         if self.method == "svd":
             return lowrank.svd_factors(x, k)
         if self.method == "rsvd":
-            return lowrank.rsvd_factors(x, k, self.iters, self.oversample, self._generator)
+            generator = _device_generator(self._generators, x.device, self.seed)
+            return lowrank.rsvd_factors(x, k, self.iters, self.oversample, generator)
         b, m, n = x.shape
         width = min(k + self.oversample, m, n)
-        if self._warm is None or tuple(self._warm.shape) != (b, n, width):
-            self._warm = torch.randn((b, n, width), generator=self._generator)
-        start = lowrank.refill_warm(self._warm, self._generator)
-        p, q, warm = lowrank.power_factors(x, k, self.iters, start.to(x.device))
-        if all_finite(warm):
-            self._warm = warm.cpu()
-        else:
-            self._warm = None
+        warm = self._warm
+        if warm is None or tuple(warm.shape) != (b, n, width) or warm.device != x.device:
+            # a cold start is drawn on the host, so that every device starts alike
+            warm = torch.randn((b, n, width), generator=self._generator).to(x.device)
+        start = lowrank.refill_warm(warm, self._generator)
+        p, q, warm = lowrank.power_factors(x, k, self.iters, start)
+        self._warm = warm if all_finite(warm) else None  # stays on x's device
         return p, q
 
     @property
@@ -466,7 +494,7 @@ class ErrorFeedback(Codec):
         if self._residual is not None and self._residual.shape == x.shape:
             x = x + self._residual.to(x.device)
         blob = self.inner.encode(x)
-        self._residual = (x.cpu() - decode(blob)).contiguous()
+        self._residual = (x - decode(blob, device=x.device)).contiguous()
         return blob
 
 
@@ -485,28 +513,39 @@ def check_claimed_shape(
         raise WireError(f"blob claims {numel(claimed)} elements, more than {max_numel}")
 
 
+def _to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Wire values (a read-only view of the blob) as a tensor of their own on `device`,
+    still in the wire dtype: the fewest bytes cross to the device."""
+    return values.to(device, copy=True)
+
+
 def _dense_from(
-    buf: memoryview, offset: int, kind: Kind, shape: tuple[int, ...]
+    buf: memoryview, offset: int, kind: Kind, shape: tuple[int, ...], device: torch.device
 ) -> tuple[torch.Tensor, int]:
     if kind in DENSE_DTYPE:
         values, end = read_tensor(buf, offset, DENSE_DTYPE[kind], shape)
-        return values.to(torch.float32, copy=True), end
+        if kind == Kind.NONE or device == HOST:
+            return values.to(device=device, dtype=torch.float32, copy=True), end
+        return _to_device(values, device).to(torch.float32), end
     if kind == Kind.INT8:
         rows = row_count(shape)
         scale, offset = read_tensor(buf, offset, torch.float32, (rows,))
         q, end = read_tensor(buf, offset, torch.int8, shape)
         cols = shape[-1] if shape else 1
+        scale, q = _to_device(scale, device), _to_device(q, device)
         x = q.reshape(rows, cols).to(torch.float32).mul_(scale.unsqueeze(1))
         return x.reshape(shape), end
     raise WireError(f"a low-rank factor must be a dense blob, got kind {kind.name.lower()}")
 
 
-def _factor_at(buf: memoryview, offset: int, accepted: Accepted | None) -> tuple[torch.Tensor, int]:
+def _factor_at(
+    buf: memoryview, offset: int, accepted: Accepted | None, device: torch.device
+) -> tuple[torch.Tensor, int]:
     body, kind, shape = _header_of(buf, offset)
     if accepted is not None and kind not in accepted.factor_kinds:
         raise WireError(f"low-rank factors of kind {kind.name.lower()} are not this stream's")
     # a factor is read from bytes the blob holds, so its size is bounded by the blob's
-    return _dense_from(buf, body, kind, shape)
+    return _dense_from(buf, body, kind, shape, device)
 
 
 def _decode_at(
@@ -514,13 +553,14 @@ def _decode_at(
     offset: int,
     shape_check: tuple[Sequence[int | None] | None, int],
     accepted: Accepted | None,
+    device: torch.device,
 ) -> tuple[torch.Tensor, int]:
     kind, shape, offset = unpack_header(buf, offset)
     if accepted is not None and kind not in accepted.kinds:
         raise WireError(f"a {kind.name.lower()} blob is not what this stream's codec sends")
     check_claimed_shape(shape, *shape_check)
     if kind != Kind.LOWRANK:
-        return _dense_from(buf, offset, kind, shape)
+        return _dense_from(buf, offset, kind, shape, device)
     if len(buf) - offset < _LOWRANK_BODY.size:
         raise WireError("truncated low-rank blob")
     layout, k = _LOWRANK_BODY.unpack_from(buf, offset)
@@ -533,8 +573,8 @@ def _decode_at(
     )
     if not 1 <= k <= min(m, n):
         raise WireError(f"rank {k} is impossible for {m} x {n} matrices")
-    pt, offset = _factor_at(buf, offset + _LOWRANK_BODY.size, accepted)
-    qt, end = _factor_at(buf, offset, accepted)
+    pt, offset = _factor_at(buf, offset + _LOWRANK_BODY.size, accepted, device)
+    qt, end = _factor_at(buf, offset, accepted, device)
     if pt.numel() != b * k * m or qt.numel() != b * k * n:
         raise WireError(
             f"low-rank factors {tuple(pt.shape)} and {tuple(qt.shape)} do not fit "
@@ -555,11 +595,14 @@ def decode(
     shape: Sequence[int | None] | None = None,
     max_numel: int = MAX_DECODED_NUMEL,
     accepted: Accepted | None = None,
+    device: Device = None,
 ) -> torch.Tensor:
-    """The float32 tensor carried by a blob; WireError on malformed input, on a kind not in
-    `accepted` (None: any), or on a claimed shape off `shape` or past `max_numel`."""
+    """The float32 tensor carried by a blob, on `device` (None: the host); WireError on
+    malformed input, on a kind not in `accepted` (None: any), or on a claimed shape off
+    `shape` or past `max_numel`."""
     buf = memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
-    x, end = _decode_at(buf, 0, (shape, max_numel), accepted)
+    target = HOST if device is None else torch.device(device)
+    x, end = _decode_at(buf, 0, (shape, max_numel), accepted, target)
     if end != len(buf):
         raise WireError(f"{len(buf) - end} unexpected bytes after the blob")
     return x

@@ -100,8 +100,11 @@ def row_count(shape: Sequence[int]) -> int:
 
 
 def tensor_bytes(x: torch.Tensor) -> memoryview:
-    """The raw bytes of a contiguous CPU tensor, without copying."""
+    """The raw bytes of a tensor, without copying on the host; a tensor on another device
+    comes to the host here, and only here: these are the wire bytes."""
     x = x.contiguous()
+    if x.device.type != "cpu":
+        x = x.cpu()
     if x.numel() == 0:
         return memoryview(b"")
     return x.reshape(-1).view(torch.uint8).numpy().data.cast("B")

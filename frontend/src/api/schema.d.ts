@@ -440,7 +440,10 @@ export interface paths {
         put?: never;
         /**
          * Claim
-         * @description Start a dispatched role on this cluster: its job token, config and inputs.
+         * @description Start a dispatched role on this cluster: its job token, config, inputs and device.
+         *
+         *     409 when the attempt is not live, or when the worker lacks the device the role needs
+         *     (the job then fails, saying so).
          */
         post: operations["claim_api_v1_cluster_jobs__job_id__roles__role__claim_post"];
         delete?: never;
@@ -1694,6 +1697,13 @@ export interface components {
              */
             compress_from_step: number;
             /**
+             * Device
+             * @description The device every role needs: cpu, cuda, or any (what its worker has). A worker that lacks it refuses the role at claim, and the job fails saying so.
+             * @default any
+             * @enum {string}
+             */
+            device: "cpu" | "cuda" | "any";
+            /**
              * Forward Codec
              * Format: codec-spec
              * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
@@ -1714,6 +1724,16 @@ export interface components {
              * @enum {string}
              */
             preset: "tiny" | "paper";
+            /**
+             * Role Devices
+             * @description Per placed role, a device other than `device` (a discriminator's replicas follow it)
+             * @example {
+             *       "discriminator": "cuda"
+             *     }
+             */
+            role_devices?: {
+                [key: string]: "cpu" | "cuda" | "any";
+            };
             /**
              * Seed
              * @default 0
@@ -2032,6 +2052,12 @@ export interface components {
         ClaimIn: {
             /** Attempt */
             attempt: number;
+            /**
+             * Device
+             * @default cpu
+             * @enum {string}
+             */
+            device: "cpu" | "cuda";
             /** Worker */
             worker: string;
         };
@@ -2048,6 +2074,12 @@ export interface components {
             config: {
                 [key: string]: unknown;
             };
+            /**
+             * Device
+             * @default cpu
+             * @enum {string}
+             */
+            device: "cpu" | "cuda";
             /** Grace S */
             grace_s: number;
             /** Heartbeat S */
@@ -2144,6 +2176,11 @@ export interface components {
             switch_online: boolean;
             /** Switch Port */
             switch_port: number;
+            /**
+             * Worker Devices
+             * @default []
+             */
+            worker_devices: components["schemas"]["WorkerDevicesOut"][];
             /**
              * Workers Online
              * @default 0
@@ -2271,6 +2308,62 @@ export interface components {
             /** Name */
             name?: string | null;
         };
+        /**
+         * DeviceInfo
+         * @description A worker's device as it reports it: cheap facts, read once when it starts.
+         */
+        DeviceInfo: {
+            /**
+             * Count
+             * @default 1
+             */
+            count: number;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "cpu" | "cuda";
+            /** Memory Bytes */
+            memory_bytes?: number | null;
+            /**
+             * Name
+             * @default
+             */
+            name: string;
+            /**
+             * Runtime
+             * @default
+             */
+            runtime: string;
+        };
+        /**
+         * DeviceOut
+         * @description A worker's device as it reported it.
+         */
+        DeviceOut: {
+            /**
+             * Count
+             * @default 1
+             */
+            count: number;
+            /**
+             * Kind
+             * @enum {string}
+             */
+            kind: "cpu" | "cuda";
+            /** Memory Bytes */
+            memory_bytes?: number | null;
+            /**
+             * Name
+             * @default
+             */
+            name: string;
+            /**
+             * Runtime
+             * @default
+             */
+            runtime: string;
+        };
         /** ElectraInputs */
         ElectraInputs: {
             /**
@@ -2288,6 +2381,13 @@ export interface components {
             batch_size?: number | null;
             /** Ckpt Every */
             ckpt_every?: number | null;
+            /**
+             * Device
+             * @description The device every role needs: cpu, cuda, or any (what its worker has). A worker that lacks it refuses the role at claim, and the job fails saying so.
+             * @default any
+             * @enum {string}
+             */
+            device: "cpu" | "cuda" | "any";
             /**
              * Discriminator Reads Text
              * @default true
@@ -2307,6 +2407,16 @@ export interface components {
              * @enum {string}
              */
             preset: "tiny" | "paper";
+            /**
+             * Role Devices
+             * @description Per placed role, a device other than `device` (a discriminator's replicas follow it)
+             * @example {
+             *       "discriminator": "cuda"
+             *     }
+             */
+            role_devices?: {
+                [key: string]: "cpu" | "cuda" | "any";
+            };
             /**
              * Seed
              * @default 0
@@ -2887,6 +2997,7 @@ export interface components {
         };
         /** PresenceIn */
         PresenceIn: {
+            device?: components["schemas"]["DeviceInfo"] | null;
             /** Instance */
             instance: string;
             /**
@@ -2911,6 +3022,7 @@ export interface components {
         };
         /** PresenceOut */
         PresenceOut: {
+            device?: components["schemas"]["DeviceOut"] | null;
             /** Instance */
             instance: string;
             /**
@@ -3409,6 +3521,15 @@ export interface components {
             id: string;
             /** Revoked At */
             revoked_at: string | null;
+        };
+        /**
+         * WorkerDevicesOut
+         * @description Online workers with the same device.
+         */
+        WorkerDevicesOut: {
+            device: components["schemas"]["DeviceOut"];
+            /** Workers */
+            workers: number;
         };
         /**
          * WorkspaceCreateIn

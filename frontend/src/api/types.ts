@@ -173,9 +173,30 @@ export interface Cluster {
   slots_by_tenant?: { tenant: string; slots: number; you?: boolean }[];
   /** Jobs waiting for slots there. */
   queued_jobs?: number;
+  /** The online workers' devices, alike ones together, CUDA first. */
+  worker_devices?: WorkerDevices[];
   /** Its RabbitMQ user: "missing" when making it failed (broker_problem says why and the fix). */
   broker_user?: "ok" | "missing" | null;
   broker_problem?: string | null;
+}
+
+/** What a worker trains on, as it reported it (`nebula worker --device`). */
+export interface Device {
+  kind: "cpu" | "cuda";
+  /** CUDA: the first device's name; CPU: the processor's model, or "". */
+  name?: string;
+  /** CUDA devices visible to the worker; CPU: cores it may use. */
+  count?: number;
+  /** CUDA: the first device's memory. */
+  memory_bytes?: number | null;
+  /** CUDA: the CUDA runtime torch was built with. */
+  runtime?: string;
+}
+
+/** Online workers of a cluster with the same device. */
+export interface WorkerDevices {
+  device: Device;
+  workers: number;
 }
 
 /** A switch or worker process of a cluster that reports in. */
@@ -187,6 +208,8 @@ export interface Presence {
   last_seen: string;
   /** job/role pairs it runs now */
   running_roles: string[];
+  /** A worker's device; a switch has none. */
+  device?: Device | null;
 }
 
 export interface WorkerCredential {

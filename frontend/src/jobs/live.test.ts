@@ -59,6 +59,12 @@ describe("buildConfig", () => {
     expect(buildConfig(kindSpec("abnet_finetune"), "tiny", NO_ADVANCED)).toEqual({ preset: "tiny" });
   });
 
+  it("asks for a device only when one is chosen", () => {
+    expect(buildConfig(kindSpec("electra_pretrain"), "tiny", { ...NO_ADVANCED, device: "cuda" })).toEqual({ preset: "tiny", device: "cuda" });
+    expect(buildConfig(kindSpec("abnet_finetune"), "tiny", { ...NO_ADVANCED, device: "cpu" })).toEqual({ preset: "tiny", device: "cpu" });
+    expect(buildConfig(kindSpec("abnet_finetune"), "tiny", { ...NO_ADVANCED, device: "" })).toEqual({ preset: "tiny" });
+  });
+
   it("uses ElectraJobConfig's keys for ELECTRA", () => {
     const advanced = { ...NO_ADVANCED, steps: "6", batchSize: "8", ckptEvery: "3", seed: "7", nDiscriminators: "2", discriminatorReadsText: false, forwardCodec: "int8" };
     expect(buildConfig(kindSpec("electra_pretrain"), "paper", advanced)).toEqual({

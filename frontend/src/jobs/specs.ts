@@ -42,6 +42,8 @@ export interface AdvancedOptions {
   backwardCodec: string;
   /** ABNet only: steps before this one send float32. */
   compressFromStep: string;
+  /** The device every role needs: "" (any: what its worker has), "cpu" or "cuda". */
+  device: "" | "cpu" | "cuda";
 }
 
 export const NO_ADVANCED: AdvancedOptions = {
@@ -54,6 +56,7 @@ export const NO_ADVANCED: AdvancedOptions = {
   forwardCodec: "",
   backwardCodec: "",
   compressFromStep: "",
+  device: "",
 };
 
 function setNumber(config: Record<string, unknown>, fields: Set<string>, key: string, value: string): void {
@@ -81,7 +84,15 @@ export function buildConfig(spec: Pick<JobKindSpec, "config_fields">, preset: Pr
   setText(config, fields, "forward_codec", advanced.forwardCodec);
   setText(config, fields, "backward_codec", advanced.backwardCodec);
   setNumber(config, fields, "compress_from_step", advanced.compressFromStep);
+  setText(config, fields, "device", advanced.device);
   return config;
+}
+
+/** The device a role of a job needs: its `role_devices` entry, else the job's `device`, else "any". */
+export function roleDevice(config: Record<string, unknown> | undefined, role: string): string {
+  const perRole = config?.role_devices as Record<string, unknown> | undefined;
+  const need = perRole?.[role] ?? config?.device;
+  return typeof need === "string" ? need : "any";
 }
 
 /**

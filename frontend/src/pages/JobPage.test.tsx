@@ -181,6 +181,18 @@ describe("JobPage", () => {
     expect(await screen.findByText("This job wrote no artifacts.")).toBeInTheDocument();
   });
 
+  it("says which device each role needs, and why a worker without it failed the job", async () => {
+    const error =
+      "role discriminator needs a CUDA device, but the worker of cluster 'beta' that took it trains on CPU only: start that cluster's workers with `nebula worker --device cuda` on hosts that have one, or submit the job with device 'any'";
+    mockApi(
+      routes({ ...runningJob, status: "failed", error, finished_at: "2030-01-01T01:00:00Z", config: { preset: "tiny", device: "any", role_devices: { discriminator: "cuda" } } }),
+    );
+    renderPage(<JobPage />, { path: "/jobs/job-1234567890", route: "/jobs/:id" });
+    expect(await screen.findByRole("alert")).toHaveTextContent(/discriminator needs a CUDA device.*--device cuda/);
+    expect(screen.getByText("beta · needs CUDA")).toBeInTheDocument();
+    expect(screen.getByText("alpha")).toBeInTheDocument(); // the generator needs no particular device
+  });
+
   it("links a model artifact to its dataset page and shows a report's details", async () => {
     artifacts = [
       {

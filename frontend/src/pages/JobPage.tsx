@@ -9,7 +9,7 @@ import { formatBytes, formatDate, formatNumber, progressPercent, shortId, TERMIN
 import { useAction, useLoad } from "../hooks";
 import { useJobKinds } from "../jobs/kinds";
 import { useLiveJob, type LiveMode, type SeriesMap } from "../jobs/live";
-import { whatEachClusterSees } from "../jobs/specs";
+import { roleDevice, whatEachClusterSees } from "../jobs/specs";
 
 export interface ChartGroups {
   loss: ChartSeries[];
@@ -254,7 +254,10 @@ export function JobPage() {
                 ? Object.entries(job.placement).map(([role, cluster]) => (
                     <div key={role} className="details-pair">
                       <dt>{role}</dt>
-                      <dd>{cluster}</dd>
+                      <dd>
+                        {cluster}
+                        {roleDevice(job.config, role) !== "any" ? ` · needs ${roleDevice(job.config, role).toUpperCase()}` : ""}
+                      </dd>
                     </div>
                   ))
                 : null}

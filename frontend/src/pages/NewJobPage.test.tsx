@@ -54,6 +54,26 @@ describe("NewJobPage", () => {
     });
   });
 
+  it("asks for CUDA when chosen, and says which clusters have CUDA workers online", async () => {
+    const h200 = { kind: "cuda", name: "NVIDIA H200", count: 1, memory_bytes: null, runtime: "12.8" };
+    const fake = mockApi({
+      ...routes(),
+      "GET /clusters": page([
+        { id: "c1", name: "alpha", switch_host: "a", switch_port: 1, worker_devices: [{ device: { kind: "cpu", count: 2 }, workers: 1 }] },
+        { id: "c2", name: "beta", switch_host: "b", switch_port: 2, worker_devices: [{ device: h200, workers: 1 }] },
+      ]),
+    });
+    renderPage(<NewJobPage />, { path: "/jobs/new?ws=w1", route: "/jobs/new" });
+    const user = userEvent.setup();
+    await user.selectOptions(await screen.findByLabelText(/Text corpus/), "d-text");
+    await user.click(screen.getByText("Advanced options"));
+    expect(screen.getByText(/CUDA workers are online on beta\./)).toBeInTheDocument();
+    await user.selectOptions(screen.getByLabelText("Device"), "cuda");
+    await user.click(screen.getByRole("button", { name: "Submit job" }));
+    await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
+    expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toMatchObject({ config: { preset: "tiny", device: "cuda" } });
+  });
+
   it("greys out a cluster the chosen input's grant does not allow, and says which grant", async () => {
     mockApi({
       ...routes(),

@@ -38,7 +38,7 @@ export async function loadUsableDatasets(): Promise<UsableDatasets> {
   return { own, granted };
 }
 
-type NumericOption = Exclude<keyof AdvancedOptions, "discriminatorReadsText" | "forwardCodec" | "backwardCodec">;
+type NumericOption = Exclude<keyof AdvancedOptions, "discriminatorReadsText" | "forwardCodec" | "backwardCodec" | "device">;
 
 export function NewJobPage() {
   const [params] = useSearchParams();
@@ -77,6 +77,7 @@ export function NewJobPage() {
       <CodecField id={id} label={label} placeholder={presetValue(kindSpec, preset, field)} value={advanced[key]} onChange={(v) => setAdvanced({ ...advanced, [key]: v })} />
     ) : null;
   const clusterNames = useMemo(() => (clusterList.data?.items ?? []).map((c) => c.name), [clusterList.data]);
+  const cudaClusters = (clusterList.data?.items ?? []).filter((c) => (c.worker_devices ?? []).some((g) => g.device.kind === "cuda")).map((c) => c.name);
 
   useEffect(() => {
     if (!ws && wsList.data?.items.length) setWs(wsList.data.items[0].id);
@@ -323,6 +324,20 @@ export function NewJobPage() {
               {codec(spec, "job-forward-codec", "Activations codec (encoder → decoder)", "forwardCodec", "forward_codec")}
               {codec(spec, "job-backward-codec", "Gradients codec (decoder → encoder)", "backwardCodec", "backward_codec")}
               {numeric(spec, "job-compress-from", "Compress from step", "compressFromStep", "compress_from_step", 0)}
+              {has("device") ? (
+                <div className="field">
+                  <label htmlFor="job-device">Device</label>
+                  <select id="job-device" value={advanced.device} onChange={(e) => setAdvanced({ ...advanced, device: e.target.value as AdvancedOptions["device"] })}>
+                    <option value="">Any: what each worker has</option>
+                    <option value="cpu">CPU</option>
+                    <option value="cuda">CUDA</option>
+                  </select>
+                  <p className="hint">
+                    A worker without the device refuses the role, and the job fails saying so.{" "}
+                    {cudaClusters.length ? `CUDA workers are online on ${cudaClusters.join(", ")}.` : "No cluster has a CUDA worker online now."}
+                  </p>
+                </div>
+              ) : null}
             </div>
             {has("forward_codec") || has("backward_codec") ? (
               <datalist id="codec-suggestions">

@@ -102,12 +102,12 @@ def _upload(client: TestClient, user: Account, *, discoverable: bool = False) ->
     return str(answer.json()["id"])
 
 
-def _submit(client: TestClient, user: Account, text: str) -> str:
+def _submit(client: TestClient, user: Account, text: str, **config: object) -> str:
     answer = client.post(
         f"{API}/workspaces/{_workspace(client, user)}/jobs",
         json={
             "kind": "electra_pretrain",
-            "config": {"preset": "tiny", "steps": 5},
+            "config": {"preset": "tiny", "steps": 5, **config},
             "inputs": {"text": text},
             "placement": dict(CLUSTER_OF),
         },
@@ -715,3 +715,158 @@ def test_a_cluster_learns_which_of_its_jobs_ended(site: Site) -> None:
     assert (
         site.client.post(path, json=too_many, headers=site.headers("cluster-a")).status_code == 422
     )
+
+
+# ------------------------------------------------------------------------------ devices
+
+
+CUDA_WORKER = {
+    "kind": "cuda",
+    "name": "NVIDIA H200",
+    "count": 8,
+    "memory_bytes": 150_000_000_000,
+    "runtime": "12.8",
+}
+
+
+def test_workers_report_their_devices_and_the_cluster_shows_them(site: Site) -> None:
+    def report(instance: str, device: dict[str, object] | None) -> int:
+        body = {"kind": "worker", "instance": instance, "version": "0.1.0", "device": device}
+        return site.client.post(
+            f"{CLUSTER_API}/presence", json=body, headers=site.headers("cluster-b")
+        ).status_code
+
+    assert report("gpu-1:cluster-b:1", CUDA_WORKER) == 200
+    assert report("gpu-2:cluster-b:1", CUDA_WORKER) == 200
+    assert report("cpu-1:cluster-b:1", {"kind": "cpu", "name": "AMD EPYC", "count": 2}) == 200
+    assert _report(site, "cluster-b", "switch", "gw:cluster-b:1") == 200
+    shown = _clusters(site)["cluster-b"]["worker_devices"]
+    assert shown == [
+        {"device": CUDA_WORKER, "workers": 2},
+        {
+            "device": {
+                "kind": "cpu",
+                "name": "AMD EPYC",
+                "count": 2,
+                "memory_bytes": None,
+                "runtime": "",
+            },
+            "workers": 1,
+        },
+    ]
+    assert _clusters(site)["cluster-a"]["worker_devices"] == []
+    cluster_b = _clusters(site)["cluster-b"]["id"]
+    listed = site.client.get(f"{API}/clusters/{cluster_b}/presence", headers=site.admin.headers)
+    devices = {p["instance"]: p["device"] for p in listed.json()["items"]}
+    assert devices["gpu-1:cluster-b:1"] == CUDA_WORKER and devices["gw:cluster-b:1"] is None
+
+    # a worker restarted on another device: the newest report wins
+    assert report("gpu-2:cluster-b:1", {"kind": "cpu", "name": "AMD EPYC", "count": 2}) == 200
+    assert [d["workers"] for d in _clusters(site)["cluster-b"]["worker_devices"]] == [1, 2]
+    # a device off the schema is refused and changes nothing
+    assert report("gpu-1:cluster-b:1", {"kind": "tpu"}) == 422
+    assert report("gpu-1:cluster-b:1", {**CUDA_WORKER, "name": "x\ny"}) == 422
+    assert _clusters(site)["cluster-b"]["worker_devices"][0]["device"] == CUDA_WORKER
+
+
+def _claim_on(
+    site: Site, job_id: str, role: str, device: str | None
+) -> tuple[int, dict[str, object]]:
+    body: dict[str, object] = {"attempt": 1, "worker": f"test:{role}"}
+    if device is not None:
+        body["device"] = device
+    answer = site.client.post(
+        f"{CLUSTER_API}/jobs/{job_id}/roles/{role}/claim",
+        json=body,
+        headers=site.headers(CLUSTER_OF[role]),
+    )
+    return answer.status_code, answer.json()
+
+
+def test_a_cpu_worker_asked_for_cuda_is_refused_at_claim_and_the_job_says_why(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    alice = platform.user()
+    site = _site(client, platform, settings, alice)
+    text = _upload(client, alice)
+    job_id = _submit(client, alice, text, role_devices={"discriminator": "cuda"})
+
+    # a claim of an attempt that is not the job's live one is refused without failing it:
+    # the live attempt may yet land on a CUDA worker
+    body = {"attempt": 2, "worker": "test:discriminator", "device": "cpu"}
+    stale = site.client.post(
+        f"{CLUSTER_API}/jobs/{job_id}/roles/discriminator/claim",
+        json=body,
+        headers=site.headers("cluster-b"),
+    )
+    assert stale.status_code == 409
+    assert client.get(f"{API}/jobs/{job_id}", headers=alice.headers).json()["error"] is None
+    # the generator needs any device: a CPU worker takes it and is told to run on the CPU
+    status, claimed = _claim_on(site, job_id, "generator", "cpu")
+    assert (status, claimed["device"]) == (200, "cpu")
+    status, refused = _claim_on(site, job_id, "discriminator", "cpu")
+    assert status == 409
+    assert "discriminator needs a CUDA device" in str(refused["detail"])
+    job = client.get(f"{API}/jobs/{job_id}", headers=alice.headers).json()
+    assert job["status"] == "failed"
+    assert job["error"] == refused["detail"] and "'cluster-b'" in job["error"]
+    assert "--device cuda" in job["error"]
+    with platform.factory() as db:
+        failed = db.scalar(
+            select(AuditEvent).where(
+                AuditEvent.action == "job.fail", AuditEvent.subject_id == job_id
+            )
+        )
+        assert failed is not None
+        assert failed.details == {
+            "reason": "device_unavailable",
+            "role": "discriminator",
+            "cluster": "cluster-b",
+            "needs": "cuda",
+            "worker_device": "cpu",
+        }
+    # a worker that does not say what it has counts as CPU only
+    second = _submit(client, alice, text, device="cuda")
+    assert _claim_on(site, second, "generator", None)[0] == 409
+
+
+def test_a_cuda_worker_runs_what_the_job_asks_for(
+    client: TestClient, platform: Platform, settings: Settings
+) -> None:
+    alice = platform.user()
+    site = _site(client, platform, settings, alice)
+    job_id = _submit(
+        client, alice, _upload(client, alice), device="cuda", role_devices={"generator": "cpu"}
+    )
+    assert _claim_on(site, job_id, "discriminator", "cuda")[1]["device"] == "cuda"
+    # every worker has a CPU: a role that asks for it runs there, on a CUDA worker too
+    assert _claim_on(site, job_id, "generator", "cuda")[1]["device"] == "cpu"
+    job = client.get(f"{API}/jobs/{job_id}", headers=alice.headers).json()
+    assert job["status"] == "running" and job["error"] is None
+    assert job["config"]["device"] == "cuda"
+    assert job["config"]["role_devices"] == {"generator": "cpu"}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"device": "tpu"}, {"role_devices": {"encoder": "cuda"}}, {"role_devices": {"g": "cpu"}}],
+)
+def test_a_device_request_off_the_list_is_422_and_stores_nothing(
+    client: TestClient, platform: Platform, config: dict[str, object]
+) -> None:
+    alice = platform.user()
+    text = _upload(client, alice)
+    answer = client.post(
+        f"{API}/workspaces/{_workspace(client, alice)}/jobs",
+        json={
+            "kind": "electra_pretrain",
+            "config": {"preset": "tiny", **config},
+            "inputs": {"text": text},
+            "placement": dict(CLUSTER_OF),
+        },
+        headers=alice.headers,
+    )
+    assert answer.status_code == 422
+    assert "device" in answer.json()["detail"]
+    with platform.factory() as db:
+        assert db.scalar(select(func.count()).select_from(Job)) == 0

@@ -180,7 +180,8 @@ class _Encoder:
         # the gradient of exactly the valid positions sent: another shape is refused
         # before it is built; the padding's gradient is zero (T masks it)
         shape = (int(lengths.sum()), width)
-        packed = self.grad_decoder.decode(coded, shape, math.prod(shape))
+        # only the wire bytes cross to the side's device; it widens them there
+        packed = self.grad_decoder.decode(coded, shape, math.prod(shape), self.side.device)
         return unpack_valid(packed, lengths, positions)
 
     # -- the compute thread
@@ -373,7 +374,7 @@ class _Decoder:
             # the valid positions only, as many rows as the lengths say (checked in
             # unpack_meta): any other shape is refused before it is built
             shape = (int(lengths.sum()), self.d_model)
-            packed = decoder.decode(coded, shape, math.prod(shape))
+            packed = decoder.decode(coded, shape, math.prod(shape), self.side.device)
             pieces.append(unpack_valid(packed, lengths, item.positions))
         return item, torch.cat(pieces)
 

@@ -286,8 +286,15 @@ class StreamDecoder:
         self.cfg, self.stream, self.which = cfg, stream, which
         self.book = CodecBook()
 
-    def decode(self, coded: Coded, shape: Sequence[int | None], max_numel: int) -> torch.Tensor:
-        """The float32 tensor of `coded`; ValueError for a spec the step does not allow."""
+    def decode(
+        self,
+        coded: Coded,
+        shape: Sequence[int | None],
+        max_numel: int,
+        device: torch.device | None = None,
+    ) -> torch.Tensor:
+        """The float32 tensor of `coded` on `device` (None: the host); ValueError for a spec
+        the step does not allow."""
         allowed = self.cfg.codecs(coded.step)[self.which]
         if allowed == AUTO:
             ok = coded.spec in AUTO_CANDIDATES
@@ -298,7 +305,7 @@ class StreamDecoder:
                 f"{self.stream} step {coded.step}: spec {coded.spec!r} is not the one in force"
             )
         codec = self.book.get(self.stream, coded.spec)
-        return codec.decode(coded.blob, shape=shape, max_numel=max_numel)
+        return codec.decode(coded.blob, shape=shape, max_numel=max_numel, device=device)
 
 
 def round_trip(

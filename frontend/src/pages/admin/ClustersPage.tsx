@@ -2,9 +2,9 @@
  * credentials and certificates (expiry, revoke, sign a CSR). */
 import { useState, type FormEvent } from "react";
 import { clusters } from "../../api/endpoints";
-import type { Certificate, Cluster, EnrollmentToken, SignedCertificate, WorkerCredential } from "../../api/types";
+import type { Certificate, Cluster, Device, EnrollmentToken, SignedCertificate, WorkerCredential } from "../../api/types";
 import { Badge, ConfirmButton, EmptyState, ErrorMessage, Loading, Notice, PageHeader, SecretOnce } from "../../components/ui";
-import { daysUntil, formatDate } from "../../format";
+import { daysUntil, formatBytes, formatDate } from "../../format";
 import { useAction, useLoad, usePoll } from "../../hooks";
 
 /** How often the page asks for the clusters' health. */
@@ -163,6 +163,34 @@ function Certificates({ cluster }: { cluster: Cluster }) {
   );
 }
 
+/** A worker's device in a few words: "8 × NVIDIA H200, 139.8 GiB each, CUDA 12.8" or "CPU, 16 cores (AMD EPYC)". */
+export function describeDevice(device: Device): string {
+  const count = device.count ?? 1;
+  if (device.kind === "cuda") {
+    const parts = [`${count} × ${device.name || "CUDA device"}`];
+    if (device.memory_bytes) parts.push(`${formatBytes(device.memory_bytes)}${count > 1 ? " each" : ""}`);
+    if (device.runtime) parts.push(`CUDA ${device.runtime}`);
+    return parts.join(", ");
+  }
+  return `CPU, ${count} core${count === 1 ? "" : "s"}${device.name ? ` (${device.name})` : ""}`;
+}
+
+/** The online workers' devices: where a job that asks for CUDA can run. */
+export function WorkerDevicesLine({ cluster }: { cluster: Cluster }) {
+  const groups = cluster.worker_devices ?? [];
+  if (!groups.length) return null;
+  return (
+    <span className="small" data-testid={`devices-${cluster.name}`}>
+      {groups.map((g, i) => (
+        <span key={i} className="block">
+          <Badge status={g.device.kind === "cuda" ? "active" : "neutral"}>{g.device.kind === "cuda" ? "CUDA" : "CPU only"}</Badge>{" "}
+          {g.workers} worker{g.workers === 1 ? "" : "s"}: {describeDevice(g.device)}
+        </span>
+      ))}
+    </span>
+  );
+}
+
 /** The cluster's health in one line: its switch, its workers, what runs there. */
 export function ClusterHealth({ cluster }: { cluster: Cluster }) {
   if (cluster.switch_online === undefined) return null;
@@ -178,6 +206,7 @@ export function ClusterHealth({ cluster }: { cluster: Cluster }) {
         {jobs} running job{jobs === 1 ? "" : "s"}
       </Badge>
       <ClusterQueue cluster={cluster} />
+      <WorkerDevicesLine cluster={cluster} />
       {cluster.broker_user === "missing" ? (
         <>
           <Badge status="failed">no broker user</Badge>
@@ -222,6 +251,7 @@ function Processes({ cluster }: { cluster: Cluster }) {
                 <th scope="col">Kind</th>
                 <th scope="col">Instance</th>
                 <th scope="col">Version</th>
+                <th scope="col">Device</th>
                 <th scope="col">Last seen</th>
                 <th scope="col">Running roles</th>
               </tr>
@@ -232,6 +262,7 @@ function Processes({ cluster }: { cluster: Cluster }) {
                   <td>{p.kind}</td>
                   <td className="mono break">{p.instance}</td>
                   <td className="mono">{p.version}</td>
+                  <td className="small">{p.device ? describeDevice(p.device) : "none"}</td>
                   <td>{formatDate(p.last_seen)}</td>
                   <td className="mono small">{p.running_roles.length ? p.running_roles.join(", ") : "none"}</td>
                 </tr>

@@ -3,7 +3,7 @@ import userEvent from "@testing-library/user-event";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { admin, member, mockApi, page, reply } from "../../test/mockApi";
 import { renderPage } from "../../test/render";
-import { certificateState, ClustersPage, HEALTH_POLL_MS } from "./ClustersPage";
+import { certificateState, ClustersPage, describeDevice, HEALTH_POLL_MS } from "./ClustersPage";
 import { QuotasPage } from "./QuotasPage";
 import { RunningJobsPage } from "./RunningJobsPage";
 import { UsersPage } from "./UsersPage";
@@ -141,6 +141,46 @@ describe("cluster health", () => {
     expect(await within(health).findByText("0 workers online")).toBeInTheDocument();
     expect(fake.find("GET", "/clusters").length).toBeGreaterThanOrEqual(2);
     vi.useRealTimers();
+  });
+});
+
+describe("worker devices", () => {
+  const h200 = { kind: "cuda" as const, name: "NVIDIA H200", count: 8, memory_bytes: 150_119_301_120, runtime: "12.8" };
+  const epyc = { kind: "cpu" as const, name: "AMD EPYC 7763", count: 2, memory_bytes: null, runtime: "" };
+
+  it("describes a CUDA worker and a CPU worker in a few words", () => {
+    expect(describeDevice(h200)).toBe("8 × NVIDIA H200, 139.8 GiB each, CUDA 12.8");
+    expect(describeDevice({ kind: "cuda", count: 1, memory_bytes: 85_899_345_920 })).toBe("1 × CUDA device, 80.0 GiB");
+    expect(describeDevice(epyc)).toBe("CPU, 2 cores (AMD EPYC 7763)");
+    expect(describeDevice({ kind: "cpu", count: 1 })).toBe("CPU, 1 core");
+  });
+
+  it("shows each cluster's worker devices and each worker's device in its processes", async () => {
+    mockApi({
+      "GET /me": admin,
+      "GET /clusters": page([
+        {
+          id: "c1", name: "alpha", switch_host: "10.0.0.5", switch_port: 7443, switch_online: true, workers_online: 3, running_jobs: 0,
+          worker_devices: [{ device: h200, workers: 2 }, { device: epyc, workers: 1 }],
+        },
+      ]),
+      "GET /clusters/c1/certificates": page([]),
+      "GET /clusters/c1/presence": page([
+        { kind: "switch", instance: "gw:alpha:1", version: "0.1.0", started_at: "2030-01-01T00:00:00Z", last_seen: "2030-01-01T00:00:05Z", running_roles: [], device: null },
+        { kind: "worker", instance: "gpu1:alpha:10", version: "0.1.0", started_at: "2030-01-01T00:00:00Z", last_seen: "2030-01-01T00:00:05Z", running_roles: [], device: h200 },
+      ]),
+    });
+    renderPage(<ClustersPage />, { path: "/admin/clusters", route: "/admin/clusters" });
+    const devices = await screen.findByTestId("devices-alpha");
+    expect(within(devices).getByText("CUDA")).toBeInTheDocument();
+    expect(within(devices).getByText(/2 workers: 8 × NVIDIA H200, 139.8 GiB each, CUDA 12.8/)).toBeInTheDocument();
+    expect(within(devices).getByText("CPU only")).toBeInTheDocument();
+    expect(within(devices).getByText(/1 worker: CPU, 2 cores \(AMD EPYC 7763\)/)).toBeInTheDocument();
+    const processes = await screen.findByRole("table", { name: "Processes of alpha" });
+    expect(within(processes).getByRole("columnheader", { name: "Device" })).toBeInTheDocument();
+    expect(within(processes).getByText("8 × NVIDIA H200, 139.8 GiB each, CUDA 12.8")).toBeInTheDocument();
+    const switchRow = within(processes).getByText("gw:alpha:1").closest("tr") as HTMLElement;
+    expect(within(switchRow).getAllByRole("cell")[3]).toHaveTextContent("none"); // a switch has no device
   });
 });
 
