@@ -542,31 +542,6 @@ def child(
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-@contextlib.contextmanager
-def checkouts(revs: list[str]) -> Iterator[dict[str, Path]]:
-    """A temporary git worktree of each of `revs`, by rev."""
-    here = Path(__file__).resolve().parent.parent
-    paths: dict[str, Path] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            for n, rev in enumerate(revs):
-                path = Path(tmp) / f"against-{n}"
-                subprocess.run(
-                    ["git", "-C", str(here), "worktree", "add", "--detach", str(path), rev],
-                    check=True,
-                    capture_output=True,
-                )
-                paths[rev] = path
-            yield paths
-        finally:
-            for path in paths.values():
-                subprocess.run(
-                    ["git", "-C", str(here), "worktree", "remove", "--force", str(path)],
-                    check=False,
-                    capture_output=True,
-                )
-
-
 def spread(values: list[float]) -> dict:
     """Median, min and max of a path's rounds."""
     return {
@@ -579,6 +554,9 @@ def spread(values: list[float]) -> dict:
 
 def main() -> None:
     """Interleave the rounds of every path, report medians and spreads."""
+    # this checkout's helper: the module's imports may come from another commit's checkout
+    from bench.revisions import checkouts
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mib", type=int, default=1024)
@@ -653,6 +631,8 @@ FIGURES = (
 
 def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
     """Medians and spreads per path, and the ratios the targets name (medians of rounds)."""
+    from bench.revisions import short_head
+
     paths: dict[str, dict] = {}
     for name, runs in got.items():
         paths[name] = {key: spread([r[key] for r in runs]) for key in FIGURES if key in runs[0]}
@@ -705,9 +685,7 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         "frame_bytes": FRAME,
         "small_frame_bytes": 16,
         "round_trips_per_round": args.rtt_count,
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
+        "commit": short_head(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "grpcio": grpc.__version__,
