@@ -13,8 +13,8 @@ delay times the dependent crossings per step (2: the last gradient of a step mus
 reach S before S can send the first activations of the next). T / max(C, L) says how
 close a row runs to what the link and the compute allow. A synchronous step cannot
 reach max(C, L): one crossing each way cannot hide behind compute, so its bound is
-B_sync = max(C + 2d + x_first + x_last, L + fill), with x_first the first activation
-chunk's time on the wire, x_last the last gradient's, and fill = C / micro-batches
+B_sync = max(C + 2d + x_first + x_last, L + fill), with x_first the first micro-batch's
+activations' time on the wire, x_last the last gradient's, and fill = C / micro-batches
 (the first micro-batch's forward before anything crosses and the last one's backward
 after its gradient lands); T / B_sync says how close a row runs to that bound. Rows
 run in ROUNDS interleaved rounds (round-robin over rows and links); figures are the
@@ -421,10 +421,12 @@ def quality(
 
 def sync_bound_s(c: float, forward_bytes: float, backward_bytes: float, rate_mbit: float) -> float:
     """B_sync: what a synchronous step of compute C can reach on the link (the docstring)."""
-    micro, chunks = ABNET["micro_batches"], ABNET["activation_chunks"]
+    micro = ABNET["micro_batches"]
     bytes_per_s = rate_mbit * 1e6 / 8
-    x_first = forward_bytes / (micro * chunks) / bytes_per_s  # the first activation chunk
-    x_last = backward_bytes / micro / bytes_per_s  # the last micro-batch's gradient
+    # the decoder's forward needs all the first micro-batch's chunks: its activations cross
+    # before any of T's compute, and the last micro-batch's gradient after all of it
+    x_first = forward_bytes / micro / bytes_per_s
+    x_last = backward_bytes / micro / bytes_per_s
     crossings = c + 2 * DELAY_MS / 1e3 + x_first + x_last
     return max(crossings, limit_s(forward_bytes, backward_bytes, rate_mbit) + c / micro)
 
@@ -489,6 +491,7 @@ def summarize(
         entry: dict[str, Any] = {
             "label": row.label,
             "C_s": spread(c),
+            "C_s_rounds": c,
             "forward_bytes_per_step": fwd,
             "backward_bytes_per_step": bwd,
         }
@@ -503,6 +506,7 @@ def summarize(
             bounds = [sync_bound_s(ci, f_b, b_b, rate) for ci in c]
             entry[f"{rate:g}mbit"] = {
                 "T_s": spread(t),
+                "T_s_rounds": t,
                 "L_s": lim,
                 "T_vs_limit": spread(ratios),
                 "B_sync_s": spread(bounds),
@@ -707,7 +711,8 @@ def main() -> None:
             "switches (same processes, same codecs); L: max(forward, backward bytes per step) / "
             f"bandwidth + {CROSSINGS} x {DELAY_MS:g} ms; figures: median over rounds, spread = "
             "max - min; B_sync = max(C + 2d + x_first + x_last, L + C / micro-batches), "
-            "x_first = forward bytes / (micro-batches x activation chunks) / bandwidth, "
+            "x_first = forward bytes / micro-batches / bandwidth (the first micro-batch's "
+            "activations, all its chunks, before the decoder's first forward), "
             "x_last = backward bytes / micro-batches / bandwidth, per round with that round's "
             "C; every row runs the synchronous schedule (there is no stale1 schedule yet, so "
             "no stale1 rows); BLEU and final loss from the single-process reference at "
