@@ -93,19 +93,19 @@ def bench_real_stream(
     matrix by matrix, in `rounds` rounds (a fresh warm codec each, the order of the three
     rotating from round to round); the load average is read after each round."""
     spec_svd, spec_power = f"lowrank({RATIO})", f"lowrank({RATIO},method=power)"
-    labels = ("svd", "cold", "warm")
+    spec_power0 = f"lowrank({RATIO},method=power,oversample=0)"
+    labels = ("svd", "cold", "warm", "warm_oversample0")
     per_round: list[dict[str, list[tuple[float, float]]]] = []
     loads: list[float] = []
     task = progress.add_task("codecs on the real stream (rounds)", total=rounds * len(matrices))
     for round_ in range(rounds):
-        warm = parse_spec(spec_power)
+        warm = {"warm": parse_spec(spec_power), "warm_oversample0": parse_spec(spec_power0)}
         rows: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
-        order = labels[round_ % 3 :] + labels[: round_ % 3]
+        order = labels[round_ % 4 :] + labels[: round_ % 4]
         for x in matrices:
             for label in order:
-                codec = {"svd": parse_spec(spec_svd), "cold": parse_spec(spec_power)}.get(
-                    label, warm
-                )
+                codec = {"svd": parse_spec(spec_svd), "cold": parse_spec(spec_power)}.get(label)
+                codec = codec or warm[label]
                 enc, dec, _, err = once(codec, x)
                 rows[label].append((enc + dec, err))
             progress.advance(task)
@@ -140,7 +140,12 @@ def bench_real_stream(
         times = [statistics.median(ratios(rows, label, 0)) for rows in per_round]
         ms = statistics.median(t for rows in per_round for t, _ in rows[label][after]) * 1e3
         table.add_row(
-            {"svd": "exact SVD (optimal)", "cold": "power, cold", "warm": "power, warm"}[label],
+            {
+                "svd": "exact SVD (optimal)",
+                "cold": "power, cold",
+                "warm": "power, warm",
+                "warm_oversample0": "power, warm, oversample=0",
+            }[label],
             f"{ms:.1f}",
             f"{statistics.median(times):.3f}",
             ", ".join(f"{t:.3f}" for t in times),
@@ -177,33 +182,49 @@ def bench_lowrank_inputs(
     k = math.ceil(RATIO * min(m, n))
     figures: dict[str, float] = {}
     table = Table(title=f"rank-deficient {m} x {n} streams, r = {RATIO} (k = {k}), warm power")
-    for column in ("rank", "rel error (max)", "optimal", "error / optimal median", "max"):
+    for column in (
+        "rank",
+        "rel error (max)",
+        "optimal",
+        "error / optimal median",
+        "max",
+        "oversample=0 median",
+    ):
         table.add_column(column, justify="right")
     task = progress.add_task("rank-deficient streams", total=len(LOWRANK_INPUT_RANKS) * steps)
     ratios_above_k: list[float] = []
+    ratios0_above_k: list[float] = []  # the same streams without oversampling
     for rank in LOWRANK_INPUT_RANKS:
         g = torch.Generator().manual_seed(rank)
         u, _ = torch.linalg.qr(torch.randn(m, rank, generator=g, dtype=torch.float64))
         v, _ = torch.linalg.qr(torch.randn(n, rank, generator=g, dtype=torch.float64))
         s = torch.diag(1.0 / torch.arange(1, rank + 1, dtype=torch.float64))
         codec = parse_spec(f"lowrank({RATIO},method=power)")
-        errs, opts = [], []
+        codec0 = parse_spec(f"lowrank({RATIO},method=power,oversample=0)")
+        errs, errs0, opts = [], [], []
         for step in range(steps):
             noise = 0.02 * torch.randn(rank, rank, generator=g, dtype=torch.float64) / rank
             x = (u @ (s + noise) @ v.T).float()
             _, _, _, err = once(codec, x)
+            _, _, _, err0 = once(codec0, x)
             sv = torch.linalg.svdvals(x.double())
             optimal = float(sv[k:].square().sum().sqrt() / sv.square().sum().sqrt())
             if step >= STREAM_WARMUP:
                 errs.append(err)
+                errs0.append(err0)
                 opts.append(optimal)
             progress.advance(task)
         if rank <= k:
             figures[f"lowrank_input_rank{rank}_max_error"] = max(errs)
-            table.add_row(str(rank), f"{max(errs):.2e}", "0 (exact)", "", "")
+            table.add_row(str(rank), f"{max(errs):.2e}", "0 (exact)", "", "", "")
         else:
             ratios = [e / o for e, o in zip(errs, opts, strict=True)]
             ratios_above_k.extend(ratios)
+            ratios0 = [e / o for e, o in zip(errs0, opts, strict=True)]
+            ratios0_above_k.extend(ratios0)
+            figures[f"lowrank_input_rank{rank}_error_vs_optimal_oversample0"] = statistics.median(
+                ratios0
+            )
             figures[f"lowrank_input_rank{rank}_error_vs_optimal"] = statistics.median(ratios)
             table.add_row(
                 str(rank),
@@ -211,9 +232,11 @@ def bench_lowrank_inputs(
                 f"{statistics.median(opts):.2e}",
                 f"{statistics.median(ratios):.4f}",
                 f"{max(ratios):.4f}",
+                f"{statistics.median(ratios0):.4f}",
             )
     figures["lowrank_input_error_vs_optimal"] = statistics.median(ratios_above_k)
     figures["lowrank_input_error_vs_optimal_max"] = max(ratios_above_k)
+    figures["lowrank_input_error_vs_optimal_oversample0"] = statistics.median(ratios0_above_k)
     figures["lowrank_input_exact_max_error"] = max(
         v for key, v in figures.items() if key.endswith("_max_error")
     )
@@ -461,6 +484,8 @@ def main() -> None:
             "ratio, with the rounds, their spread (max - min) and the 1-minute load average "
             "after each round); the top-level power_* ratios are the real stream's warm power "
             "iteration; synthetic_* figures come from the first synthetic shape; "
+            "warm_oversample0 / *_oversample0: power iteration without the 4 columns past k "
+            "it keeps by default; "
             "power_error_vs_optimal_lowrank_input: warm power iteration on streams of "
             "rank-deficient 1536 x 256 matrices (the gradient's shape) of rank 64 and 128 "
             "> k = 52, median over steps; ranks 26 and 52 <= k must come back exactly "
