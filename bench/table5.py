@@ -444,16 +444,21 @@ def bleu_summary(
     """Per row: BLEU and final loss per seed, mean and sd over seeds, and the paired
     difference to the baseline's BLEU of the same seed."""
     by = {(key, seed): figures for key, seed, figures in results}
-    seeds = sorted({seed for _, seed, _ in results})
 
     def sd(values: list[float]) -> float:
         return statistics.stdev(values) if len(values) > 1 else 0.0
 
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
+        # the seeds this row has (all of them unless a run was cut short); a difference
+        # only where the baseline has the same seed
+        seeds = sorted(seed for key, seed, _ in results if key == row.key)
+        if not seeds:
+            continue
         bleu = [by[(row.key, seed)]["bleu"] for seed in seeds]
         loss = [by[(row.key, seed)]["final_loss"] for seed in seeds]
-        diff = [b - by[("none_none", seed)]["bleu"] for b, seed in zip(bleu, seeds, strict=True)]
+        paired = [seed for seed in seeds if ("none_none", seed) in by]
+        diff = [by[(row.key, seed)]["bleu"] - by[("none_none", seed)]["bleu"] for seed in paired]
         out[row.key] = {
             "seeds": seeds,
             "bleu": dict(zip(map(str, seeds), bleu, strict=True)),
@@ -462,8 +467,8 @@ def bleu_summary(
             "bleu_sd": sd(bleu),
             "final_loss_mean": statistics.mean(loss),
             "final_loss_sd": sd(loss),
-            "bleu_diff_vs_baseline": dict(zip(map(str, seeds), diff, strict=True)),
-            "bleu_diff_vs_baseline_mean": statistics.mean(diff),
+            "bleu_diff_vs_baseline": dict(zip(map(str, paired), diff, strict=True)),
+            "bleu_diff_vs_baseline_mean": statistics.mean(diff) if diff else float("nan"),
             "bleu_diff_vs_baseline_sd": sd(diff),
         }
     return out
@@ -583,6 +588,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, help="reference runs per row (default 3)")
     parser.add_argument("--bleu-steps", type=int, help="steps per reference run (default 100)")
     parser.add_argument("--out", help="results file name (default table5, table5.quick)")
+    parser.add_argument(
+        "--assemble",
+        type=Path,
+        help="write the results from a checkpoint (the timed runs and the reference runs "
+        "finished) instead of running: for a run cut short",
+    )
     args = parser.parse_args()
     settings = Settings(steps=12, skip=4, bleu_steps=0, quick=True) if args.quick else Settings()
     if args.seeds:
@@ -597,13 +608,23 @@ def main() -> None:
     if args.rows:
         rows = [r for r in ROWS if r.key in args.rows.split(",")]
     console = Console(width=180)
+    name = args.out or ("table5.quick" if settings.quick else "table5")
+    checkpoint = CACHE / f"{name}.checkpoint.json"
+    if args.assemble:
+        loaded = json.loads(args.assemble.read_text(encoding="utf-8"))
+        timed = {}
+        for key, value in loaded["runs"].items():
+            row_key, link = key.split("|")
+            timed[(row_key, link)] = value
+        write_results(console, settings, rows, timed, loaded, name)
+        return
     load_before = load_average()
     torch.set_num_threads(1)
     started = time.perf_counter()
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
     loads: list[dict[str, Any]] = []
     quality_runs: list[tuple[str, int, dict[str, float]]] = []
-    bleu_started = bleu_s = 0.0
+    bleu_s = 0.0
     links = {"off": ShaperConfig(rate_mbit=None)} | {
         f"{r:g}": ShaperConfig(rate_mbit=r, delay_ms=DELAY_MS) for r in RATES_MBIT
     }
@@ -648,6 +669,15 @@ def main() -> None:
                                 f"round {rnd + 1} {row.label} link {name}: "
                                 f"{run['seconds_per_step']:.3f} s/step, load {load}"
                             )
+                saved: dict[str, Any] = {
+                    "runs": {f"{key}|{link}": v for (key, link), v in runs.items()},
+                    "loads": loads,
+                    "load_before": load_before,
+                    "timed_s": round(time.perf_counter() - started, 1),
+                    "quality_runs": quality_runs,
+                }
+                CACHE.mkdir(parents=True, exist_ok=True)
+                checkpoint.write_text(json.dumps(saved))  # `--assemble` if the rest is cut
                 if settings.bleu_steps:
                     # after the timed rounds, never beside them: JUDGES processes at a time
                     bleu_started = time.perf_counter()
@@ -658,13 +688,28 @@ def main() -> None:
                     q = progress.add_task("BLEU (reference runs, rows x seeds)", total=len(jobs))
                     for judge in judges:
                         quality_runs += judge.finish(lambda _key: progress.advance(q))
+                        checkpoint.write_text(json.dumps(saved))
                     bleu_s = time.perf_counter() - bleu_started
         finally:
             for side in (*sides, *judges):
                 side.stop()
             for network in networks.values():
                 network.stop()
-    wall_s = time.perf_counter() - started
+    saved.update(wall_s=round(time.perf_counter() - started, 1), bleu_s=round(bleu_s, 1))
+    write_results(console, settings, rows, runs, saved, name)
+
+
+def write_results(
+    console: Console,
+    settings: Settings,
+    rows: list[Row],
+    runs: dict[tuple[str, str], list[dict[str, float]]],
+    saved: dict[str, Any],
+    name: str,
+) -> None:
+    """Print the table and write the JSON and the markdown from the timed runs and the
+    reference runs in `saved` (see `main`'s checkpoint)."""
+    quality_runs = [(key, seed, figures) for key, seed, figures in saved["quality_runs"]]
     table = summarize(rows, runs)
     quality_of = bleu_summary(rows, quality_runs) if quality_runs else {}
     show(console, rows, table, quality_of)
@@ -730,10 +775,13 @@ def main() -> None:
         "rates_mbit": list(RATES_MBIT),
         "n_train": N_TRAIN,
         "n_eval": N_EVAL,
-        "wall_s": round(wall_s, 1),
-        "bleu_s": round(bleu_s, 1),
-        "timed_run_loads": loads,
-        "load_average_before": load_before,
+        "wall_s": saved.get("wall_s"),
+        "timed_s": saved.get("timed_s"),
+        "bleu_s": saved.get("bleu_s"),
+        "reference_runs_done": len(quality_runs),
+        "reference_runs_planned": len(settings.seeds) * len(rows) if settings.bleu_steps else 0,
+        "timed_run_loads": saved["loads"],
+        "load_average_before": saved["load_before"],
         "load_average_after": load_average(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
@@ -742,7 +790,7 @@ def main() -> None:
     if quality_of:
         summary["bleu_baseline_mean"] = quality_of["none_none"]["bleu_mean"]
         summary["bleu_baseline_sd"] = quality_of["none_none"]["bleu_sd"]
-        for key, name in (
+        for key, short in (
             ("fp16_lowrank02_power_int8", "lowrank02"),
             ("fp16_lowrank02_svd_int8", "lowrank02_svd"),
             ("fp16_int8", "fp16_int8"),
@@ -751,9 +799,10 @@ def main() -> None:
             if key in quality_of:
                 # a loss is the baseline's BLEU minus the row's, seed by seed
                 row_q = quality_of[key]
-                summary[f"table5_{name}_bleu_loss_mean"] = -row_q["bleu_diff_vs_baseline_mean"]
-                summary[f"table5_{name}_bleu_loss_sd"] = row_q["bleu_diff_vs_baseline_sd"]
-    name = args.out or ("table5.quick" if settings.quick else "table5")
+                summary[f"table5_{short}_bleu_loss_mean"] = -row_q["bleu_diff_vs_baseline_mean"]
+                summary[f"table5_{short}_bleu_loss_sd"] = row_q["bleu_diff_vs_baseline_sd"]
+    if saved.get("note"):
+        summary["run_note"] = saved["note"]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(rows, table, quality_of))
