@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -86,25 +87,33 @@ def real_activation_stream(steps: int, progress: Progress, console: Console) -> 
 
 
 def bench_real_stream(
-    matrices: list[torch.Tensor], progress: Progress, console: Console
-) -> dict[str, float]:
-    """Exact SVD, power iteration cold and warm on each matrix of the stream, interleaved."""
+    matrices: list[torch.Tensor], rounds: int, progress: Progress, console: Console
+) -> dict[str, Any]:
+    """Exact SVD, power iteration cold and warm on each matrix of the stream, interleaved
+    matrix by matrix, in `rounds` rounds (a fresh warm codec each, the order of the three
+    rotating from round to round); the load average is read after each round."""
     spec_svd, spec_power = f"lowrank({RATIO})", f"lowrank({RATIO},method=power)"
-    warm = parse_spec(spec_power)
-    rows: dict[str, list[tuple[float, float]]] = {"svd": [], "cold": [], "warm": []}
-    task = progress.add_task("codecs on the real stream", total=len(matrices))
-    for x in matrices:
-        for label, codec in (
-            ("svd", parse_spec(spec_svd)),
-            ("cold", parse_spec(spec_power)),
-            ("warm", warm),
-        ):
-            enc, dec, _, err = once(codec, x)
-            rows[label].append((enc + dec, err))
-        progress.advance(task)
+    spec_power0 = f"lowrank({RATIO},method=power,oversample=0)"
+    labels = ("svd", "cold", "warm", "warm_oversample0")
+    per_round: list[dict[str, list[tuple[float, float]]]] = []
+    loads: list[float] = []
+    task = progress.add_task("codecs on the real stream (rounds)", total=rounds * len(matrices))
+    for round_ in range(rounds):
+        warm = {"warm": parse_spec(spec_power), "warm_oversample0": parse_spec(spec_power0)}
+        rows: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
+        order = labels[round_ % 4 :] + labels[: round_ % 4]
+        for x in matrices:
+            for label in order:
+                codec = {"svd": parse_spec(spec_svd), "cold": parse_spec(spec_power)}.get(label)
+                codec = codec or warm[label]
+                enc, dec, _, err = once(codec, x)
+                rows[label].append((enc + dec, err))
+            progress.advance(task)
+        per_round.append(rows)
+        loads.append(round(os.getloadavg()[0], 2))
     after = slice(STREAM_WARMUP, None)
 
-    def ratios(label: str, what: int) -> list[float]:
+    def ratios(rows: dict[str, list[tuple[float, float]]], label: str, what: int) -> list[float]:
         return [
             a[what] / b[what] for a, b in zip(rows[label][after], rows["svd"][after], strict=True)
         ]
@@ -112,34 +121,47 @@ def bench_real_stream(
     m, n = matrices[0].shape
     table = Table(
         title=f"real ABNet activations: {len(matrices)} steps of {m} x {n}, r = {RATIO}, "
-        f"figures over steps {STREAM_WARMUP + 1}-{len(matrices)}"
+        f"figures over steps {STREAM_WARMUP + 1}-{len(matrices)}, {rounds} interleaved rounds "
+        f"(load {', '.join(map(str, loads))})"
     )
     for column in (
         "codec",
         "ms (median)",
-        "time / svd (median)",
+        "time / svd: median of rounds",
+        "rounds",
         "error / optimal median",
         "min",
         "max",
     ):
         table.add_column(column, justify="left" if column == "codec" else "right")
-    figures: dict[str, float] = {}
-    for label in ("svd", "cold", "warm"):
-        errs = ratios(label, 1)
-        ms = statistics.median(t for t, _ in rows[label][after]) * 1e3
+    figures: dict[str, Any] = {"real_stream_rounds": rounds, "real_stream_load_per_round": loads}
+    for label in labels:
+        errs = ratios(per_round[0], label, 1)  # deterministic: the same in every round
+        times = [statistics.median(ratios(rows, label, 0)) for rows in per_round]
+        ms = statistics.median(t for rows in per_round for t, _ in rows[label][after]) * 1e3
         table.add_row(
-            {"svd": "exact SVD (optimal)", "cold": "power, cold", "warm": "power, warm"}[label],
+            {
+                "svd": "exact SVD (optimal)",
+                "cold": "power, cold",
+                "warm": "power, warm",
+                "warm_oversample0": "power, warm, oversample=0",
+            }[label],
             f"{ms:.1f}",
-            f"{statistics.median(ratios(label, 0)):.3f}",
-            f"{statistics.median(errs):.3f}",
-            f"{min(errs):.3f}",
-            f"{max(errs):.3f}",
+            f"{statistics.median(times):.3f}",
+            ", ".join(f"{t:.3f}" for t in times),
+            f"{statistics.median(errs):.4f}",
+            f"{min(errs):.4f}",
+            f"{max(errs):.4f}",
         )
         figures[f"real_stream_{label}_ms"] = ms
         figures[f"real_stream_{label}_error_vs_optimal"] = statistics.median(errs)
         figures[f"real_stream_{label}_error_vs_optimal_max"] = max(errs)
-        figures[f"real_stream_{label}_time_vs_svd"] = statistics.median(ratios(label, 0))
-    figures["real_stream_optimal_error"] = statistics.median(e for _, e in rows["svd"][after])
+        figures[f"real_stream_{label}_time_vs_svd"] = statistics.median(times)
+        figures[f"real_stream_{label}_time_vs_svd_rounds"] = times
+        figures[f"real_stream_{label}_time_vs_svd_spread"] = max(times) - min(times)
+    figures["real_stream_optimal_error"] = statistics.median(
+        e for _, e in per_round[0]["svd"][after]
+    )
     console.print(table)
     return figures
 
@@ -160,33 +182,49 @@ def bench_lowrank_inputs(
     k = math.ceil(RATIO * min(m, n))
     figures: dict[str, float] = {}
     table = Table(title=f"rank-deficient {m} x {n} streams, r = {RATIO} (k = {k}), warm power")
-    for column in ("rank", "rel error (max)", "optimal", "error / optimal median", "max"):
+    for column in (
+        "rank",
+        "rel error (max)",
+        "optimal",
+        "error / optimal median",
+        "max",
+        "oversample=0 median",
+    ):
         table.add_column(column, justify="right")
     task = progress.add_task("rank-deficient streams", total=len(LOWRANK_INPUT_RANKS) * steps)
     ratios_above_k: list[float] = []
+    ratios0_above_k: list[float] = []  # the same streams without oversampling
     for rank in LOWRANK_INPUT_RANKS:
         g = torch.Generator().manual_seed(rank)
         u, _ = torch.linalg.qr(torch.randn(m, rank, generator=g, dtype=torch.float64))
         v, _ = torch.linalg.qr(torch.randn(n, rank, generator=g, dtype=torch.float64))
         s = torch.diag(1.0 / torch.arange(1, rank + 1, dtype=torch.float64))
         codec = parse_spec(f"lowrank({RATIO},method=power)")
-        errs, opts = [], []
+        codec0 = parse_spec(f"lowrank({RATIO},method=power,oversample=0)")
+        errs, errs0, opts = [], [], []
         for step in range(steps):
             noise = 0.02 * torch.randn(rank, rank, generator=g, dtype=torch.float64) / rank
             x = (u @ (s + noise) @ v.T).float()
             _, _, _, err = once(codec, x)
+            _, _, _, err0 = once(codec0, x)
             sv = torch.linalg.svdvals(x.double())
             optimal = float(sv[k:].square().sum().sqrt() / sv.square().sum().sqrt())
             if step >= STREAM_WARMUP:
                 errs.append(err)
+                errs0.append(err0)
                 opts.append(optimal)
             progress.advance(task)
         if rank <= k:
             figures[f"lowrank_input_rank{rank}_max_error"] = max(errs)
-            table.add_row(str(rank), f"{max(errs):.2e}", "0 (exact)", "", "")
+            table.add_row(str(rank), f"{max(errs):.2e}", "0 (exact)", "", "", "")
         else:
             ratios = [e / o for e, o in zip(errs, opts, strict=True)]
             ratios_above_k.extend(ratios)
+            ratios0 = [e / o for e, o in zip(errs0, opts, strict=True)]
+            ratios0_above_k.extend(ratios0)
+            figures[f"lowrank_input_rank{rank}_error_vs_optimal_oversample0"] = statistics.median(
+                ratios0
+            )
             figures[f"lowrank_input_rank{rank}_error_vs_optimal"] = statistics.median(ratios)
             table.add_row(
                 str(rank),
@@ -194,9 +232,11 @@ def bench_lowrank_inputs(
                 f"{statistics.median(opts):.2e}",
                 f"{statistics.median(ratios):.4f}",
                 f"{max(ratios):.4f}",
+                f"{statistics.median(ratios0):.4f}",
             )
     figures["lowrank_input_error_vs_optimal"] = statistics.median(ratios_above_k)
     figures["lowrank_input_error_vs_optimal_max"] = max(ratios_above_k)
+    figures["lowrank_input_error_vs_optimal_oversample0"] = statistics.median(ratios0_above_k)
     figures["lowrank_input_exact_max_error"] = max(
         v for key, v in figures.items() if key.endswith("_max_error")
     )
@@ -421,6 +461,7 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a short real stream, no synthetic shapes"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -439,8 +480,12 @@ def main() -> None:
             "in CPU seconds of the one thread torch uses (time.thread_time), not wall time; "
             "*_error_vs_optimal = relative error / optimal truncated-SVD error at the same rank; "
             "real_stream_*: consecutive ABNet activations (medians over the stream after "
-            "the warm-up); the top-level power_* ratios are the real stream's warm power "
+            "the warm-up; times: the median over interleaved rounds of each round's median "
+            "ratio, with the rounds, their spread (max - min) and the 1-minute load average "
+            "after each round); the top-level power_* ratios are the real stream's warm power "
             "iteration; synthetic_* figures come from the first synthetic shape; "
+            "warm_oversample0 / *_oversample0: power iteration without the 4 columns past k "
+            "it keeps by default; "
             "power_error_vs_optimal_lowrank_input: warm power iteration on streams of "
             "rank-deficient 1536 x 256 matrices (the gradient's shape) of rank 64 and 128 "
             "> k = 52, median over steps; ranks 26 and 52 <= k must come back exactly "
@@ -452,7 +497,7 @@ def main() -> None:
     steps = 10 if args.quick else STREAM_STEPS
     with Progress(console=console) as progress:
         real = bench_real_stream(
-            real_activation_stream(steps, progress, console), progress, console
+            real_activation_stream(steps, progress, console), args.rounds, progress, console
         )
 
         def run(m: int, n: int) -> dict[str, float]:
@@ -467,6 +512,9 @@ def main() -> None:
     results["power_error_vs_optimal_real_stream"] = real["real_stream_warm_error_vs_optimal"]
     results["power_cold_error_vs_optimal_real_stream"] = real["real_stream_cold_error_vs_optimal"]
     results["power_time_vs_svd"] = real["real_stream_warm_time_vs_svd"]
+    results["power_time_vs_svd_rounds"] = real["real_stream_warm_time_vs_svd_rounds"]
+    results["power_time_vs_svd_spread"] = real["real_stream_warm_time_vs_svd_spread"]
+    results["load_average_per_round"] = real["real_stream_load_per_round"]
     results["lowrank_inputs"] = lowrank_inputs
     results["power_error_vs_optimal_lowrank_input"] = lowrank_inputs[
         "lowrank_input_error_vs_optimal"

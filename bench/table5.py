@@ -11,15 +11,23 @@ For each row and rate: T, the shaped step time; C, the same row with the shaper 
 L, the link's own limit: max(forward, backward bytes per step) / bandwidth plus the
 delay times the dependent crossings per step (2: the last gradient of a step must
 reach S before S can send the first activations of the next). T / max(C, L) says how
-close a row runs to what the link and the compute allow. Rows run in ROUNDS
-interleaved rounds (round-robin over rows and links); figures are the median over
-rounds, with the spread (max - min) beside them.
+close a row runs to what the link and the compute allow. A synchronous step cannot
+reach max(C, L): one crossing each way cannot hide behind compute, so its bound is
+B_sync = max(C + 2d + x_first + x_last, L + fill), with x_first the first micro-batch's
+activations' time on the wire, x_last the last gradient's, and fill = C / micro-batches
+(the first micro-batch's forward before anything crosses and the last one's backward
+after its gradient lands); T / B_sync says how close a row runs to that bound. Rows
+run in ROUNDS interleaved rounds (round-robin over rows and links); figures are the
+median over rounds, with the spread (max - min) beside them.
 
 BLEU and the final loss come from the single-process reference (`train_abnet_local`),
 which a split run equals codec for codec (tests/workers/training/test_abnet.py), at
-BLEU_STEPS steps. The PLM is a small ELECTRA discriminator trained once here and
-cached in bench/.cache/; it is wide and shallow so that the activations are large
-next to the compute, as they are next to GPU compute in the paper.
+BLEU_STEPS steps, for every row and each of SEEDS seeds, with mean, sd and the paired
+difference to the baseline seed by seed. They run after the timed rounds, two
+processes at a time, never beside them. The PLM is a small ELECTRA discriminator
+trained once here and cached in bench/.cache/; it is wide and shallow so that the
+activations are large next to the compute, as they are next to GPU compute in the
+paper.
 
     python bench/table5.py           # the committed figures
     python bench/table5.py --quick   # a few rows, short runs: to try the pipeline
@@ -88,6 +96,7 @@ class Settings:
     steps: int = 16  # per timed run
     skip: int = 4  # warm-up steps left out of the step time
     bleu_steps: int = 100  # the reference runs that give BLEU and the final loss
+    seeds: tuple[int, ...] = (7, 8, 9)  # one reference run per row and seed
     quick: bool = False
 
 
@@ -113,8 +122,7 @@ ROWS = [
     Row("auto_auto", "auto", "auto"),
 ]
 QUICK_ROWS = ("none_none", "fp16_int8", "fp16_lowrank02_power_int8")
-# BLEU rows: their reference runs share one process beside the timed runs (2 cores)
-BLEU_ROWS = ("none_none", "fp16_int8", "fp16_lowrank02_svd_int8", "fp16_lowrank02_power_int8")
+JUDGES = 2  # reference-run processes after the timed rounds (the machine has 2 cores)
 
 
 def abnet_config(row: Row, steps: int) -> AbnetConfig:
@@ -341,12 +349,12 @@ class QualityProcess:
         return os.getpid()
 
     def quality(
-        self, conn: Connection, rows: list[Row], settings: Settings
-    ) -> dict[str, dict[str, float]]:
-        """Each row's figures, one event per row."""
-        out = {}
-        for row in rows:
-            out[row.key] = quality(row, settings, self.plm, self.data)
+        self, conn: Connection, jobs: list[tuple[Row, int]], settings: Settings
+    ) -> list[tuple[str, int, dict[str, float]]]:
+        """Each (row, seed)'s figures, one event per run."""
+        out = []
+        for row, seed in jobs:
+            out.append((row.key, seed, quality(row, settings, self.plm, self.data, seed)))
             conn.send(("event", row.key))
         return out
 
@@ -390,9 +398,9 @@ def limit_s(forward_bytes: float, backward_bytes: float, rate_mbit: float) -> fl
 
 
 def quality(
-    row: Row, settings: Settings, plm: bytes, data: dict[str, list[str]]
+    row: Row, settings: Settings, plm: bytes, data: dict[str, list[str]], seed: int
 ) -> dict[str, float]:
-    """Final loss and BLEU of the row's reference run (equal to its split run)."""
+    """Final loss and BLEU of the row's reference run of `seed` (equal to its split run)."""
     cfg = abnet_config(row, settings.bleu_steps)
     run = train_abnet_local(
         cfg,
@@ -402,13 +410,68 @@ def quality(
         data["tgt"],
         eval_source_lines=data["eval_src"],
         eval_target_lines=data["eval_tgt"],
-        seed=SEED,
+        seed=seed,
     )
     assert run.bleu is not None
     return {
         "final_loss": statistics.mean(h["loss"] for h in run.history[-10:]),
         "bleu": run.bleu,
     }
+
+
+def sync_bound_s(c: float, forward_bytes: float, backward_bytes: float, rate_mbit: float) -> float:
+    """B_sync: what a synchronous step of compute C can reach on the link (the docstring)."""
+    micro = ABNET["micro_batches"]
+    bytes_per_s = rate_mbit * 1e6 / 8
+    # the decoder's forward needs all the first micro-batch's chunks: its activations cross
+    # before any of T's compute, and the last micro-batch's gradient after all of it
+    x_first = forward_bytes / micro / bytes_per_s
+    x_last = backward_bytes / micro / bytes_per_s
+    crossings = c + 2 * DELAY_MS / 1e3 + x_first + x_last
+    return max(crossings, limit_s(forward_bytes, backward_bytes, rate_mbit) + c / micro)
+
+
+def padded_bytes_per_step() -> int:
+    """What one direction's float32 tensors would take per step with their padding: the
+    micro-batches' (B, src_len, C) activations, every sentence padded to src_len."""
+    cfg = abnet_config(ROWS[0], 1)
+    return 4 * cfg.micro_batches * cfg.batch_size * cfg.src_len * int(PLM["disc_d_model"])
+
+
+def bleu_summary(
+    rows: list[Row], results: list[tuple[str, int, dict[str, float]]]
+) -> dict[str, dict[str, Any]]:
+    """Per row: BLEU and final loss per seed, mean and sd over seeds, and the paired
+    difference to the baseline's BLEU of the same seed."""
+    by = {(key, seed): figures for key, seed, figures in results}
+
+    def sd(values: list[float]) -> float:
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        # the seeds this row has (all of them unless a run was cut short); a difference
+        # only where the baseline has the same seed
+        seeds = sorted(seed for key, seed, _ in results if key == row.key)
+        if not seeds:
+            continue
+        bleu = [by[(row.key, seed)]["bleu"] for seed in seeds]
+        loss = [by[(row.key, seed)]["final_loss"] for seed in seeds]
+        paired = [seed for seed in seeds if ("none_none", seed) in by]
+        diff = [by[(row.key, seed)]["bleu"] - by[("none_none", seed)]["bleu"] for seed in paired]
+        out[row.key] = {
+            "seeds": seeds,
+            "bleu": dict(zip(map(str, seeds), bleu, strict=True)),
+            "final_loss": dict(zip(map(str, seeds), loss, strict=True)),
+            "bleu_mean": statistics.mean(bleu),
+            "bleu_sd": sd(bleu),
+            "final_loss_mean": statistics.mean(loss),
+            "final_loss_sd": sd(loss),
+            "bleu_diff_vs_baseline": dict(zip(map(str, paired), diff, strict=True)),
+            "bleu_diff_vs_baseline_mean": statistics.mean(diff) if diff else float("nan"),
+            "bleu_diff_vs_baseline_sd": sd(diff),
+        }
+    return out
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -433,6 +496,7 @@ def summarize(
         entry: dict[str, Any] = {
             "label": row.label,
             "C_s": spread(c),
+            "C_s_rounds": c,
             "forward_bytes_per_step": fwd,
             "backward_bytes_per_step": bwd,
         }
@@ -444,10 +508,14 @@ def summarize(
             lim = limit_s(f_b, b_b, rate)
             # each round's T against that round's C: the ratio's spread shows the noise
             ratios = [ti / max(ci, lim) for ti, ci in zip(t, c, strict=True)]
+            bounds = [sync_bound_s(ci, f_b, b_b, rate) for ci in c]
             entry[f"{rate:g}mbit"] = {
                 "T_s": spread(t),
+                "T_s_rounds": t,
                 "L_s": lim,
                 "T_vs_limit": spread(ratios),
+                "B_sync_s": spread(bounds),
+                "T_vs_sync_bound": spread([ti / bi for ti, bi in zip(t, bounds, strict=True)]),
                 "forward_bytes_per_step": f_b,
                 "backward_bytes_per_step": b_b,
                 **{k: v for r in shaped[-1:] for k, v in r.items() if k.startswith("auto_")},
@@ -457,7 +525,8 @@ def summarize(
 
 
 def cells(row: Row, table: dict[str, dict[str, Any]], sep: str = " ± ") -> list[str]:
-    """One row's figures: bytes, C, then per rate T, L, T / max(C, L) and T vs the baseline."""
+    """One row's figures: bytes, C, then per rate T, L, T / max(C, L), B_sync, T / B_sync and
+    T vs the baseline."""
     e, base = table[row.key], table["none_none"]
     out = [
         row.label,
@@ -466,30 +535,46 @@ def cells(row: Row, table: dict[str, dict[str, Any]], sep: str = " ± ") -> list
     ]
     for rate in RATES_MBIT:
         r, b = e[f"{rate:g}mbit"], base[f"{rate:g}mbit"]
-        ratio = r["T_vs_limit"]
+        ratio, bound = r["T_vs_limit"], r["T_vs_sync_bound"]
         out += [
             f"{r['T_s']['median']:.3f}{sep}{r['T_s']['spread'] / 2:.3f}",
             f"{r['L_s']:.3f}",
             f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})",
+            f"{r['B_sync_s']['median']:.3f}",
+            f"{bound['median']:.2f} ({bound['min']:.2f}-{bound['max']:.2f})",
             f"{r['T_s']['median'] / b['T_s']['median']:.0%}",
         ]
     return out
+
+
+def bleu_cells(q: dict[str, Any] | None, sep: str = " ± ") -> list[str]:
+    """Final loss, BLEU (mean ± sd over seeds) and the paired BLEU difference to the baseline."""
+    if q is None:
+        return ["", "", ""]
+    return [
+        f"{q['final_loss_mean']:.3f}",
+        f"{q['bleu_mean']:.2f}{sep}{q['bleu_sd']:.2f}",
+        f"{q['bleu_diff_vs_baseline_mean']:+.2f}{sep}{q['bleu_diff_vs_baseline_sd']:.2f}",
+    ]
 
 
 def markdown(rows: list[Row], table: dict[str, dict[str, Any]], quality_of: dict[str, Any]) -> str:
     """The table in markdown."""
     lines = [
         "| forward / backward codec | kB / step (fwd / bwd) | C s/step "
-        + "".join(f"| T {r:g} Mbit/s | L | T / max(C, L) | T vs base " for r in RATES_MBIT)
-        + "| final loss | BLEU |",
+        + "".join(
+            f"| T {r:g} Mbit/s | L | T / max(C, L) | B_sync | T / B_sync | T vs base "
+            for r in RATES_MBIT
+        )
+        + "| final loss | BLEU | BLEU vs base (paired) |",
         "| --- | ---: | ---: "
-        + "| ---: | ---: | ---: | ---: " * len(RATES_MBIT)
-        + "| ---: | ---: |",
+        + "| ---: | ---: | ---: | ---: | ---: | ---: " * len(RATES_MBIT)
+        + "| ---: | ---: | ---: |",
     ]
     for row in rows:
-        q = quality_of.get(row.key)
-        extra = [f"{q['final_loss']:.3f}", f"{q['bleu']:.2f}"] if q else ["", ""]
-        lines.append("| " + " | ".join(cells(row, table) + extra) + " |")
+        lines.append(
+            "| " + " | ".join(cells(row, table) + bleu_cells(quality_of.get(row.key))) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -500,21 +585,46 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps per timed run (4 or more)")
     parser.add_argument("--no-bleu", action="store_true", help="skip the reference runs")
     parser.add_argument("--rows", help="comma-separated row keys (default: all)")
+    parser.add_argument("--seeds", type=int, help="reference runs per row (default 3)")
+    parser.add_argument("--bleu-steps", type=int, help="steps per reference run (default 100)")
+    parser.add_argument("--out", help="results file name (default table5, table5.quick)")
+    parser.add_argument(
+        "--assemble",
+        type=Path,
+        help="write the results from a checkpoint (the timed runs and the reference runs "
+        "finished) instead of running: for a run cut short",
+    )
     args = parser.parse_args()
     settings = Settings(steps=12, skip=4, bleu_steps=0, quick=True) if args.quick else Settings()
+    if args.seeds:
+        settings = replace(settings, seeds=tuple(SEED + i for i in range(args.seeds)))
     if args.steps:
         settings = replace(settings, steps=args.steps, skip=max(2, args.steps // 4))
+    if args.bleu_steps:
+        settings = replace(settings, bleu_steps=args.bleu_steps)
     if args.no_bleu:
         settings = replace(settings, bleu_steps=0)
     rows = [r for r in ROWS if r.key in QUICK_ROWS] if settings.quick else ROWS
     if args.rows:
         rows = [r for r in ROWS if r.key in args.rows.split(",")]
     console = Console(width=180)
+    name = args.out or ("table5.quick" if settings.quick else "table5")
+    checkpoint = CACHE / f"{name}.checkpoint.json"
+    if args.assemble:
+        loaded = json.loads(args.assemble.read_text(encoding="utf-8"))
+        timed = {}
+        for key, value in loaded["runs"].items():
+            row_key, link = key.split("|")
+            timed[(row_key, link)] = value
+        write_results(console, settings, rows, timed, loaded, name)
+        return
     load_before = load_average()
     torch.set_num_threads(1)
     started = time.perf_counter()
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
-    quality_of: dict[str, dict[str, float]] = {}
+    loads: list[dict[str, Any]] = []
+    quality_runs: list[tuple[str, int, dict[str, float]]] = []
+    bleu_s = 0.0
     links = {"off": ShaperConfig(rate_mbit=None)} | {
         f"{r:g}": ShaperConfig(rate_mbit=r, delay_ms=DELAY_MS) for r in RATES_MBIT
     }
@@ -539,12 +649,9 @@ def main() -> None:
             Child(RoleProcess, plm, data["src"], Path(tmp) / "s"),
             Child(RoleProcess, plm, data["tgt"], Path(tmp) / "t"),
         )
-        judge = Child(QualityProcess, plm, data) if settings.bleu_steps else None
-        bleu_rows = [r for r in rows if r.key in BLEU_ROWS]
+        judges: list[Child] = []
         try:
             with Progress(console=console) as progress:
-                if judge is not None:
-                    judge.start("quality", bleu_rows, settings)
                 total = settings.rounds * len(rows) * len(links) * settings.steps
                 task = progress.add_task("timed runs (rounds x rows x links)", total=total)
                 for rnd in range(settings.rounds):
@@ -555,35 +662,78 @@ def main() -> None:
                                 row, settings, network, sides, job, lambda _: progress.advance(task)
                             )
                             runs.setdefault((row.key, name), []).append(run)
+                            load = load_average()
+                            loads.append({"round": rnd + 1, "row": row.key, "link": name})
+                            loads[-1]["load_average"] = load
                             progress.console.log(
                                 f"round {rnd + 1} {row.label} link {name}: "
-                                f"{run['seconds_per_step']:.3f} s/step, load {load_average()}"
+                                f"{run['seconds_per_step']:.3f} s/step, load {load}"
                             )
-                if judge is not None:
-                    q = progress.add_task("BLEU (reference runs)", total=len(bleu_rows))
-                    quality_of = judge.finish(lambda _key: progress.advance(q))
+                saved: dict[str, Any] = {
+                    "runs": {f"{key}|{link}": v for (key, link), v in runs.items()},
+                    "loads": loads,
+                    "load_before": load_before,
+                    "timed_s": round(time.perf_counter() - started, 1),
+                    "quality_runs": quality_runs,
+                }
+                CACHE.mkdir(parents=True, exist_ok=True)
+                checkpoint.write_text(json.dumps(saved))  # `--assemble` if the rest is cut
+                if settings.bleu_steps:
+                    # after the timed rounds, never beside them: JUDGES processes at a time
+                    bleu_started = time.perf_counter()
+                    jobs = [(row, seed) for seed in settings.seeds for row in rows]
+                    judges = [Child(QualityProcess, plm, data) for _ in range(JUDGES)]
+                    for i, judge in enumerate(judges):
+                        judge.start("quality", jobs[i::JUDGES], settings)
+                    q = progress.add_task("BLEU (reference runs, rows x seeds)", total=len(jobs))
+                    for judge in judges:
+                        quality_runs += judge.finish(lambda _key: progress.advance(q))
+                        checkpoint.write_text(json.dumps(saved))
+                    bleu_s = time.perf_counter() - bleu_started
         finally:
-            for side in (*sides, *([judge] if judge is not None else [])):
+            for side in (*sides, *judges):
                 side.stop()
             for network in networks.values():
                 network.stop()
-    wall_s = time.perf_counter() - started
+    saved.update(wall_s=round(time.perf_counter() - started, 1), bleu_s=round(bleu_s, 1))
+    write_results(console, settings, rows, runs, saved, name)
+
+
+def write_results(
+    console: Console,
+    settings: Settings,
+    rows: list[Row],
+    runs: dict[tuple[str, str], list[dict[str, float]]],
+    saved: dict[str, Any],
+    name: str,
+) -> None:
+    """Print the table and write the JSON and the markdown from the timed runs and the
+    reference runs in `saved` (see `main`'s checkpoint)."""
+    quality_runs = [(key, seed, figures) for key, seed, figures in saved["quality_runs"]]
     table = summarize(rows, runs)
+    quality_of = bleu_summary(rows, quality_runs) if quality_runs else {}
     show(console, rows, table, quality_of)
     base = table["none_none"]
-    worst = max(
-        table[row.key][f"{rate:g}mbit"]["T_vs_limit"]["median"]
-        for row in rows
-        for rate in RATES_MBIT
-    )
+
+    def worst_of(figure: str) -> float:
+        return max(
+            table[row.key][f"{rate:g}mbit"][figure]["median"] for row in rows for rate in RATES_MBIT
+        )
+
     lowrank = table["fp16_lowrank02_power_int8"]["10mbit"]["T_s"]["median"]
     summary: dict[str, Any] = {
-        "table5_worst_time_vs_limit": worst,
+        "table5_worst_time_vs_limit": worst_of("T_vs_limit"),
+        "table5_worst_time_vs_sync_bound": worst_of("T_vs_sync_bound"),
         "table5_lowrank02_time_vs_baseline_10mbit": lowrank / base["10mbit"]["T_s"]["median"],
         "table5_lowrank02_time_vs_baseline_60mbit": table["fp16_lowrank02_power_int8"]["60mbit"][
             "T_s"
         ]["median"]
         / base["60mbit"]["T_s"]["median"],
+        # only valid positions cross: the baseline's bytes against its padded float32 tensors
+        "table5_padding_free_bytes_vs_padded": max(
+            base["forward_bytes_per_step"], base["backward_bytes_per_step"]
+        )
+        / padded_bytes_per_step(),
         "table5_lowrank02_bytes_vs_baseline": max(
             table["fp16_lowrank02_power_int8"]["forward_bytes_per_step"],
             table["fp16_lowrank02_power_int8"]["backward_bytes_per_step"],
@@ -605,10 +755,18 @@ def main() -> None:
             f"{settings.skip + 1}-{settings.steps} of a run); C: the same row through unshaped "
             "switches (same processes, same codecs); L: max(forward, backward bytes per step) / "
             f"bandwidth + {CROSSINGS} x {DELAY_MS:g} ms; figures: median over rounds, spread = "
-            "max - min; BLEU and final loss from the single-process reference at "
-            f"{settings.bleu_steps} steps (the split run equals it), run in a process of its "
-            "own beside the timed runs; auto_*_choice: index into "
-            "auto_candidates of the last step's choice"
+            "max - min; B_sync = max(C + 2d + x_first + x_last, L + C / micro-batches), "
+            "x_first = forward bytes / micro-batches / bandwidth (the first micro-batch's "
+            "activations, all its chunks, before the decoder's first forward), "
+            "x_last = backward bytes / micro-batches / bandwidth, per round with that round's "
+            "C; every row runs the synchronous schedule (there is no stale1 schedule yet, so "
+            "no stale1 rows); BLEU and final loss from the single-process reference at "
+            f"{settings.bleu_steps} steps (the split run equals it) for every row and each of "
+            f"the seeds {list(settings.seeds)}, run after the timed rounds in {JUDGES} "
+            "processes; bleu_diff_vs_baseline: the row's BLEU minus the baseline's of the same "
+            "seed (paired), sd = sample standard deviation over seeds; auto_*_choice: index "
+            "into auto_candidates of the last step's choice; load_average per timed run in "
+            "timed_run_loads"
         ),
         "settings": asdict(settings),
         "abnet": ABNET,
@@ -617,17 +775,34 @@ def main() -> None:
         "rates_mbit": list(RATES_MBIT),
         "n_train": N_TRAIN,
         "n_eval": N_EVAL,
-        "wall_s": round(wall_s, 1),
-        "load_average_before": load_before,
+        "wall_s": saved.get("wall_s"),
+        "timed_s": saved.get("timed_s"),
+        "bleu_s": saved.get("bleu_s"),
+        "reference_runs_done": len(quality_runs),
+        "reference_runs_planned": len(settings.seeds) * len(rows) if settings.bleu_steps else 0,
+        "timed_run_loads": saved["loads"],
+        "load_average_before": saved["load_before"],
         "load_average_after": load_average(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if quality_of:
-        summary["bleu_baseline"] = quality_of["none_none"]["bleu"]
-        summary["bleu_lowrank02_power"] = quality_of["fp16_lowrank02_power_int8"]["bleu"]
-    name = "table5.quick" if settings.quick else "table5"
+        summary["bleu_baseline_mean"] = quality_of["none_none"]["bleu_mean"]
+        summary["bleu_baseline_sd"] = quality_of["none_none"]["bleu_sd"]
+        for key, short in (
+            ("fp16_lowrank02_power_int8", "lowrank02"),
+            ("fp16_lowrank02_svd_int8", "lowrank02_svd"),
+            ("fp16_int8", "fp16_int8"),
+            ("auto_auto", "auto"),
+        ):
+            if key in quality_of:
+                # a loss is the baseline's BLEU minus the row's, seed by seed
+                row_q = quality_of[key]
+                summary[f"table5_{short}_bleu_loss_mean"] = -row_q["bleu_diff_vs_baseline_mean"]
+                summary[f"table5_{short}_bleu_loss_sd"] = row_q["bleu_diff_vs_baseline_sd"]
+    if saved.get("note"):
+        summary["run_note"] = saved["note"]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(rows, table, quality_of))
@@ -649,12 +824,12 @@ def show(
     for column in ("kB fwd / bwd", "C s"):
         out.add_column(column, justify="right")
     for rate in RATES_MBIT:
-        for column in (f"T@{rate:g}", "L", "T/max(C,L)", "vs base"):
+        for column in (f"T@{rate:g}", "L", "T/max(C,L)", "B_sync", "T/B_sync", "vs base"):
             out.add_column(column, justify="right")
-    out.add_column("BLEU", justify="right")
+    for column in ("loss", "BLEU", "ΔBLEU"):
+        out.add_column(column, justify="right")
     for row in rows:
-        q = quality_of.get(row.key)
-        out.add_row(*cells(row, table, sep="±"), f"{q['bleu']:.2f}" if q else "")
+        out.add_row(*cells(row, table, sep="±"), *bleu_cells(quality_of.get(row.key), sep="±"))
     console.print(out)
 
 

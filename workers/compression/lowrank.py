@@ -91,32 +91,26 @@ def orthonormalize(y: torch.Tensor) -> torch.Tensor:
     accepts a basis: it is satisfied by Gram matrices that are singular in floating
     point, whose "factor" gave max|P^T P - I| of about 5 on a rank-16 input.
     """
-    return _orthonormalize(y)[0]
-
-
-def _orthonormalize(y: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """`orthonormalize(y)` and whether one pass of Cholesky QR sufficed (then y had full
-    column rank, well conditioned)."""
     yd = y.double()
     gram = yd.mT @ yd
     r_inv = _inverse_factor(gram)
     if r_inv is not None:
         q1 = yd @ r_inv
         if _certified(gram, r_inv, y.shape[-2]):
-            return q1.to(y.dtype), True
+            return q1.to(y.dtype)
         gram1 = q1.mT @ q1  # measured: the input of the second pass, too
         eye = torch.eye(gram1.shape[-1], dtype=gram1.dtype, device=gram1.device)
         if _within((gram1 - eye).abs().amax(dim=(-2, -1))):
-            return q1.to(y.dtype), True
+            return q1.to(y.dtype)
         r_inv2 = _inverse_factor(gram1)
         if r_inv2 is not None:
             q2 = q1 @ r_inv2
             if _within(orthogonality_error(q2)):
-                return q2.to(y.dtype), False
+                return q2.to(y.dtype)
     q = torch.linalg.qr(y).Q  # in y's dtype: float32 Householder is about 10x faster
     if y.dtype != torch.float64 and not bool((orthogonality_error(q) <= ORTHONORMAL).all()):
         q = torch.linalg.qr(yd).Q.to(y.dtype)
-    return q, False
+    return q
 
 
 def _scale_of(x: torch.Tensor) -> float:
@@ -246,16 +240,15 @@ def _power(
     x: torch.Tensor, k: int, iters: int, warm: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q = warm
-    for _ in range(iters):
-        p, full_rank = _orthonormalize(x @ q)
-        q = x.mT @ p
-    if full_rank and q.shape[-1] <= k:
-        # X @ warm had full column rank and P lies in X's column space, so X^T P has full
-        # column rank too: no empty direction to find, nothing to truncate
-        norms = torch.linalg.vector_norm(q, dim=-2, keepdim=True)
-        # P's columns have unit norm: balancing takes sqrt(|q_j|) from each Q column to P
-        root = norms.sqrt()
-        return p * root, q / root, q / norms
+    for _ in range(iters - 1):
+        p = orthonormalize(x @ q)
+        q = (p.mT @ x).mT
+    y = x @ q
+    fast = _certified_step(x, y, k)
+    if fast is not None:
+        return fast
+    p = orthonormalize(y)
+    q = (p.mT @ x).mT
     vecs = _eigenvectors(q)
     q_all = q @ vecs  # orthogonal columns, ascending norms: the empty ones come first
     if q.shape[-1] > k:
@@ -263,10 +256,47 @@ def _power(
     else:
         pb, qb = balance(p, q)  # the same product P Q^T, no rotation needed
     norms = torch.linalg.vector_norm(q_all, dim=-2, keepdim=True)
+    return pb, qb, _next_warm(q_all, norms)
+
+
+def _next_warm(q_all: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """The (..., n, q) warm start from orthogonal columns and their norms (..., 1, q): each
+    normalised, those the data left empty (below EMPTY_COLUMN of the largest) zero."""
     top = norms.amax(dim=-1, keepdim=True)
     live = norms > EMPTY_COLUMN * top
-    next_warm = torch.where(live, q_all / torch.where(live, norms, 1.0), 0.0)
-    return pb, qb, next_warm
+    return torch.where(live, q_all / torch.where(live, norms, 1.0), 0.0)
+
+
+def _certified_step(
+    x: torch.Tensor, y: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The last power step when one pass of Cholesky QR is certified on Y = X @ warm
+    (full column rank, well conditioned), None otherwise (the general path decides).
+
+    The same factors as the general path, formed in the layout the wire sends: P^T
+    (..., q, m) = R^{-T} Y^T in float64, then float32, and Q^T = P^T X, so that no
+    factor is transposed into a copy on the way out and balancing scales them in place.
+    With q > k (oversampling) the rows rotate to the eigenvectors of Q^T Q (float64, a
+    q x q problem) and the top k are kept, as `truncate` does.
+    """
+    yd = y.double()
+    gram = yd.mT @ yd
+    r_inv = _inverse_factor(gram)
+    if r_inv is None or not _certified(gram, r_inv, y.shape[-2]):
+        return None
+    pt = (r_inv.mT @ yd.mT).to(y.dtype)  # (..., q, m), orthonormal rows
+    qt = pt @ x  # (..., q, n): Q^T = P^T X
+    if qt.shape[-2] > k:
+        qtd = qt.double()
+        rot = torch.linalg.eigh(qtd @ qtd.mT)[1].mT.to(y.dtype)  # rows: ascending norms
+        qt = rot @ qt
+        pt = rot[..., -k:, :] @ pt
+    norms = torch.linalg.vector_norm(qt, dim=-1, keepdim=True)  # (..., q, 1)
+    next_warm = _next_warm(qt.mT, norms.mT)
+    # balancing takes sqrt(|q_j|) from each Q column to P (P's columns have unit norm);
+    # Y had full column rank and P lies in X's column space, so every kept |q_j| > 0
+    root = norms[..., -k:, :].sqrt()
+    return pt.mul_(root).mT, (qt[..., -k:, :] / root).mT, next_warm
 
 
 EMPTY_COLUMN = 1e-6
