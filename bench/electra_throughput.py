@@ -62,11 +62,13 @@ from workers.training.electra import (
     run_electra_discriminator,
     run_electra_generator,
 )
-from workers.training.electra_config import ElectraConfig, electra_preset
-from workers.training.electra_model import PAD_ID, job_tokenizer
-from workers.training.electra_wire import BATCH, HELLO
+from workers.training.electra.config import ElectraConfig, electra_preset
+from workers.training.electra.model import PAD_ID
+from workers.training.electra.sides import job_tokenizer
+from workers.training.electra.wire import BATCH, HELLO
+from workers.training.hooks import Hooks
+from workers.training.messages import pack_message, unpack_message
 from workers.training.role import StepSync
-from workers.training.runtime import Hooks, pack_message, unpack_message
 
 RESULTS = Path(__file__).parent / "results" / "electra_throughput.json"
 STEPS, SKIP, ROUNDS = 60, 15, 3  # --quick: 30, 10 (each run also starts 3-5 processes)

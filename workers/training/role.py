@@ -46,7 +46,9 @@ from typing import Any, Protocol
 import torch
 
 from workers.switch.link import Link, Payload
-from workers.training.runtime import CheckpointStore, Hooks, RoleResult, hello, resume_step
+from workers.training.checkpoints import CheckpointStore, resume_step
+from workers.training.hooks import Hooks, RoleResult
+from workers.training.messages import hello
 
 TrainingState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 

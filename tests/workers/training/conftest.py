@@ -20,7 +20,7 @@ from workers.training.electra import (
     run_electra_discriminator,
     run_electra_generator,
 )
-from workers.training.runtime import RoleResult
+from workers.training.hooks import RoleResult
 
 LinkPairs = Callable[[str, str], tuple[Link, Link]]
 

@@ -23,7 +23,7 @@ from workers.training.electra import (
     run_electra_generator,
     train_electra_local,
 )
-from workers.training.runtime import Hooks, RoleResult
+from workers.training.hooks import Hooks, RoleResult
 
 SEED = 11
 LinkPairs = Callable[[str, str], tuple[Link, Link]]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from workers.switch.link import LocalLink
+from workers.training.hooks import Hooks
 from workers.training.role import RoleLoop, StepSync
-from workers.training.runtime import Hooks
 
 
 def loop_of(role: str, link: LocalLink, root: Path, hooks: Hooks | None = None) -> RoleLoop:

@@ -1,21 +1,15 @@
-"""Scenario-I: ELECTRA pre-training with the generator and the discriminator on two clusters.
-
-The two role functions, each a `RoleLoop` (workers/training/role.py) around its step:
+"""Scenario-I's two roles, each a `RoleLoop` (workers/training/role.py) around its step.
 
 - `run_electra_generator` (cluster G) masks, predicts and samples with the
-  generator (`GeneratorSide`, electra_model.py) and sends corrupted batches
-  (electra_wire.py). G does not wait for D: it may run `max_lag` steps ahead
-  of the last `StepSync` D sent, and its sends go out on a background thread
-  while it computes the next micro-batch.
+  generator (`GeneratorSide`, sides.py) and sends corrupted batches (wire.py).
+  G does not wait for D: it may run `max_lag` steps ahead of the last
+  `StepSync` D sent, and its sends go out on a background thread while it
+  computes the next micro-batch.
 - `run_electra_discriminator` (cluster D) trains the discriminator on them.
   With `n_discriminators = n`, G produces n micro-batches per step; the root D
   scatters them to n data-parallel replicas (torch.distributed, gloo on CPU,
   nccl on GPU; replicas.py) which average their gradients, then the root
-  syncs with G. It writes the `model` artifact (electra_artifact.py).
-
-Where the rest lives: the config and presets in electra_config.py, the models,
-one step's arithmetic and the single-process reference `train_electra_local`
-in electra_model.py. Their public names are importable from here too.
+  syncs with G. It writes the `model` artifact (artifact.py).
 """
 
 from __future__ import annotations
@@ -28,22 +22,14 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from workers.switch.link import Link
+from workers.training.checkpoints import restore_training_state, training_state
 from workers.training.data import SpecialIds, clean_lines, encode_lines, lines_digest
-from workers.training.electra_artifact import PretrainedModel, export_pretrained, load_pretrained
-from workers.training.electra_config import ElectraConfig, electra_preset
-from workers.training.electra_model import (
-    CorruptedBatch,
-    Discriminator,
-    DiscriminatorSide,
-    Generator,
-    GeneratorSide,
-    Initial,
-    LocalElectraRun,
-    job_tokenizer,
-    parameter_counts,
-    train_electra_local,
-)
-from workers.training.electra_wire import (
+from workers.training.electra.artifact import export_pretrained, load_pretrained
+from workers.training.electra.config import ElectraConfig
+from workers.training.electra.model import CorruptedBatch, Initial
+from workers.training.electra.replicas import discriminator_replicas
+from workers.training.electra.sides import DiscriminatorSide, GeneratorSide, job_tokenizer
+from workers.training.electra.wire import (
     BATCH,
     HELLO,
     STOP_MESSAGE,
@@ -51,39 +37,10 @@ from workers.training.electra_wire import (
     decode_batch,
     encode_batch,
 )
+from workers.training.hooks import Hooks, ReportableError, RoleResult
+from workers.training.messages import expect_bytes, unpack_message
 from workers.training.pipeline import AsyncSender
-from workers.training.replicas import discriminator_replicas
 from workers.training.role import RoleLoop, StepSync, TrainingState
-from workers.training.runtime import (
-    Hooks,
-    ReportableError,
-    RoleResult,
-    expect_bytes,
-    restore_training_state,
-    training_state,
-    unpack_message,
-)
-
-__all__ = [
-    "CorruptedBatch",
-    "Discriminator",
-    "DiscriminatorSide",
-    "ElectraConfig",
-    "Generator",
-    "GeneratorSide",
-    "LocalElectraRun",
-    "PretrainedModel",
-    "decode_batch",
-    "electra_preset",
-    "encode_batch",
-    "export_pretrained",
-    "job_tokenizer",
-    "load_pretrained",
-    "parameter_counts",
-    "run_electra_discriminator",
-    "run_electra_generator",
-    "train_electra_local",
-]
 
 GENERATOR, DISCRIMINATOR = "electra-generator", "electra-discriminator"
 
