@@ -57,13 +57,10 @@ from workers.switch.link import Link, LinkEstimate, Payload
 from workers.switch.server import Switch, SwitchConfig, crl_from_file
 from workers.switch.shaper import ShaperConfig
 from workers.training.data import batch_indices, clean_lines, encode_lines, write_demo_corpus
-from workers.training.electra import (
-    DISCRIMINATOR,
-    run_electra_discriminator,
-    run_electra_generator,
-)
+from workers.training.electra import run_electra_discriminator, run_electra_generator
 from workers.training.electra.config import ElectraConfig, electra_preset
 from workers.training.electra.model import PAD_ID
+from workers.training.electra.roles import DISCRIMINATOR
 from workers.training.electra.sides import job_tokenizer
 from workers.training.electra.wire import BATCH, HELLO
 from workers.training.hooks import Hooks
