@@ -57,16 +57,16 @@ from workers.switch.link import Link, LinkEstimate, Payload
 from workers.switch.server import Switch, SwitchConfig, crl_from_file
 from workers.switch.shaper import ShaperConfig
 from workers.training.data import batch_indices, clean_lines, encode_lines, write_demo_corpus
-from workers.training.electra import (
-    DISCRIMINATOR,
-    run_electra_discriminator,
-    run_electra_generator,
-)
-from workers.training.electra_config import ElectraConfig, electra_preset
-from workers.training.electra_model import PAD_ID, job_tokenizer
-from workers.training.electra_wire import BATCH, HELLO
+from workers.training.electra import run_electra_discriminator, run_electra_generator
+from workers.training.electra.config import ElectraConfig, electra_preset
+from workers.training.electra.model import PAD_ID
+from workers.training.electra.pace import AUTO
+from workers.training.electra.roles import DISCRIMINATOR
+from workers.training.electra.sides import job_tokenizer
+from workers.training.electra.wire import BATCH, HELLO
+from workers.training.hooks import Hooks
+from workers.training.messages import pack_message, unpack_message
 from workers.training.role import StepSync
-from workers.training.runtime import Hooks, pack_message, unpack_message
 
 RESULTS = Path(__file__).parent / "results" / "electra_throughput.json"
 STEPS, SKIP, ROUNDS = 60, 15, 3  # --quick: 30, 10 (each run also starts 3-5 processes)
@@ -471,6 +471,7 @@ class Run:
     g_compute_s: float = 0.0  # G's own compute per step, from its metrics (split only)
     bytes_to_discriminator: float = 0.0  # payload bytes per step
     bytes_to_generator: float = 0.0
+    lag: float = 0.0  # G's lead in steps (median over the steady steps with `auto`)
 
 
 def tokens_per_step(cfg: ElectraConfig, ids: torch.Tensor) -> list[int]:
@@ -594,6 +595,7 @@ def split(
         ),
         bytes_to_discriminator=statistics.mean(h["bytes_to_discriminator"] for h in steady),
         bytes_to_generator=statistics.mean(h["bytes_to_generator"] for h in d["history"][SKIP:]),
+        lag=statistics.median(h.get("max_lag", cfg.max_lag) for h in steady),
     )
 
 
@@ -633,7 +635,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="30 steps: to try, not to commit")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="interleaved rounds")
     parser.add_argument(
-        "--max-lag", type=int, default=None, help="the generator's lead in steps (the preset's)"
+        "--max-lag",
+        type=lambda v: v if v == AUTO else int(v),
+        default=None,
+        help="the generator's lead in steps, or auto (default: the preset's)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     args = parser.parse_args()
@@ -724,6 +729,7 @@ def main() -> None:
         "D waits s/step",
         "bytes/step to D",
         "wire s/step",
+        "G's lead (steps)",
     )
     for column in columns:
         table.add_column(column, justify="right")
@@ -767,7 +773,13 @@ def main() -> None:
             "wire_s_per_step_at_rate": round(wire_s, 6),
             "wire_share_of_d_step": round(wire_s / statistics.median(d.step_s for d in d_runs), 5),
             "latency_to_hide_s": round(2 * DELAY_MS / 1000, 3),
-            "lead_s": round((cfgs[n].max_lag - 1) * statistics.median(d.step_s for d in d_runs), 3),
+            # the lead in steps: the config's, or with `auto` the median G chose (per round)
+            "max_lag_chosen": spread([s.lag for s in s_runs]),
+            "lead_s": round(
+                (statistics.median(s.lag for s in s_runs) - 1)
+                * statistics.median(d.step_s for d in d_runs),
+                3,
+            ),
         }
         table.add_row(
             label,
@@ -785,6 +797,8 @@ def main() -> None:
             f"{figures_n['wait_s_per_step_d_only']['median']:.3f}",
             f"{to_d:,.0f}",
             f"{wire_s * 1000:.2f} ms",
+            f"{figures_n['max_lag_chosen']['median']:g} "
+            f"({figures_n['max_lag_chosen']['min']:g}-{figures_n['max_lag_chosen']['max']:g})",
         )
         return figures_n
 
@@ -817,8 +831,9 @@ def main() -> None:
             "G's + the switches'): what the split keeps when every core is busy and their CPU "
             "is taken from D's; "
             "wait_s = D's time blocked waiting for a batch; "
-            "latency_to_hide_s = a sync back plus a batch out; lead_s = "
-            "(max_lag - 1) D steps, the time G's lead gives"
+            "latency_to_hide_s = a sync back plus a batch out; max_lag_chosen = G's lead in "
+            "steps (with max_lag auto: the median of the lags G chose over the steady steps of "
+            "each run); lead_s = (that - 1) D steps, the time G's lead gives"
         ),
         "preset": "tiny",
         "quick": args.quick,

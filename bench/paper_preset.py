@@ -92,8 +92,8 @@ from workers.training.electra import (
     run_electra_discriminator,
     run_electra_generator,
 )
+from workers.training.hooks import Hooks
 from workers.training.role import StepSync
-from workers.training.runtime import Hooks
 
 RESULTS = Path(__file__).parent / "results" / "paper_preset.json"
 SEED = 5
@@ -279,7 +279,7 @@ def body_flops(body: BertConfig, batch: int, seq_len: int) -> float:
 
 def electra_train_flops(cfg: ElectraConfig, vocab_size: int) -> dict[str, float]:
     """Training FLOPs per step of each ELECTRA role (forward x 3, the usual estimate); G's
-    output layer covers the masked positions only, as electra_model.Generator computes."""
+    output layer covers the masked positions only, as electra.model.Generator computes."""
     B, T = cfg.batch_size * cfg.n_discriminators, cfg.seq_len
     g, d = cfg.generator_body(vocab_size), cfg.discriminator_body(vocab_size)
     masked = cfg.mask_prob * B * T

@@ -71,7 +71,7 @@ from workers.training.abnet import (
 )
 from workers.training.data import tsv_side, write_demo_corpus
 from workers.training.electra import electra_preset, export_pretrained, train_electra_local
-from workers.training.runtime import Hooks
+from workers.training.hooks import Hooks
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path(__file__).parent / ".cache"

@@ -95,6 +95,7 @@ class ElectraJobConfig(JobConfig):
         "dropout",
         "post_ln",
         "precision",
+        "max_lag",
     )
     PRESETS = ELECTRA_PRESETS
     ROLES = ("generator", "discriminator")
@@ -110,6 +111,9 @@ class ElectraJobConfig(JobConfig):
     # Hugging Face ELECTRA (GET /datasets/{id}/content?format=huggingface)
     post_ln: bool | None = None
     precision: Precision | None = None
+    # steps the generator may run ahead of the discriminator's last sync (2 by default);
+    # "auto": derived from the measured round trip and both roles' step times
+    max_lag: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] | None = None
 
 
 class AbnetJobConfig(JobConfig):
@@ -278,6 +282,11 @@ KINDS: dict[str, JobKindSpec] = {
                 "bytes_to_generator_total",
                 "mode_shared",
                 "replica_max_abs_diff",
+                # with max_lag auto: the lag chosen and the medians it rests on
+                "max_lag",
+                "lag.rtt_s",
+                "lag.discriminator_step_s",
+                "lag.generator_step_s",
             }
         ),
     ),

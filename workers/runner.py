@@ -39,7 +39,7 @@ from workers.control_plane import (
 from workers.presence import instance_name
 from workers.switch.link import Link
 from workers.training import sealed
-from workers.training.runtime import Hooks, ReportableError, RoleResult
+from workers.training.hooks import Hooks, ReportableError, RoleResult
 
 log = logging.getLogger("nebula.runner")
 
@@ -458,8 +458,8 @@ def _await_rendezvous(session: RoleSession, hooks: RoleHooks, timeout_s: float) 
 
 def _run_replica(session: RoleSession, side: ClusterSide, hooks: RoleHooks) -> RoleResult:
     """A discriminator replica: no input, no link; the root's process group is its channel."""
+    from workers.training.electra.replicas import run_discriminator_replica
     from workers.training.job_config import training_config
-    from workers.training.replicas import run_discriminator_replica
 
     claim = session.claim
     rank = replica_rank(claim.role)

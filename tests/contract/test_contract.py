@@ -87,6 +87,15 @@ def test_a_job_config_knows_its_length_from_the_presets() -> None:
     )
 
 
+def test_electras_max_lag_is_an_integer_or_auto() -> None:
+    assert ElectraJobConfig().overrides() == {}  # the preset's (2) unless the job says
+    assert ElectraJobConfig(max_lag="auto").training_values()["max_lag"] == "auto"
+    assert ElectraJobConfig(max_lag=3).training_values()["max_lag"] == 3
+    for bad in (0, 65, "fast", "3", 2.5):
+        with pytest.raises(ValueError, match="max_lag"):
+            ElectraJobConfig(max_lag=bad)
+
+
 def test_every_kind_names_roles_that_exist() -> None:
     for kind in KINDS.values():
         assert kind.primary_role in kind.roles

@@ -73,6 +73,24 @@ class Pair:
             **kw,  # type: ignore[arg-type]
         )
 
+    def link_pair(self, job: str, role_a: str, role_b: str) -> tuple[SwitchLink, SwitchLink]:
+        """Role a's link to switch a and role b's to switch b, opened together (each end
+        waits for its peer role)."""
+        ends: dict[int, SwitchLink] = {}
+
+        def open_end(side: int, role: str, peer: str) -> None:
+            ends[side] = self.link("ab"[side], job, role, peer)
+
+        threads = [
+            threading.Thread(target=open_end, args=(0, role_a, role_b)),
+            threading.Thread(target=open_end, args=(1, role_b, role_a)),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return ends[0], ends[1]
+
     def stop(self) -> None:
         self.a.stop()
         self.b.stop()

@@ -10,7 +10,7 @@ import torch
 
 from contract.kinds import KINDS
 from workers.runner import ROLE_ENTRIES, RoleInputs, describe_device, resolve_device
-from workers.training.runtime import Hooks
+from workers.training.hooks import Hooks
 
 
 def test_every_role_of_the_table_has_its_training_code_and_no_other() -> None:

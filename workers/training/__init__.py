@@ -1,13 +1,9 @@
 """Training inside a cluster: the two Nebula-I scenarios as role functions over a `Link`.
 
-- `electra.py`   Scenario-I's roles: `run_electra_generator`, `run_electra_discriminator`.
-- `electra_config.py`    `ElectraConfig` and its presets (`tiny`, `paper`).
-- `electra_model.py`     the generator and the discriminator, one step of each
-                         (`GeneratorSide`, `DiscriminatorSide`), `train_electra_local`
-                         (the single-process reference).
-- `electra_wire.py`      what crosses between the two roles (batches, `StepSync`).
-- `electra_artifact.py`  `export_pretrained` / `load_pretrained`: the `model` artifact.
-- `replicas.py`  the discriminator's data-parallel replicas (torch.distributed).
+- `electra/`     Scenario-I: `run_electra_generator`, `run_electra_discriminator`,
+                 `ElectraConfig` and its presets (`tiny`, `paper`), the two models and their
+                 sides, the wire types, the discriminator's replicas (torch.distributed),
+                 `train_electra_local` (the single-process reference), the `model` artifact.
 - `role.py`      `RoleLoop`, the skeleton of a two-sided role (hello, peer check, resume,
                  step, checkpoint, metrics), and `StepSync`.
 - `abnet/`       Scenario-II: `run_abnet_encoder`, `run_abnet_decoder` (a 1F1B pipeline,
@@ -16,7 +12,11 @@
 - `bert.py`      the transformer body both scenarios share.
 - `data.py`      `write_demo_corpus`, WordPiece tokenizers, batch order.
 - `configs.py`   `training_config`: a job's validated config as `ElectraConfig` or `AbnetConfig`.
-- `runtime.py`   `Hooks`, `RoleResult`, checkpoints, wire messages, overlapped sends, codecs.
+- `hooks.py`     `Hooks` (what a role's caller gives it), `RoleResult`, `ReportableError`.
+- `messages.py`  wire messages (`pack_message`), the hello, `CodecBook`.
+- `checkpoints.py`  `CheckpointStore`, a role's training state and where two roles resume.
+- `schedule.py`  the learning-rate schedule.
+- `pipeline.py`  `AsyncSender` and the helper threads that overlap sends with compute.
 
 Nothing is imported here, so `import workers.training` stays cheap.
 """

@@ -37,7 +37,7 @@ from contract.hf_layout import (
 )
 from contract.hf_weight_maps import weight_map
 from workers.training.bert import BertConfig, Encoder
-from workers.training.electra_model import Discriminator, Generator
+from workers.training.electra.model import Discriminator, Generator
 
 
 def body_config(cfg: HfConfig) -> BertConfig:

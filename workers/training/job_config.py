@@ -7,7 +7,7 @@ from typing import Any
 
 from contract.kinds import KINDS
 from workers.training.abnet.config import abnet_preset
-from workers.training.electra_config import electra_preset
+from workers.training.electra.config import electra_preset
 
 # each job kind's preset constructor (contract.kinds.KINDS names the kinds)
 PRESET_BY_KIND: dict[str, Callable[..., Any]] = {

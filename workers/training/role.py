@@ -32,8 +32,9 @@ against `loop.next_step`, passes its caller's stop on to the peer when
 
 `StepSync` is the small message ELECTRA's discriminator sends after each optimizer
 step (its step, its loss and accuracy, whether it stops there); it crosses as a
-float32 tensor of four numbers, 16 bytes. ABNet's decoder sends its own, with the
-figures of its metrics (workers/training/abnet/wire.py).
+float32 tensor of four numbers, 16 bytes, or of six, 24 bytes, with the two timings
+`max_lag: auto` measures the link by (workers/training/electra/pace.py). ABNet's
+decoder sends its own, with the figures of its metrics (workers/training/abnet/wire.py).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ from typing import Any, Protocol
 import torch
 
 from workers.switch.link import Link, Payload
-from workers.training.runtime import CheckpointStore, Hooks, RoleResult, hello, resume_step
+from workers.training.checkpoints import CheckpointStore, resume_step
+from workers.training.hooks import Hooks, RoleResult
+from workers.training.messages import hello
 
 TrainingState = tuple[dict[str, torch.Tensor], dict[str, Any]]
 
@@ -59,18 +62,28 @@ class StepSync:
     loss: float
     accuracy: float
     stop: bool = False  # the role stops after this step (its caller asked it to)
+    # with `max_lag: auto` only: seconds the role held the step's last batch before this
+    # sync left, and seconds it waited for that batch (None: not measured, not sent)
+    step_s: float | None = None
+    waited_s: float | None = None
 
     def to_payload(self) -> torch.Tensor:
-        """Four float32 numbers (a step is exact up to 2**24)."""
-        return torch.tensor([float(self.step), self.loss, self.accuracy, float(self.stop)])
+        """Four float32 numbers (a step is exact up to 2**24), six with the timings."""
+        numbers = [float(self.step), self.loss, self.accuracy, float(self.stop)]
+        if self.step_s is not None:
+            numbers += [self.step_s, self.waited_s or 0.0]
+        return torch.tensor(numbers)
 
     @classmethod
     def from_payload(cls, payload: Payload) -> StepSync:
         """What `to_payload` sent; anything else is an error."""
-        if not isinstance(payload, torch.Tensor) or payload.shape != (4,):
-            raise ValueError("expected a sync tensor of four numbers from the peer role")
-        step, loss, accuracy, stop = (float(x) for x in payload)
-        return cls(int(step), loss, accuracy, stop > 0)
+        if not isinstance(payload, torch.Tensor) or payload.shape not in ((4,), (6,)):
+            raise ValueError("expected a sync tensor of four or six numbers from the peer role")
+        step, loss, accuracy, stop, *timings = (float(x) for x in payload)
+        if timings and not all(0.0 <= t < float("inf") for t in timings):
+            raise ValueError("a sync's timings must be finite seconds")
+        step_s, waited_s = timings if timings else (None, None)
+        return cls(int(step), loss, accuracy, stop > 0, step_s, waited_s)
 
 
 def check_peer(

@@ -2395,6 +2395,8 @@ export interface components {
             discriminator_reads_text: boolean;
             /** Dropout */
             dropout?: number | null;
+            /** Max Lag */
+            max_lag?: number | "auto" | null;
             /** N Discriminators */
             n_discriminators?: number | null;
             /** Post Ln */

@@ -58,6 +58,8 @@ def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Pl
     cases = [
         (electra_request(text, learning_rate=1.0), 422),  # unknown config key
         (electra_request(text, steps=0), 422),
+        (electra_request(text, max_lag=0), 422),  # an integer of at least 1, or "auto"
+        (electra_request(text, max_lag="fast"), 422),
         ({**electra_request(text), "inputs": {}}, 422),
         ({**electra_request(text), "inputs": {"text": text, "extra": text}}, 422),
         ({**electra_request(text), "placement": {"generator": "cluster-a"}}, 422),

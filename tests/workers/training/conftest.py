@@ -20,7 +20,7 @@ from workers.training.electra import (
     run_electra_discriminator,
     run_electra_generator,
 )
-from workers.training.runtime import RoleResult
+from workers.training.hooks import RoleResult
 
 LinkPairs = Callable[[str, str], tuple[Link, Link]]
 
@@ -74,25 +74,10 @@ def link_pairs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LinkP
     def connect(role_a: str, role_b: str) -> tuple[Link, Link]:
         if switches is None:
             a, b = LocalLink.pair()
-            opened.extend((a, b))
-            return a, b
-        job = f"job-{next(counter)}"
-        # the two ends connect concurrently: each waits for its peer role
-        ends: dict[int, Link] = {}
-
-        def open_end(side: int, role: str, peer: str) -> None:
-            ends[side] = switches.link("ab"[side], job, role, peer)
-
-        threads = [
-            threading.Thread(target=open_end, args=(0, role_a, role_b)),
-            threading.Thread(target=open_end, args=(1, role_b, role_a)),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        opened.extend((ends[0], ends[1]))
-        return ends[0], ends[1]
+        else:
+            a, b = switches.link_pair(f"job-{next(counter)}", role_a, role_b)
+        opened.extend((a, b))
+        return a, b
 
     yield connect
     for link in opened:

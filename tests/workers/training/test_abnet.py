@@ -32,7 +32,8 @@ from workers.training.abnet import (
 )
 from workers.training.abnet.wire import unpack_coded, unpack_sync
 from workers.training.electra import ElectraConfig, export_pretrained, train_electra_local
-from workers.training.runtime import CodecBook, Hooks, RoleResult, unpack_message
+from workers.training.hooks import Hooks, RoleResult
+from workers.training.messages import CodecBook, unpack_message
 
 SEED = 5
 LinkPairs = Callable[[str, str], tuple[Link, Link]]

@@ -12,7 +12,10 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from support.certs import make_pki
+from support.switches import start_pair
 from workers.switch.link import Link
+from workers.switch.shaper import ShaperConfig
 from workers.training.electra import (
     ElectraConfig,
     electra_preset,
@@ -23,7 +26,7 @@ from workers.training.electra import (
     run_electra_generator,
     train_electra_local,
 )
-from workers.training.runtime import Hooks, RoleResult
+from workers.training.hooks import Hooks, RoleResult
 
 SEED = 11
 LinkPairs = Callable[[str, str], tuple[Link, Link]]
@@ -129,6 +132,59 @@ def test_two_discriminator_replicas_stay_identical(
     assert all(torch.isfinite(torch.tensor(h["rtd_loss"])) for h in d.history)
     ckpt = load_file(str(tmp_path / "d" / "step-00000006.safetensors"))
     assert {"rng.dropout.rank0", "rng.dropout.rank1"} <= ckpt.keys()
+
+
+def auto_over_delay(
+    run_roles: RunRoles, cfg: ElectraConfig, lines: list[str], root: Path, delay_ms: float
+) -> tuple[RoleResult, RoleResult]:
+    """G and D through two real switches whose link the shaper delays `delay_ms` one way."""
+    switches = start_pair(
+        make_pki(root / "pki", "Training test CA"),
+        shaper=ShaperConfig(rate_mbit=None, delay_ms=delay_ms),
+    )
+    g_link, d_link = switches.link_pair("job-auto", "generator", "discriminator")
+    try:
+        out = run_roles(
+            lambda: run_electra_generator(cfg, g_link, lines, root / "g", seed=SEED),
+            lambda: run_electra_discriminator(cfg, d_link, None, root / "d", seed=SEED),
+        )
+    finally:
+        g_link.close()
+        d_link.close()
+        switches.stop()
+    return out.a, out.b
+
+
+def test_max_lag_auto_leads_further_over_a_delayed_link_and_trains_the_same(
+    text_lines: list[str], tmp_path: Path, run_roles: RunRoles
+) -> None:
+    """Without and with 200 ms of one-way delay on the link between the switches: `auto`
+    measures the round trip and leads further on the slow link, and either way the run
+    equals the single-process reference."""
+    cfg = small(steps=24, max_lag="auto")  # ckpt_every 10, keep 3: the cap is 16
+    lines = text_lines[:800]
+    lags: dict[int, list[float]] = {}
+    for delay_ms in (0, 200):
+        root = tmp_path / f"delay-{delay_ms}"
+        g, d = auto_over_delay(run_roles, cfg, lines, root, delay_ms)
+        assert (g.last_step, d.last_step) == (24, 24)
+        lags[delay_ms] = [h["max_lag"] for h in g.history]
+        assert all(1 <= lag <= 16 for lag in lags[delay_ms])
+        assert all(h["bytes_to_generator"] == 24 for h in d.history)  # the timed sync
+        if delay_ms:
+            rtt = statistics.median(h["lag.rtt_s"] for h in g.history if "lag.rtt_s" in h)
+            assert rtt >= 0.4  # a sync back and a batch out, 200 ms each
+        tok = Tokenizer.from_file(str(root / "g" / "tokenizer.json"))
+        ref = train_electra_local(cfg, lines, seed=SEED, tokenizer=tok)
+        for step, (r, hg, hd) in enumerate(zip(ref.history, g.history, d.history, strict=True)):
+            assert abs(r["mlm_loss"] - hg["mlm_loss"]) <= 1e-6, step
+            assert abs(r["rtd_loss"] - hd["rtd_loss"]) <= 1e-6, step
+        assert d.artifact is not None
+        trained = load_pretrained(d.artifact.read_bytes())
+        assert_same_weights(weights_of(trained.discriminator), weights_of(ref.discriminator.model))
+    # the second half of each run, once measured
+    assert statistics.median(lags[200][12:]) > statistics.median(lags[0][12:])
+    assert max(lags[200]) >= 3
 
 
 # with dropout off, replicas and one process compute the same sums in another order: the

@@ -164,12 +164,12 @@ def test_electra_continued_from_an_imported_pair_equals_the_reference(
     from workers.training.electra import (
         DiscriminatorSide,
         ElectraConfig,
-        initial_model,
         load_pretrained,
         run_electra_discriminator,
         run_electra_generator,
         train_electra_local,
     )
+    from workers.training.electra.roles import initial_model
 
     lines = text_lines[:300]
     generator, discriminator = electra_pair(lines, tmp_path / "pair")

@@ -24,6 +24,11 @@ def test_a_job_gets_its_preset_with_its_overrides() -> None:
     assert abnet == AbnetConfig.paper()
 
 
+def test_max_lag_auto_reaches_the_electra_config() -> None:
+    electra = training_config("electra_pretrain", {"preset": "tiny", "max_lag": "auto"})
+    assert isinstance(electra, ElectraConfig) and electra.max_lag == "auto"
+
+
 def test_an_override_the_kind_does_not_know_is_refused() -> None:
     with pytest.raises(ValueError):
         training_config("electra_pretrain", {"preset": "tiny", "colour": "red"})

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from workers.switch.link import LocalLink
+from workers.training.hooks import Hooks
 from workers.training.role import RoleLoop, StepSync
-from workers.training.runtime import Hooks
 
 
 def loop_of(role: str, link: LocalLink, root: Path, hooks: Hooks | None = None) -> RoleLoop:
@@ -106,8 +106,21 @@ def test_step_sync_round_trip_is_sixteen_bytes() -> None:
     payload = sync.to_payload()
     assert payload.numel() * payload.element_size() == 16
     assert StepSync.from_payload(payload) == sync
-    with pytest.raises(ValueError, match="four numbers"):
+    with pytest.raises(ValueError, match="four or six numbers"):
         StepSync.from_payload(b"\x00" * 16)
+
+
+def test_a_timed_step_sync_carries_two_timings_in_twenty_four_bytes() -> None:
+    sync = StepSync(42, 0.5, 0.25, step_s=0.0625, waited_s=0.125)  # exact in float32
+    payload = sync.to_payload()
+    assert payload.numel() * payload.element_size() == 24
+    assert StepSync.from_payload(payload) == sync
+    assert StepSync.from_payload(StepSync(42, 0.5, 0.25).to_payload()).step_s is None
+    for bad in (torch.zeros(5), torch.tensor([1.0, 0.0, 0.0, 0.0, -1.0, 0.0])):
+        with pytest.raises(ValueError):
+            StepSync.from_payload(bad)
+    with pytest.raises(ValueError, match="finite"):
+        StepSync.from_payload(torch.tensor([1.0, 0.0, 0.0, 0.0, float("inf"), 0.0]))
 
 
 class _Config:

@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
 from workers.training import sealed
-from workers.training.runtime import CheckpointStore
+from workers.training.checkpoints import CheckpointStore
 
 KEY = bytes(range(32))
 

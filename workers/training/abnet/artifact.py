@@ -17,7 +17,7 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from workers.training.abnet.config import AbnetConfig
-from workers.training.runtime import CheckpointStore, read_safetensors_metadata
+from workers.training.checkpoints import CheckpointStore, read_safetensors_metadata
 
 FILE_NAME = "adapters.safetensors"
 KINDS = ("abnet-encoder", "abnet-decoder")

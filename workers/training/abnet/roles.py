@@ -69,17 +69,13 @@ from workers.training.abnet.wire import (
     unpack_sync,
     unpack_valid,
 )
+from workers.training.checkpoints import restore_training_state, training_state
 from workers.training.data import encode_lines
 from workers.training.electra import load_pretrained
+from workers.training.hooks import Hooks, RoleResult
+from workers.training.messages import expect_bytes
 from workers.training.pipeline import Source, Stage
 from workers.training.role import RoleLoop, TrainingState
-from workers.training.runtime import (
-    Hooks,
-    RoleResult,
-    expect_bytes,
-    restore_training_state,
-    training_state,
-)
 
 ENCODER, DECODER = "abnet-encoder", "abnet-decoder"
 

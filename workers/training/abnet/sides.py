@@ -34,7 +34,7 @@ from workers.training.data import (
     encode_lines,
 )
 from workers.training.electra import PretrainedModel
-from workers.training.runtime import linear_warmup_decay, set_lr
+from workers.training.schedule import linear_warmup_decay, set_lr
 
 N_SPECIAL = len(SPECIAL_TOKENS)
 PAD_ID, CLS_ID, SEP_ID, MASK_ID = (SPECIAL_TOKENS.index(t) for t in (PAD, CLS, SEP, MASK))

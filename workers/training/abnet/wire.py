@@ -27,7 +27,7 @@ import torch
 from workers.compression import AdaptivePolicy, Choice, Codec, LowRankCodec
 from workers.switch.link import LinkEstimate
 from workers.training.abnet.config import AUTO, AUTO_CANDIDATES, AbnetConfig
-from workers.training.runtime import (
+from workers.training.messages import (
     CodecBook,
     expect_bytes,
     pack_message,

@@ -30,9 +30,11 @@ from torch import nn
 
 from contract.cluster_api import Rendezvous
 from workers.ports import free_port
-from workers.training.electra_config import ElectraConfig
-from workers.training.electra_model import CorruptedBatch, DiscriminatorSide
-from workers.training.runtime import CheckpointStore, Hooks, RoleResult, restore_training_state
+from workers.training.checkpoints import CheckpointStore, restore_training_state
+from workers.training.electra.config import ElectraConfig
+from workers.training.electra.model import CorruptedBatch
+from workers.training.electra.sides import DiscriminatorSide
+from workers.training.hooks import Hooks, RoleResult
 
 
 class ReplicaCommand(IntEnum):

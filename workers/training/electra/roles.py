@@ -1,21 +1,16 @@
-"""Scenario-I: ELECTRA pre-training with the generator and the discriminator on two clusters.
-
-The two role functions, each a `RoleLoop` (workers/training/role.py) around its step:
+"""Scenario-I's two roles, each a `RoleLoop` (workers/training/role.py) around its step.
 
 - `run_electra_generator` (cluster G) masks, predicts and samples with the
-  generator (`GeneratorSide`, electra_model.py) and sends corrupted batches
-  (electra_wire.py). G does not wait for D: it may run `max_lag` steps ahead
-  of the last `StepSync` D sent, and its sends go out on a background thread
-  while it computes the next micro-batch.
+  generator (`GeneratorSide`, sides.py) and sends corrupted batches (wire.py).
+  G does not wait for D: it may run `max_lag` steps ahead of the last
+  `StepSync` D sent, and its sends go out on a background thread while it
+  computes the next micro-batch. With `max_lag: auto` the lead follows the
+  measured round trip and both roles' step times (pace.py).
 - `run_electra_discriminator` (cluster D) trains the discriminator on them.
   With `n_discriminators = n`, G produces n micro-batches per step; the root D
   scatters them to n data-parallel replicas (torch.distributed, gloo on CPU,
   nccl on GPU; replicas.py) which average their gradients, then the root
-  syncs with G. It writes the `model` artifact (electra_artifact.py).
-
-Where the rest lives: the config and presets in electra_config.py, the models,
-one step's arithmetic and the single-process reference `train_electra_local`
-in electra_model.py. Their public names are importable from here too.
+  syncs with G. It writes the `model` artifact (artifact.py).
 """
 
 from __future__ import annotations
@@ -28,22 +23,15 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from workers.switch.link import Link
+from workers.training.checkpoints import restore_training_state, training_state
 from workers.training.data import SpecialIds, clean_lines, encode_lines, lines_digest
-from workers.training.electra_artifact import PretrainedModel, export_pretrained, load_pretrained
-from workers.training.electra_config import ElectraConfig, electra_preset
-from workers.training.electra_model import (
-    CorruptedBatch,
-    Discriminator,
-    DiscriminatorSide,
-    Generator,
-    GeneratorSide,
-    Initial,
-    LocalElectraRun,
-    job_tokenizer,
-    parameter_counts,
-    train_electra_local,
-)
-from workers.training.electra_wire import (
+from workers.training.electra.artifact import export_pretrained, load_pretrained
+from workers.training.electra.config import ElectraConfig
+from workers.training.electra.model import CorruptedBatch, Initial
+from workers.training.electra.pace import AUTO, AutoLag, auto_lag_cap
+from workers.training.electra.replicas import discriminator_replicas
+from workers.training.electra.sides import DiscriminatorSide, GeneratorSide, job_tokenizer
+from workers.training.electra.wire import (
     BATCH,
     HELLO,
     STOP_MESSAGE,
@@ -51,39 +39,10 @@ from workers.training.electra_wire import (
     decode_batch,
     encode_batch,
 )
+from workers.training.hooks import Hooks, ReportableError, RoleResult
+from workers.training.messages import expect_bytes, unpack_message
 from workers.training.pipeline import AsyncSender
-from workers.training.replicas import discriminator_replicas
 from workers.training.role import RoleLoop, StepSync, TrainingState
-from workers.training.runtime import (
-    Hooks,
-    ReportableError,
-    RoleResult,
-    expect_bytes,
-    restore_training_state,
-    training_state,
-    unpack_message,
-)
-
-__all__ = [
-    "CorruptedBatch",
-    "Discriminator",
-    "DiscriminatorSide",
-    "ElectraConfig",
-    "Generator",
-    "GeneratorSide",
-    "LocalElectraRun",
-    "PretrainedModel",
-    "decode_batch",
-    "electra_preset",
-    "encode_batch",
-    "export_pretrained",
-    "job_tokenizer",
-    "load_pretrained",
-    "parameter_counts",
-    "run_electra_discriminator",
-    "run_electra_generator",
-    "train_electra_local",
-]
 
 GENERATOR, DISCRIMINATOR = "electra-generator", "electra-discriminator"
 
@@ -144,17 +103,28 @@ def run_electra_generator(
 
     sender = AsyncSender(link)
     last_synced, sent_total = start, 0
+    pace = (
+        AutoLag(auto_lag_cap(cfg.ckpt_every, cfg.keep_checkpoints)) if cfg.max_lag == AUTO else None
+    )
+    lag = pace.lag if pace is not None else int(cfg.max_lag)
+    sent_at: dict[int, float] = {}  # with `auto`: when each step's last batch was sent
 
     def take_sync() -> None:
-        nonlocal last_synced
+        nonlocal last_synced, lag
+        asked = time.perf_counter()
         sync = StepSync.from_payload(link.recv(SYNC, timeout=cfg.recv_timeout_s))
+        received = time.perf_counter()
         last_synced = sync.step
+        sent = sent_at.pop(sync.step, None)
+        if pace is not None and sent is not None and sync.step_s is not None:
+            waited = sync.waited_s or 0.0
+            lag = pace.synced(sent, received, received - asked, sync.step_s, waited)
         if sync.stop:
             loop.peer_stopped()
 
     for k in loop.steps():
-        while k - last_synced > cfg.max_lag and not loop.stopped_by_peer:
-            take_sync()  # pace: D is more than max_lag steps behind
+        while k - last_synced > lag and not loop.stopped_by_peer:
+            take_sync()  # pace: D is more than `lag` steps behind
         if loop.stopped_by_peer:
             break
         t0 = time.perf_counter()
@@ -166,6 +136,9 @@ def run_electra_generator(
             mlm += loss / cfg.n_discriminators
             tokens += int((original != special.pad).sum())
             sent += len(blob)
+        if pace is not None:  # what D waits on: the step's last batch
+            sent_at[k] = time.perf_counter()
+            pace.generator_stepped(sent_at[k] - t0)
         side.step(k)
         sent_total += sent
         loop.finished(k, lambda: training_state(side.model, side.opt, side.generators()))
@@ -177,6 +150,7 @@ def run_electra_generator(
                 "bytes_to_discriminator": float(sent),
                 "bytes_to_discriminator_total": float(sent_total),
                 "bytes_per_token": sent / max(tokens, 1),
+                **(pace.metrics() if pace is not None else {}),
             },
         )
     if loop.cancelled:
@@ -243,13 +217,17 @@ def run_electra_discriminator(
             group.restore_rng(tensors, side)
         sender = AsyncSender(link)
         sent_total = 0
+        timed = cfg.max_lag == AUTO  # G then sets its lead by D's timings (pace.py)
         for k in loop.steps():
             t0 = time.perf_counter()
             batches: list[CorruptedBatch] = []
+            received = waited = 0.0
             for _ in range(n):
-                header, arrays = unpack_message(
-                    expect_bytes(link.recv(BATCH, timeout=cfg.recv_timeout_s))
-                )
+                asked = time.perf_counter()
+                blob = expect_bytes(link.recv(BATCH, timeout=cfg.recv_timeout_s))
+                received = time.perf_counter()
+                waited = received - asked  # the last batch's counts: what G's lead covers
+                header, arrays = unpack_message(blob)
                 if header["kind"] == "stop":
                     break
                 if (header["step"], header["micro"]) != (k, len(batches)):
@@ -260,7 +238,9 @@ def run_electra_discriminator(
                 break
             rtd, acc, tokens = group.train_step(side, k, batches)
             side.step(k)
-            sync = StepSync(k, rtd, acc).to_payload()  # small, and keeps G at D's pace
+            held = time.perf_counter() - received
+            timings = (held, waited) if timed else (None, None)
+            sync = StepSync(k, rtd, acc, False, *timings).to_payload()  # keeps G at D's pace
             sender.send(SYNC, sync)
             sync_bytes = sync.numel() * sync.element_size()
             sent_total += sync_bytes

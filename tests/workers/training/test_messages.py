@@ -1,8 +1,6 @@
-"""Wire messages, batch packing, checkpoints: pure helpers with round-trip properties."""
+"""Wire messages, ELECTRA's batch packing, overlapped sends: round-trip properties."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,17 +10,8 @@ from hypothesis import strategies as st
 
 from workers.switch.link import LocalLink
 from workers.training.electra import CorruptedBatch, decode_batch, encode_batch
+from workers.training.messages import pack_message, smallest_uint, unpack_message
 from workers.training.pipeline import AsyncSender
-from workers.training.runtime import (
-    CheckpointStore,
-    linear_warmup_decay,
-    pack_message,
-    restore_training_state,
-    resume_step,
-    smallest_uint,
-    training_state,
-    unpack_message,
-)
 
 DTYPES = [np.uint8, np.uint16, np.int32, np.int64, np.float16, np.float32, np.bool_]
 
@@ -87,45 +76,6 @@ def test_both_batch_encodings_rebuild_what_the_generator_made(
         assert torch.equal(got.ids, batch.ids) and torch.equal(got.replaced, batch.replaced)
         if mode == "full":  # ids in the narrowest type: uint8, uint16, uint32 here
             assert arrays["ids"].dtype == {40: np.uint8, 300: np.uint16, 70000: np.uint32}[vocab]
-
-
-def test_checkpoints_keep_the_newest_and_restore_everything(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    rng = torch.Generator().manual_seed(7)
-    store = CheckpointStore(tmp_path, keep=2)
-    for step in range(1, 5):
-        model(torch.randn(4, 3)).sum().backward()
-        opt.step()
-        torch.rand(3, generator=rng)
-        tensors, meta = training_state(model, opt, {"r": rng})
-        store.save(step, tensors, {**meta, "step": step})
-    assert store.steps() == [3, 4]
-    expected = [p.detach().clone() for p in model.parameters()]
-    next_draw = torch.rand(3, generator=rng)
-
-    fresh = torch.nn.Linear(3, 2)
-    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
-    fresh_rng = torch.Generator()
-    tensors, meta = store.load(4)
-    assert meta["step"] == 4
-    restore_training_state(tensors, meta, fresh, fresh_opt, {"r": fresh_rng})
-    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), expected, strict=True))
-    assert torch.equal(torch.rand(3, generator=fresh_rng), next_draw)
-    state = fresh_opt.state_dict()["state"][0]
-    assert torch.equal(state["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
-
-
-def test_resume_step_is_the_newest_common_checkpoint() -> None:
-    assert resume_step([], [10]) == 0
-    assert resume_step([10, 20, 30], [10, 20]) == 20
-
-
-def test_learning_rate_schedule() -> None:
-    assert linear_warmup_decay(5, 1.0, 10, 100) == 0.5
-    assert linear_warmup_decay(10, 1.0, 10, 100) == 1.0
-    assert linear_warmup_decay(100, 1.0, 10, 100) == pytest.approx(0.1)
 
 
 def test_async_sender_keeps_order() -> None:

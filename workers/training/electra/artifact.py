@@ -20,10 +20,13 @@ from tokenizers import Tokenizer
 from torch import nn
 
 from contract.model_limits import check_bert_config
+
+# The module, not its names: hf_weights imports this package's model.py, and when it is
+# imported first, its names are not defined yet while this package's __init__ runs.
+from workers.training import hf_weights
 from workers.training.bert import BertConfig, Encoder
-from workers.training.electra_model import Discriminator, Generator
-from workers.training.hf_weights import is_archive, load_hf_archive
-from workers.training.runtime import read_safetensors_metadata
+from workers.training.checkpoints import read_safetensors_metadata
+from workers.training.electra.model import Discriminator, Generator
 
 
 @dataclass
@@ -72,8 +75,8 @@ def export_pretrained(
 def load_pretrained(blob: bytes, device: str = "cpu") -> PretrainedModel:
     """Load a `model` dataset's bytes: what `export_pretrained` wrote, or an imported
     Hugging Face folder (a tar)."""
-    if is_archive(blob):
-        imported = load_hf_archive(blob, device)
+    if hf_weights.is_archive(blob):
+        imported = hf_weights.load_hf_archive(blob, device)
         info = {"architecture": imported.config.architecture, "format": "huggingface"}
         return PretrainedModel(imported.body, imported.tokenizer, imported.model, info)
     meta = read_safetensors_metadata(blob)

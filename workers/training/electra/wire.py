@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.training.electra_model import CorruptedBatch
-from workers.training.runtime import pack_message, pack_uint, unpack_int
+from workers.training.electra.model import CorruptedBatch
+from workers.training.messages import pack_message, pack_uint, unpack_int
 
 BATCH, SYNC, HELLO = "electra.batch", "electra.sync", "electra.hello"
 STOP_MESSAGE = pack_message({"kind": "stop"})  # on BATCH: G was asked to stop

@@ -14,6 +14,7 @@ from contract.presets import ELECTRA_PRESETS
 from workers.training.bert import BertConfig
 from workers.training.configs import PresetConfig
 from workers.training.data import MIN_TOKEN_FREQUENCY
+from workers.training.electra.pace import AUTO, DEFAULT_LAG
 
 
 @dataclass
@@ -60,7 +61,9 @@ class ElectraConfig(PresetConfig):
     # runtime
     ckpt_every: int = 100
     keep_checkpoints: int = 3
-    max_lag: int = 2  # steps G may run ahead of D's last sync: overlap, bounded memory
+    # steps G may run ahead of D's last sync: overlap, bounded memory; "auto": derived
+    # from the measured round trip and both roles' step times (pace.py)
+    max_lag: int | str = DEFAULT_LAG
     recv_timeout_s: float = 900.0  # a peer silent this long is considered gone
 
     def __post_init__(self) -> None:
@@ -72,8 +75,12 @@ class ElectraConfig(PresetConfig):
             raise ValueError("mask_prob must lie strictly between 0 and 1")
         if self.min_token_frequency < 1:
             raise ValueError("min_token_frequency must be at least 1")
-        if self.seq_len < 3 or self.ckpt_every < 1 or self.max_lag < 1:
-            raise ValueError("seq_len must be at least 3, ckpt_every and max_lag at least 1")
+        if self.seq_len < 3 or self.ckpt_every < 1:
+            raise ValueError("seq_len must be at least 3, ckpt_every at least 1")
+        if self.max_lag != AUTO and (
+            not isinstance(self.max_lag, int) or isinstance(self.max_lag, bool) or self.max_lag < 1
+        ):
+            raise ValueError(f"max_lag must be an integer of at least 1 or {AUTO!r}")
         for d, h in ((self.gen_d_model, self.gen_heads), (self.disc_d_model, self.disc_heads)):
             if h < 1 or d % h:
                 raise ValueError(f"width {d} is not a multiple of {h} heads")
