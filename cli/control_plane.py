@@ -180,7 +180,7 @@ def _audit_mirror_serve(args: argparse.Namespace, settings: Settings) -> int:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from app.audit.mirrors import MirrorServer
-    from app.clusters.broker import is_loopback
+    from common.urls import is_loopback
 
     try:
         token = args.token_file.read_text().strip()

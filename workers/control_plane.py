@@ -9,17 +9,16 @@ same way.
 from __future__ import annotations
 
 import base64
-import ipaddress
 import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 
+from common.urls import http_url
 from contract import API_PREFIX
 from contract.cluster_api import (
     ClaimIn,
@@ -65,29 +64,13 @@ class Refused(ControlPlaneError):
 
 def check_control_plane_url(url: str) -> str:
     """The URL without a trailing slash; plain http only to a loopback address."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        raise ValueError(
-            f"refusing plain http to {parts.hostname}: the control plane must be reached over "
-            "https unless it runs on this host"
-        )
+    http_url(url, why_https="the control plane must be reached over https unless it runs here")
     return url.rstrip("/")
 
 
 def tls_verify(ca_path: Path | None) -> ssl.SSLContext | bool:
     """How to check the control plane's HTTPS certificate: this CA file, or the system's."""
     return ssl.create_default_context(cafile=str(ca_path)) if ca_path is not None else True
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _raise_for(answer: httpx.Response) -> None:

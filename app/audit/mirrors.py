@@ -24,7 +24,6 @@ import json
 import logging
 import ssl
 import urllib.error
-import urllib.parse
 import urllib.request
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,8 +32,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from app.audit.anchor import Anchor, AnchorMirror, Mirror, MirrorConflict, signed_by_any
-from app.clusters.broker import is_loopback
 from app.settings import Settings
+from common.urls import http_url
 
 log = logging.getLogger("nebula.audit")
 
@@ -50,14 +49,10 @@ class HttpAnchorMirror(Mirror):
     """The client of a `nebula audit mirror-serve` server."""
 
     def __init__(self, url: str, *, token: str, ca_file: Path | None = None) -> None:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise MirrorSettingError(f"the anchor mirror URL {url!r} is not http(s)://HOST...")
-        if parts.scheme == "http" and not is_loopback(parts.hostname):
-            raise MirrorSettingError(
-                f"the anchor mirror {url} is plain http off loopback: its writer's token would"
-                " cross in clear; use https://"
-            )
+        try:
+            parts = http_url(url, why_https="the anchor mirror's writer token would cross in clear")
+        except ValueError as exc:
+            raise MirrorSettingError(f"the anchor mirror {url}: {exc}") from None
         self.where = url.rstrip("/")
         self._token = token
         self._context = (

@@ -15,7 +15,6 @@ that the password works by logging in with it.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import secrets
 import shlex
@@ -23,6 +22,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from common.urls import is_loopback
 
 USER_PREFIX = "nebula-cluster-"
 
@@ -135,16 +136,6 @@ def logs_in(broker_url: str, *, timeout_s: float = 5.0) -> bool:
     except Exception:  # refused, unreachable: either way the login did not work
         return False
     return True
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names this machine only (localhost, 127/8, ::1)."""
-    if host.lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def plain_off_loopback(url: str) -> bool:

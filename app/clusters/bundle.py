@@ -24,6 +24,7 @@ from app.clusters import service as clusters
 from app.clusters.models import Cluster, ClusterPresence
 from app.pki import service as pki
 from app.settings import Settings
+from common.urls import is_loopback
 from contract.bundle import ClusterBundle
 
 OK, MISSING = "ok", "missing"
@@ -154,7 +155,7 @@ def broker_url_for(
     """
     reached_at = reached_at or settings.cluster_broker_url
     if not broker.is_rabbitmq(settings.broker_url):
-        if not allow_shared and not broker.is_loopback(cluster.switch_host):
+        if not allow_shared and not is_loopback(cluster.switch_host):
             raise SharedBrokerRefused(
                 f"the broker ({settings.broker_url.split(':', 1)[0] or 'embedded'}) has no "
                 f"per-cluster users, so cluster {cluster.name} at {cluster.switch_host} would "
