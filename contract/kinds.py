@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from contract.codec_spec import PER_SAMPLE, SpecError, check_stream_spec
 from contract.devices import ANY_DEVICE, DeviceNeed
@@ -38,8 +38,19 @@ Precision = Literal["fp32", "bf16"]
 AUTO_CODEC = "auto"  # a codec field's value that lets the link's measurement choose
 
 
+def _role_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """The document names the keys `role_devices` takes: the kind's placed roles."""
+    roles: tuple[str, ...] = getattr(model, "ROLES", ())
+    if roles and "role_devices" in schema.get("properties", {}):
+        field = schema["properties"]["role_devices"]
+        field["propertyNames"] = {"enum": list(roles)}
+        field["examples"] = [{roles[-1]: "cuda"}]
+
+
 class JobConfig(StrictIn):
     """What every kind's config holds: the preset, the seed and the job's overrides."""
+
+    model_config = ConfigDict(**StrictIn.model_config, json_schema_extra=_role_names)
 
     preset: Preset = "tiny"
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
@@ -55,7 +66,6 @@ class JobConfig(StrictIn):
         max_length=8,
         description="Per placed role, a device other than `device` (a discriminator's "
         "replicas follow it)",
-        examples=[{"discriminator": "cuda"}],
     )
 
     # the training-config fields a job may set on top of its preset

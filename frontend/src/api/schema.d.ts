@@ -1728,7 +1728,7 @@ export interface components {
              * Role Devices
              * @description Per placed role, a device other than `device` (a discriminator's replicas follow it)
              * @example {
-             *       "discriminator": "cuda"
+             *       "decoder": "cuda"
              *     }
              */
             role_devices?: {
