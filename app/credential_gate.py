@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 import time
 import weakref
 from collections import OrderedDict
@@ -28,7 +27,7 @@ import anyio
 from starlette.requests import cookie_parser
 from starlette.types import Scope
 
-PathMethods = list[tuple[re.Pattern[str], frozenset[str]]]
+from app.route_table import RouteTable
 
 NO_CREDENTIAL = "not authenticated"
 DEAD_CREDENTIAL = "invalid or expired token"
@@ -55,7 +54,7 @@ class CredentialGate:
     def __init__(
         self,
         *,
-        routes: Callable[[], PathMethods],
+        routes: Callable[[], RouteTable],
         is_live: Callable[[str], bool],
         cookie_name: str,
         threads: int,
@@ -63,7 +62,7 @@ class CredentialGate:
         capacity: int = 4096,
     ) -> None:
         self._routes_of = routes
-        self._routes: PathMethods | None = None
+        self._routes: RouteTable | None = None
         self._is_live = is_live
         self.cookie_name = cookie_name
         self._threads = threads
@@ -78,7 +77,7 @@ class CredentialGate:
         """Whether the route at `path` answers only a signed-in caller."""
         if self._routes is None:
             self._routes = self._routes_of()
-        return any(p.match(path) and method in methods for p, methods in self._routes)
+        return self._routes.offers(method, path)
 
     def _limiter(self) -> anyio.CapacityLimiter:
         # one per event loop (a test client may serve the same app from several loops)
@@ -112,8 +111,8 @@ class CredentialGate:
         """(401's detail or None, the credential's digest) for a request about to take a slot.
 
         A credential remembered live goes on before the route is even looked at: the common
-        case costs a header scan, a sha256 and a dict lookup (the route scan, about 100
-        patterns, is left to the requests that need it).
+        case costs a header scan, a sha256 and a dict lookup (the route look-up is left to the
+        requests that need it).
         """
         secret = presented_secret(scope, self.cookie_name)
         digest = hashlib.sha256(secret.encode()).hexdigest() if secret else ""

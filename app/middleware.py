@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.credential_gate import CredentialGate
 from app.ops.metrics import ADMISSIONS, HTTP_LATENCY, HTTP_REQUESTS
+from app.route_table import RouteTable
 
 # Uploads stream to disk and are bounded by their own limit and the workspace quota.
 _UPLOAD_PATH = re.compile(
@@ -405,18 +406,6 @@ class AdmissionMiddleware(HttpMiddleware):
             leave()
 
 
-PathMethods = list[tuple[re.Pattern[str], frozenset[str]]]
-
-
-def allowed_methods(paths: PathMethods, path: str) -> set[str]:
-    """The methods offered on `path` (empty: no documented route has this path)."""
-    allowed: set[str] = set()
-    for pattern, methods in paths:
-        if pattern.match(path):
-            allowed |= methods
-    return allowed
-
-
 class MethodNotAllowedMiddleware(HttpMiddleware):
     """405 with the full `Allow` list for a method an API path does not have.
 
@@ -424,15 +413,15 @@ class MethodNotAllowedMiddleware(HttpMiddleware):
     GET falls through to the web UI's catch-all (404); here every route on the path counts.
     """
 
-    def __init__(self, app: ASGIApp, *, paths: Callable[[], PathMethods]) -> None:
+    def __init__(self, app: ASGIApp, *, paths: Callable[[], RouteTable]) -> None:
         super().__init__(app)
         self.paths = paths
-        self._known: PathMethods | None = None
+        self._known: RouteTable | None = None
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._known is None:
-            self._known = self.paths()
-        allowed = allowed_methods(self._known, scope["path"])
+            self._known = self.paths()  # once every route is in (the app is built by then)
+        allowed = self._known.methods(scope["path"])
         if allowed and scope["method"] not in allowed:
             allow = [(b"allow", ", ".join(sorted(allowed)).encode())]
             await _send_error(send, 405, f"method {scope['method']} not allowed", allow)

@@ -8,7 +8,6 @@ with `app.errors.raises`. Create operations link to the operations on what they 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from app.api_errors import ERROR_RESPONSES, ErrorOut
 from app.errors import DomainError, declared_errors
 from app.fields import NO_NUL_PATTERN
 from app.openapi.marks import SECURITY_SCHEMES
+from app.route_table import Route, RouteTable
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 ERROR_REF = {"$ref": "#/components/schemas/ErrorOut"}
@@ -47,19 +47,19 @@ def api_routes(app: FastAPI) -> list[RouteContext]:
     ]
 
 
-def route_methods(app: FastAPI) -> list[tuple[re.Pattern[str], frozenset[str]]]:
-    """Each documented path's pattern with the methods it offers."""
-    return [(route.path_regex, frozenset(route.methods or ())) for route in api_routes(app)]
+def _route(route: RouteContext) -> Route:
+    return (str(route.path_format), route.path_regex, frozenset(route.methods or ()))
 
 
-def signed_in_routes(app: FastAPI) -> list[tuple[re.Pattern[str], frozenset[str]]]:
-    """Each documented path's pattern with the methods that answer only a signed-in caller."""
+def route_methods(app: FastAPI) -> RouteTable:
+    """The documented routes with the methods each offers."""
+    return RouteTable(_route(route) for route in api_routes(app))
+
+
+def signed_in_routes(app: FastAPI) -> RouteTable:
+    """The documented routes with the methods that answer only a signed-in caller."""
     signed_in: dict[str, list[str]] = {"bearer": []}
-    return [
-        (route.path_regex, frozenset(route.methods or ()))
-        for route in api_routes(app)
-        if signed_in in security_of(route)
-    ]
+    return RouteTable(_route(route) for route in api_routes(app) if signed_in in security_of(route))
 
 
 def _calls(route: RouteContext) -> Iterator[Callable[..., Any]]:
