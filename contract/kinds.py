@@ -9,7 +9,7 @@ it from `GET /api/v1/job-kinds`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -36,6 +36,11 @@ CodecSpec = Annotated[
 Precision = Literal["fp32", "bf16"]
 
 AUTO_CODEC = "auto"  # a codec field's value that lets the link's measurement choose
+
+# ABNet's pipeline: `sync` waits for a step's last gradient before the next step's
+# forwards; `stale1` starts them on the encoder's weights of one update earlier
+Schedule = Literal["sync", "stale1"]
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
 
 def _role_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -139,6 +144,7 @@ class AbnetJobConfig(JobConfig):
         "auto_max_error",
         "compress_from_step",
         "precision",
+        "schedule",
     )
     PRESETS = ABNET_PRESETS
     ROLES = ("encoder", "decoder")
@@ -154,6 +160,13 @@ class AbnetJobConfig(JobConfig):
     auto_max_error: float | None = Field(default=None, gt=0.0, lt=1.0)
     compress_from_step: int = Field(default=0, ge=0, le=10_000_000)
     precision: Precision | None = None
+    schedule: Schedule | None = Field(
+        default=None,
+        description="sync (the default): a step's forwards wait until the previous step's "
+        "update; stale1: they start before its last gradient is back, on the encoder's "
+        "adapters of one update earlier (PipeDream-2BW), keeping the encoder busy through "
+        "the round trip",
+    )
 
     @field_validator("forward_codec", "backward_codec")
     @classmethod

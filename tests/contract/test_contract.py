@@ -96,6 +96,14 @@ def test_electras_max_lag_is_an_integer_or_auto() -> None:
             ElectraJobConfig(max_lag=bad)
 
 
+def test_abnets_schedule_is_sync_unless_the_job_asks_for_stale1() -> None:
+    assert "schedule" not in AbnetJobConfig().overrides()  # AbnetConfig's default: sync
+    assert AbnetJobConfig(schedule="stale1").training_values()["schedule"] == "stale1"
+    for bad in ("stale2", "async", 1, ""):
+        with pytest.raises(ValueError, match="schedule"):
+            AbnetJobConfig(schedule=bad)
+
+
 def test_every_kind_names_roles_that_exist() -> None:
     for kind in KINDS.values():
         assert kind.primary_role in kind.roles

@@ -226,9 +226,13 @@ class RoleLoop:
     def finished(self, step: int, state: Callable[[], TrainingState]) -> None:
         """Step `step` is done: checkpoint `state()` every `ckpt_every` steps and at the end."""
         self.result.last_step = step
-        if step % self.ckpt_every == 0 or step == self.total:
+        if self.checkpoint_due(step):
             tensors, meta = state()
             self.hooks.checkpointed(step, self.store.save(step, tensors, {**meta, "step": step}))
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether `finished(step)` checkpoints: every `ckpt_every` steps and the last."""
+        return step % self.ckpt_every == 0 or step == self.total
 
     def report(self, step: int, metrics: dict[str, float]) -> None:
         """The metrics of step `step`: into the result's history and out to the caller."""

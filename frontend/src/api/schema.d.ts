@@ -1735,6 +1735,11 @@ export interface components {
                 [key: string]: "cpu" | "cuda" | "any";
             };
             /**
+             * Schedule
+             * @description sync (the default): a step's forwards wait until the previous step's update; stale1: they start before its last gradient is back, on the encoder's adapters of one update earlier (PipeDream-2BW), keeping the encoder busy through the round trip
+             */
+            schedule?: ("sync" | "stale1") | null;
+            /**
              * Seed
              * @default 0
              */

@@ -99,6 +99,10 @@ def test_bad_jobs_are_refused_and_write_nothing(client: TestClient, platform: Pl
         status, answer = submit(client, alice, body)
         assert status == 422, answer
         assert "per-sample stream" in str(answer["detail"]) and stream in str(answer["detail"])
+    # ABNet's pipeline is sync or stale1
+    body = {**body, "config": {"schedule": "stale2"}}
+    status, answer = submit(client, alice, body)
+    assert status == 422 and "'sync' or 'stale1'" in str(answer["detail"]), answer
     with platform.factory() as db:
         assert db.scalars(select(Job)).all() == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -131,6 +132,133 @@ def test_split_run_equals_single_process_reference(
         assert saved.keys() == trained.keys()
         for name, p in trained.items():
             torch.testing.assert_close(saved[name], p.detach(), rtol=0, atol=1e-6, msg=name)
+
+
+def _trained(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_stale1_split_run_equals_its_delayed_update_reference(
+    link_pairs: LinkPairs, run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    # however the next step's forwards and this step's gradients interleave (the test
+    # below forces them to), the split run makes the reference's updates
+    cfg = small(steps=6, micro_batches=3, schedule="stale1")
+    s, t = split_run(
+        run_roles, cfg, link_pairs("encoder", "decoder"), plm, pairs, tmp_path, n_eval=8
+    )
+    assert (s.last_step, t.last_step) == (6, 6) and not (s.stopped or t.stopped)
+    src, tgt = pairs["train"][0][:200], pairs["train"][1][:200]
+    evals = {"eval_source_lines": pairs["test"][0][:8], "eval_target_lines": pairs["test"][1][:8]}
+    ref = train_abnet_local(cfg, plm, plm, src, tgt, seed=SEED, **evals)
+    for step, (r, h) in enumerate(zip(ref.history, t.history, strict=True), 1):
+        for key in ("loss", "token_loss", "length_loss", "token_accuracy"):
+            assert abs(r[key] - h[key]) <= 1e-6, (step, key)
+    assert [h["loss"] for h in s.history] == [h["loss"] for h in t.history]
+    assert ref.bleu == t.extra["bleu"]  # the evaluation runs on the weights after update 6
+    for result, side in ((s, ref.encoder.model), (t, ref.decoder.model)):
+        assert result.artifact is not None
+        saved, trained = load_file(str(result.artifact)), _trained(side)
+        assert saved.keys() == trained.keys()
+        for name, p in trained.items():
+            torch.testing.assert_close(saved[name], p, rtol=0, atol=1e-6, msg=name)
+    # T reports a step once S holds all its gradients, which may be two steps later:
+    # every gradient byte is counted in its own step
+    sent = [h["bytes_to_encoder"] for h in t.history]
+    assert min(sent) > 0 and sum(sent) == t.history[-1]["bytes_to_encoder_total"]
+
+    # the reference is not the synchronous one: step 2 already runs on the initial weights
+    sync = train_abnet_local(small(steps=6, micro_batches=3), plm, plm, src, tgt, seed=SEED)
+    assert sync.history[0]["loss"] == ref.history[0]["loss"]
+    assert all(
+        abs(a["loss"] - b["loss"]) > 1e-5
+        for a, b in zip(sync.history[1:], ref.history[1:], strict=True)
+    )
+    stale, exact = _trained(ref.encoder.model), _trained(sync.encoder.model)
+    assert max(float((stale[n] - exact[n]).abs().max()) for n in stale) > 1e-4
+
+
+class _HeldGradients:
+    """S's end of a link that hands over a step's last gradient only once S has sent the
+    next step's first micro-batch: a schedule that waits for that gradient first hangs."""
+
+    def __init__(self, inner: Link, cfg: AbnetConfig) -> None:
+        self.inner, self.micro_batches = inner, cfg.micro_batches
+        self.last = cfg.steps * cfg.micro_batches  # the last step has no next one
+        self.metas = 0  # META messages sent: one per micro-batch, then the stop
+        self.grads = 0
+        self.sent = threading.Condition()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def send(self, channel: str, payload: Any) -> None:
+        self.inner.send(channel, payload)
+        with self.sent:
+            self.metas += channel == META
+            self.sent.notify_all()
+
+    def recv(self, channel: str, timeout: float | None = None) -> Any:
+        payload = self.inner.recv(channel, timeout)
+        if channel == GRAD:
+            self.grads += 1
+            if self.grads % self.micro_batches == 0 and self.grads < self.last:
+                with self.sent:  # a step's last gradient: held until the next step is on
+                    if not self.sent.wait_for(lambda: self.metas > self.grads, timeout=10):
+                        raise TimeoutError(f"S waited for gradient {self.grads} to go on")
+        return payload
+
+
+def test_under_stale1_the_next_steps_forwards_do_not_wait_for_the_last_gradient(
+    run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    from workers.switch.link import LocalLink
+
+    cfg = small(steps=3, schedule="stale1", recv_timeout_s=20.0)
+    s_link, t_link = LocalLink.pair()
+    held = _HeldGradients(s_link, cfg)
+    s, t = split_run(run_roles, cfg, (held, t_link), plm, pairs, tmp_path)
+    assert (s.last_step, t.last_step) == (3, 3) and held.grads == 6
+    ref = train_abnet_local(
+        cfg, plm, plm, pairs["train"][0][:200], pairs["train"][1][:200], seed=SEED
+    )
+    assert [h["loss"] for h in t.history] == pytest.approx(
+        [h["loss"] for h in ref.history], abs=1e-6
+    )
+
+
+def test_stale1_applies_each_steps_gradient_at_the_weights_of_two_updates_before() -> None:
+    """W_k = W_{k-1} - lr * grad f_k(W_{k-2}) with W_{-1} = W_0, on a model small enough to
+    write out by hand (plain SGD in place of AdamW)."""
+    from workers.training.abnet.stale import DelayedWeights
+
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    xs, ys = torch.randn(5, 4, 3, generator=gen), torch.randn(5, 4, 1, generator=gen)
+    lr = 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    delayed = DelayedWeights(model)
+
+    def loss(weights: dict[str, torch.Tensor], k: int) -> torch.Tensor:
+        out = torch.func.functional_call(model, weights, (xs[k - 1],))
+        return ((out - ys[k - 1]) ** 2).mean()
+
+    history = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # W_0
+    for k in range(1, 6):
+        ((delayed(k, xs[k - 1]) - ys[k - 1]) ** 2).mean().backward()
+        delayed.take_gradients(k)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        delayed.updated(k)
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+
+    expected = dict(history[0])
+    for k in range(1, 6):
+        at = {n: t.clone().requires_grad_(True) for n, t in history[max(k - 2, 0)].items()}
+        grads = torch.autograd.grad(loss(at, k), list(at.values()))
+        expected = {n: expected[n] - lr * g for (n, _), g in zip(at.items(), grads, strict=True)}
+        for name, w in expected.items():
+            torch.testing.assert_close(history[k][name], w, msg=f"W_{k} {name}")
 
 
 def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from_step(
@@ -312,6 +440,34 @@ def test_resume_reproduces_the_uninterrupted_run(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_stale1_run_resumes_with_the_weights_its_next_step_runs_on(
+    run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+) -> None:
+    from workers.switch.link import LocalLink
+
+    cfg = small(steps=6, ckpt_every=3, schedule="stale1")
+    s_full, t_full = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, tmp_path / "full")
+
+    seen = {"step": 0}
+
+    def on_metrics(step: int, _values: dict[str, float]) -> None:
+        seen["step"] = step
+
+    # S hears of step 3 after step 4's forwards, and stops there: the checkpoint of step
+    # 3 must hold the weights step 4 runs on (those after update 2), not the live ones
+    stop = Hooks(on_metrics=on_metrics, should_stop=lambda: seen["step"] >= 3)
+    root = tmp_path / "cut"
+    s1, t1 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root, s_hooks=stop)
+    assert s1.stopped and t1.stopped and (s1.last_step, t1.last_step) == (4, 4)
+    s2, t2 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root)
+    assert (s2.start_step, t2.start_step) == (3, 3)
+    assert [h["loss"] for h in t2.history] == [h["loss"] for h in t_full.history[3:]]
+    for resumed, full in ((s2, s_full), (t2, t_full)):
+        assert resumed.artifact is not None and full.artifact is not None
+        a, b = load_file(str(resumed.artifact)), load_file(str(full.artifact))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_mismatched_sides_are_refused(
     run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
 ) -> None:
@@ -328,6 +484,10 @@ def test_mismatched_sides_are_refused(
 
 def test_codec_schedule_and_presets() -> None:
     cfg = abnet_preset("tiny", compress_from_step=10)
+    assert (cfg.schedule, cfg.staleness) == ("sync", 0)
+    assert abnet_preset("tiny", schedule="stale1").staleness == 1
+    with pytest.raises(ValueError, match="schedule must be sync or stale1, got 'stale2'"):
+        abnet_preset("tiny", schedule="stale2")
     assert cfg.codecs(9) == ("none", "none")
     assert cfg.codecs(10) == ("fp16", "int8")
     assert abnet_preset("paper").adapter_dim > cfg.adapter_dim

@@ -29,6 +29,12 @@ def test_max_lag_auto_reaches_the_electra_config() -> None:
     assert isinstance(electra, ElectraConfig) and electra.max_lag == "auto"
 
 
+def test_abnets_schedule_reaches_the_abnet_config() -> None:
+    abnet = training_config("abnet_finetune", {"preset": "tiny", "schedule": "stale1"})
+    assert isinstance(abnet, AbnetConfig) and abnet.schedule == "stale1"
+    assert training_config("abnet_finetune", {"preset": "tiny"}) == AbnetConfig.tiny()
+
+
 def test_an_override_the_kind_does_not_know_is_refused() -> None:
     with pytest.raises(ValueError):
         training_config("electra_pretrain", {"preset": "tiny", "colour": "red"})

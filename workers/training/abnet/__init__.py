@@ -10,6 +10,9 @@ gradients T -> S through the backward codec (spec strings of workers/compression
 - `config.py`    `AbnetConfig`, the `tiny` and `paper` presets, the codec rules.
 - `model.py`     the adapters and the two adapted PLMs (no training loop).
 - `sides.py`     each side's model, optimizer and data: training steps, mask-predict, BLEU.
+- `stale.py`     `schedule: stale1`: the encoder's forwards on its weights of one update
+                 earlier (PipeDream-2BW), so a step's forwards need not wait for the last
+                 gradient of the one before.
 - `wire.py`      what crosses, as named types; the codec streams (`auto` resolved there).
 - `roles.py`     `run_abnet_encoder` (cluster S), `run_abnet_decoder` (cluster T), their
                  codecs on sending and receiving threads (workers/training/pipeline.py).

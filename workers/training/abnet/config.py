@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contract.kinds import AUTO_CODEC
+from contract.kinds import AUTO_CODEC, SCHEDULES
 from contract.presets import ABNET_PRESETS
 from workers.compression import PER_SAMPLE, SpecError, check_stream_spec, parse_spec
 from workers.training.configs import PresetConfig
@@ -42,6 +42,10 @@ class AbnetConfig(PresetConfig):
     tgt_len: int = 24
     batch_size: int = 16  # sentence pairs per micro-batch
     micro_batches: int = 4  # per optimizer step, in a 1F1B pipeline (4-8 keep the link busy)
+    # `stale1`: a step's forwards start before the previous step's last gradient is back,
+    # on the encoder's adapters of one update earlier (PipeDream-2BW); exact `sync` is the
+    # default because stale weights change what is learned (sides.DelayedWeights)
+    schedule: str = "sync"
     activation_chunks: int = 2  # pieces of a micro-batch's activations, decoded as they land
     steps: int = 250
     lr: float = 2e-3  # adapters start as identities; a high rate is safe on the demo
@@ -66,6 +70,8 @@ class AbnetConfig(PresetConfig):
     def __post_init__(self) -> None:
         if self.precision not in ("fp32", "bf16"):
             raise ValueError("precision must be fp32 or bf16")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be sync or stale1, got {self.schedule!r}")
         if min(self.batch_size, self.micro_batches, self.steps, self.ckpt_every) < 1:
             raise ValueError("batch_size, micro_batches, steps and ckpt_every must be at least 1")
         if not 1 <= self.activation_chunks <= self.batch_size:
@@ -78,6 +84,11 @@ class AbnetConfig(PresetConfig):
             raise ValueError("auto_max_error must be in (0, 1)")
         for name in ("forward_codec", "backward_codec"):
             check_codec_field(name, getattr(self, name))
+
+    @property
+    def staleness(self) -> int:
+        """Updates by which the weights of a step's encoder forwards lag: 0 (sync) or 1."""
+        return 1 if self.schedule == "stale1" else 0
 
     def codecs(self, step: int) -> tuple[str, str]:
         """Forward and backward codec specs in force at `step` (`auto` left to the stream)."""

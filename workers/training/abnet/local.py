@@ -45,6 +45,10 @@ def train_abnet_local(
 
     The same chunks, codec instances per stream and accumulation order as the split
     roles; `auto` sees no link measurement here (it picks the fewest bytes in its bound).
+    Under `schedule: stale1` step k's forwards run on the encoder's weights after update
+    k - 2 (workers/training/abnet/stale.py), the update the split roles make while the
+    next step's forwards overlap this one's gradients; here the steps simply follow one
+    another. The evaluation runs on the live weights, after the last update.
     """
     src_plm, tgt_plm = load_pretrained(source_plm, device), load_pretrained(target_plm, device)
     enc = EncoderSide(cfg, src_plm, check_lines(source_lines, "source"), seed, device)
@@ -56,7 +60,7 @@ def train_abnet_local(
         stats = []
         for m in range(cfg.micro_batches):
             index = enc.indices(k, m)
-            h, src_len = enc.forward(enc.data[index])
+            h, src_len = enc.forward(enc.data[index], k)
             memory = round_trip(*forward, k, h, cfg.activation_chunks, src_len)
             grad, st = dec.train_micro(index, memory, src_len)
             h.backward(round_trip(*backward, k, grad, 1, src_len).to(h.device))

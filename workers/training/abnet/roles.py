@@ -14,6 +14,13 @@ therefore takes effect after S's current step; T serves whatever S sends until S
 `stop`. Gradients are accumulated in micro-batch order, as `train_abnet_local` does
 in one process, so a split run equals it codec for codec.
 
+With `schedule: stale1` S does not wait for step k's last gradients: step k+1's
+forwards run on the weights after update k - 1 (workers/training/abnet/stale.py), so
+S waits only for step k - 1's before them, and applies update k when step k's last
+gradient lands, between step k+1's forwards. Before a checkpoint, an evaluation and
+its stop S waits for them all, so a checkpoint or an evaluation after step k sees
+update k, as under `sync`.
+
 Both roles stand on `RoleLoop` (workers/training/role.py) for the hello and peer
 check, resume, checkpoints and metrics: S iterates `loop.steps()`; T is driven by
 what S sends and ends with `loop.served()`.
@@ -102,13 +109,29 @@ def _state(side: EncoderSide | DecoderSide) -> Callable[[], TrainingState]:
     return lambda: training_state(side.model, side.opt, side.generators(), trainable_only=True)
 
 
+def _encoder_state(side: EncoderSide, step: int) -> Callable[[], TrainingState]:
+    """`_state`, and under `stale1` the weights step `step + 1`'s forwards run on."""
+
+    def state() -> TrainingState:
+        tensors, meta = _state(side)()
+        if side.delayed is not None:
+            tensors.update(side.delayed.state(step))
+        return tensors, meta
+
+    return state
+
+
 def _restore(
     side: EncoderSide | DecoderSide,
 ) -> Callable[[dict[str, torch.Tensor], dict[str, Any]], None]:
-    """Put what `_state` saved back into `side`."""
-    return lambda tensors, meta: restore_training_state(
-        tensors, meta, side.model, side.opt, side.generators()
-    )
+    """Put what `_state` saved back into `side` (and what `_encoder_state` added)."""
+
+    def restore(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        restore_training_state(tensors, meta, side.model, side.opt, side.generators())
+        if isinstance(side, EncoderSide) and side.delayed is not None:
+            side.delayed.restore(int(meta["step"]), tensors)
+
+    return restore
 
 
 # ---------------------------------------------------------------- the encoder role (cluster S)
@@ -140,9 +163,14 @@ class _Encoder:
         self.sender: Stage[tuple[Batch, torch.Tensor] | Control, None] = Stage(
             "abnet-encoder-send", self._send
         )
+        # every micro-batch whose gradient is out has its entry queued: a step's, and
+        # under stale1 the previous step's too
         self.grads: Stage[tuple[int, tuple[int, ...], torch.Tensor], torch.Tensor] = Stage(
-            "abnet-encoder-recv", self._receive_grad
+            "abnet-encoder-recv",
+            self._receive_grad,
+            depth=max(16, (1 + cfg.staleness) * cfg.micro_batches),
         )
+        self.pending: deque[tuple[int, int, torch.Tensor]] = deque()  # (step, micro, h)
         self.synced = loop.result.start_step  # T's StepSyncs read through this step
         self.stop_asked = False  # a StepSync asked S to stop
         self.step_seconds: dict[int, float] = {}
@@ -182,31 +210,42 @@ class _Encoder:
 
     # -- the compute thread
 
-    def _forward(self, k: int, micro: int, pending: deque[torch.Tensor]) -> None:
+    def _forward(self, k: int, micro: int) -> None:
         index = self.side.indices(k, micro)
-        h, src_len = self.side.forward(self.side.data[index])  # (B, S, C)
+        h, src_len = self.side.forward(self.side.data[index], k)  # (B, S, C)
         n_chunks = min(self.cfg.activation_chunks, len(index))
         positions = h.shape[1]
         batch = Batch(Kind.TRAIN, k, micro, index, src_len.cpu(), n_chunks, positions)
         self.sender.put((batch, h.detach()))
         self.grads.put((k, tuple(h.shape), src_len.cpu()))
-        pending.append(h)
+        self.pending.append((k, micro, h))
+
+    def _backward(self, grad: torch.Tensor) -> None:
+        """The oldest pending micro-batch's backward; a step's last one is followed by its
+        update."""
+        k, micro, h = self.pending.popleft()
+        h.backward(grad.to(h.device))
+        if micro == self.cfg.micro_batches - 1:
+            self.side.step(k)
 
     def train_step(self, k: int) -> None:
-        """Forwards while gradients are out, each backward as soon as its gradient lands."""
-        pending: deque[torch.Tensor] = deque()
+        """Forwards while gradients are out, each backward as soon as its gradient lands;
+        then the wait for what step k + 1's forwards need: update k under `sync`,
+        update k - 1 under `stale1`."""
         micro = 0
-        while micro < self.cfg.micro_batches or pending:
-            grad = self.grads.poll() if pending else None
-            if grad is None and micro < self.cfg.micro_batches:
-                self._forward(k, micro, pending)
-                micro += 1
-                continue
+        while micro < self.cfg.micro_batches:
+            grad = self.grads.poll() if self.pending else None
             if grad is None:
-                grad = self.grads.get(timeout=self.cfg.recv_timeout_s)
-            h = pending.popleft()
-            h.backward(grad.to(h.device))
-        self.side.step(k)
+                self._forward(k, micro)
+                micro += 1
+            else:
+                self._backward(grad)
+        self.settle(k - self.cfg.staleness)
+
+    def settle(self, through: int) -> None:
+        """Wait for the gradients of the steps up to `through`; their updates follow."""
+        while self.pending and self.pending[0][0] <= through:
+            self._backward(self.grads.get(timeout=self.cfg.recv_timeout_s))
 
     def read_syncs(self, through: int) -> None:
         """Read T's StepSyncs up to step `through`; each one's metrics go out as it is read."""
@@ -251,16 +290,20 @@ class _Encoder:
         mark = time.perf_counter()
         for k in loop.steps():
             self.train_step(k)
-            loop.finished(k, _state(self.side))
+            evaluate = self.eval_ids is not None and loop.eval_due(k)
+            if evaluate or loop.checkpoint_due(k):
+                self.settle(k)  # under stale1 too, they see update k
+            loop.finished(k, _encoder_state(self.side, k))
             now = time.perf_counter()
             self.step_seconds[k], mark = now - mark, now
             self.read_syncs(through=k - 1)  # the lag of one step: T's figures of step k - 1
             if self.stop_asked and k < loop.total:
                 loop.peer_stopped()  # T asked to stop: this step was the last
                 break
-            if self.eval_ids is not None and loop.eval_due(k):
+            if evaluate:
                 self.read_syncs(through=k)
                 self.evaluate(k)
+        self.settle(loop.result.last_step)  # the artifact holds the last update
         self.sender.put(Control(Kind.STOP, loop.result.last_step))
         self.read_syncs(through=loop.result.last_step)
         self.sender.close()
@@ -341,7 +384,7 @@ class _Decoder:
         )
         self.stats: list[DecoderStats] = []
         self.t0 = 0.0
-        self.unreported: tuple[int, dict[str, float]] | None = None
+        self.unreported: deque[tuple[int, dict[str, float]]] = deque()
 
     # -- the helper threads
 
@@ -409,25 +452,28 @@ class _Decoder:
         loop.finished(k, _state(self.side))
         tokens = sum(s.tokens for s in self.stats)
         m["tokens_per_s"] = tokens / max(time.perf_counter() - self.t0, 1e-9)
-        self.unreported = (k, m)
+        self.unreported.append((k, m))
 
-    def report(self) -> None:
-        """Metrics of the last step, once S has all its gradients (so its bytes are counted)."""
-        if self.unreported is None:
-            return
-        k, m = self.unreported
-        self.unreported = None
-        m["bytes_to_encoder"] = float(self.sent.take(Kind.TRAIN, k))
-        m["bytes_to_encoder_total"] = float(self.sent.total)
-        m.update(self.choices.pop(k, {}))
-        self.loop.report(k, m)
+    def report(self, item: tuple[Batch, torch.Tensor] | Control) -> None:
+        """Metrics of finished steps once S has all their gradients (so their bytes are
+        counted), which `item` shows: S sends a micro-batch of step j once it holds every
+        gradient of step j - 1 (j - 2 under stale1), anything else once it holds them all."""
+        through = math.inf
+        if isinstance(item, tuple) and item[0].kind == Kind.TRAIN:
+            through = item[0].step - 1 - self.cfg.staleness
+        while self.unreported and self.unreported[0][0] <= through:
+            k, m = self.unreported.popleft()
+            m["bytes_to_encoder"] = float(self.sent.take(Kind.TRAIN, k))
+            m["bytes_to_encoder_total"] = float(self.sent.total)
+            m.update(self.choices.pop(k, {}))
+            self.loop.report(k, m)
 
     def run(self) -> RoleResult:
         """Serve S until its `stop`."""
         hyps: list[str] = []
         while True:
             item = self.inbox.get(timeout=None)  # the receiving thread times out on the link
-            self.report()  # anything S sends after a step comes after all its gradients
+            self.report(item)
             if isinstance(item, Control):
                 if item.kind == Kind.STOP:
                     break

@@ -22,6 +22,7 @@ from torch import nn
 
 from workers.training.abnet.config import AbnetConfig
 from workers.training.abnet.model import AdaptedDecoder, AdaptedEncoder, init_adapters
+from workers.training.abnet.stale import DelayedWeights
 from workers.training.bert import autocast, set_dropout_generator
 from workers.training.data import (
     CLS,
@@ -89,6 +90,7 @@ class EncoderSide:
         self.rng_dropout = torch.Generator(self.device).manual_seed(seed + 11)
         set_dropout_generator(self.model, self.rng_dropout)
         self.opt = adamw(self.model, cfg)
+        self.delayed = DelayedWeights(self.model) if cfg.staleness else None
 
     @property
     def d_model(self) -> int:
@@ -104,21 +106,36 @@ class EncoderSide:
         position = (step - 1) * self.cfg.micro_batches + micro
         return batch_indices(len(self.data), self.cfg.batch_size, position, self.seed)
 
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encoder output (B, S, C) and source lengths (B,) of a batch of source ids."""
+    def forward(
+        self, ids: torch.Tensor, step: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder output (B, S, C) and source lengths (B,) of a batch of source ids.
+
+        A training forward names its step: under `stale1` it runs on the weights that
+        step's forwards use. Without a step (an evaluation) and under `sync`, it runs
+        on the live weights.
+        """
         ids = ids.to(self.device)
         valid = ids != self.special.pad
         with autocast(self.device, self.cfg.precision):
-            h = self.model(ids, valid)
+            if self.delayed is not None and step is not None:
+                h = self.delayed(step, ids, valid)
+            else:
+                h = self.model(ids, valid)
         return h.float(), valid.sum(1)  # float32 on the wire whatever the precision
 
     def step(self, step: int) -> None:
-        """One optimizer step on the accumulated adapter gradients."""
+        """One optimizer step on the accumulated adapter gradients (under `stale1`, those
+        taken at the step's delayed weights, applied to the live ones)."""
         set_lr(
             self.opt, linear_warmup_decay(step, self.cfg.lr, self.cfg.warmup_steps, self.cfg.steps)
         )
+        if self.delayed is not None:
+            self.delayed.take_gradients(step)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.delayed is not None:
+            self.delayed.updated(step)
 
 
 @dataclass
