@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from filelock import FileLock
 
 from support.certs import make_pki
 from support.switches import start_pair
@@ -167,17 +170,34 @@ def recording() -> type[RecordingLink]:
     return RecordingLink
 
 
+def _session_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This test session's folder, the same for every pytest-xdist worker of the session."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def tiny_electra(
     tmp_path_factory: pytest.TempPathFactory, text_lines: list[str]
 ) -> tuple[RoleResult, RoleResult]:
-    """The `tiny` preset trained on the demo text by the two roles (shared by the slow tests)."""
-    torch.set_num_threads(1)
-    cfg = ElectraConfig.tiny()
-    root = tmp_path_factory.mktemp("tiny-electra")
-    g_link, d_link = LocalLink.pair()
-    out = run_pair(
-        lambda: run_electra_generator(cfg, g_link, text_lines, root / "g", seed=1),
-        lambda: run_electra_discriminator(cfg, d_link, text_lines, root / "d", seed=1),
-    )
-    return out.a, out.b
+    """The `tiny` preset trained on the demo text by the two roles (shared by the slow tests).
+
+    Trained once per session, not once per worker: the first worker to need it trains it
+    under a file lock and leaves the results beside the artifacts; the others read them.
+    """
+    root = _session_folder(tmp_path_factory) / "tiny-electra"
+    results = root / "results.pickle"
+    root.mkdir(exist_ok=True)
+    with FileLock(root.with_suffix(".lock")):
+        if results.is_file():
+            trained: tuple[RoleResult, RoleResult] = pickle.loads(results.read_bytes())
+            return trained
+        torch.set_num_threads(1)
+        cfg = ElectraConfig.tiny()
+        g_link, d_link = LocalLink.pair()
+        out = run_pair(
+            lambda: run_electra_generator(cfg, g_link, text_lines, root / "g", seed=1),
+            lambda: run_electra_discriminator(cfg, d_link, text_lines, root / "d", seed=1),
+        )
+        results.write_bytes(pickle.dumps((out.a, out.b)))
+        return out.a, out.b
