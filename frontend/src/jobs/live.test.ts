@@ -65,6 +65,12 @@ describe("buildConfig", () => {
     expect(buildConfig(kindSpec("abnet_finetune"), "tiny", { ...NO_ADVANCED, device: "" })).toEqual({ preset: "tiny" });
   });
 
+  it("asks for a schedule only for ABNet and only when one is chosen", () => {
+    expect(buildConfig(kindSpec("abnet_finetune"), "tiny", { ...NO_ADVANCED, schedule: "stale1" })).toEqual({ preset: "tiny", schedule: "stale1" });
+    expect(buildConfig(kindSpec("abnet_finetune"), "tiny", { ...NO_ADVANCED, schedule: "" })).toEqual({ preset: "tiny" });
+    expect(buildConfig(kindSpec("electra_pretrain"), "tiny", { ...NO_ADVANCED, schedule: "stale1" })).toEqual({ preset: "tiny" });
+  });
+
   it("uses ElectraJobConfig's keys for ELECTRA", () => {
     const advanced = { ...NO_ADVANCED, steps: "6", batchSize: "8", ckptEvery: "3", seed: "7", nDiscriminators: "2", discriminatorReadsText: false, forwardCodec: "int8" };
     expect(buildConfig(kindSpec("electra_pretrain"), "paper", advanced)).toEqual({

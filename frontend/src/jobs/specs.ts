@@ -44,6 +44,8 @@ export interface AdvancedOptions {
   compressFromStep: string;
   /** The device every role needs: "" (any: what its worker has), "cpu" or "cuda". */
   device: "" | "cpu" | "cuda";
+  /** ABNet only: "" (the default, `sync`) or "stale1": the next step's forwards overlap this step's last round trip. */
+  schedule: "" | "sync" | "stale1";
 }
 
 export const NO_ADVANCED: AdvancedOptions = {
@@ -57,6 +59,7 @@ export const NO_ADVANCED: AdvancedOptions = {
   backwardCodec: "",
   compressFromStep: "",
   device: "",
+  schedule: "",
 };
 
 function setNumber(config: Record<string, unknown>, fields: Set<string>, key: string, value: string): void {
@@ -85,6 +88,7 @@ export function buildConfig(spec: Pick<JobKindSpec, "config_fields">, preset: Pr
   setText(config, fields, "backward_codec", advanced.backwardCodec);
   setNumber(config, fields, "compress_from_step", advanced.compressFromStep);
   setText(config, fields, "device", advanced.device);
+  setText(config, fields, "schedule", advanced.schedule);
   return config;
 }
 

@@ -44,6 +44,7 @@ describe("NewJobPage", () => {
     expect(screen.getByLabelText("Training steps")).toHaveAttribute("placeholder", "600");
     await user.type(screen.getByLabelText("Training steps"), "6");
     expect(screen.queryByLabelText(/Activations codec/)).toBeNull();
+    expect(screen.queryByLabelText("Schedule")).toBeNull();
     await user.click(screen.getByRole("button", { name: "Submit job" }));
     await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
     expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toEqual({
@@ -123,11 +124,12 @@ describe("NewJobPage", () => {
     await user.type(screen.getByLabelText(/Activations codec/), "fp16(lowrank(0.2,method=power))");
     await user.type(screen.getByLabelText(/Gradients codec/), "none");
     await user.type(screen.getByLabelText("Compress from step"), "10");
+    await user.selectOptions(screen.getByLabelText("Schedule"), "stale1");
     await user.click(screen.getByRole("button", { name: "Submit job" }));
     await waitFor(() => expect(fake.find("POST", "/workspaces/w1/jobs")).toHaveLength(1));
     expect(fake.find("POST", "/workspaces/w1/jobs")[0].body).toEqual({
       kind: "abnet_finetune",
-      config: { preset: "paper", forward_codec: "fp16(lowrank(0.2,method=power))", backward_codec: "none", compress_from_step: 10 },
+      config: { preset: "paper", forward_codec: "fp16(lowrank(0.2,method=power))", backward_codec: "none", compress_from_step: 10, schedule: "stale1" },
       inputs: { parallel: "d-par", source_model: "d-src", target_model: "d-granted" },
       placement: { encoder: "alpha", decoder: "beta" },
     });

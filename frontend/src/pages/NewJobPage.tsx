@@ -38,7 +38,7 @@ export async function loadUsableDatasets(): Promise<UsableDatasets> {
   return { own, granted };
 }
 
-type NumericOption = Exclude<keyof AdvancedOptions, "discriminatorReadsText" | "forwardCodec" | "backwardCodec" | "device">;
+type NumericOption = Exclude<keyof AdvancedOptions, "discriminatorReadsText" | "forwardCodec" | "backwardCodec" | "device" | "schedule">;
 
 export function NewJobPage() {
   const [params] = useSearchParams();
@@ -324,6 +324,19 @@ export function NewJobPage() {
               {codec(spec, "job-forward-codec", "Activations codec (encoder → decoder)", "forwardCodec", "forward_codec")}
               {codec(spec, "job-backward-codec", "Gradients codec (decoder → encoder)", "backwardCodec", "backward_codec")}
               {numeric(spec, "job-compress-from", "Compress from step", "compressFromStep", "compress_from_step", 0)}
+              {has("schedule") ? (
+                <div className="field">
+                  <label htmlFor="job-schedule">Schedule</label>
+                  <select id="job-schedule" value={advanced.schedule} onChange={(e) => setAdvanced({ ...advanced, schedule: e.target.value as AdvancedOptions["schedule"] })}>
+                    <option value="">Synchronous (sync, the default)</option>
+                    <option value="stale1">Overlap the link (stale1)</option>
+                  </select>
+                  <p className="hint">
+                    With stale1 the encoder starts the next step before this step’s last gradient is back, on weights one step stale
+                    (PipeDream-2BW): a slow link’s round trip hides behind compute, and the training differs from sync’s.
+                  </p>
+                </div>
+              ) : null}
               {has("device") ? (
                 <div className="field">
                   <label htmlFor="job-device">Device</label>
