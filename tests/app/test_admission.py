@@ -18,6 +18,7 @@ from app.audit import service as audit
 from app.audit.models import AuditEvent
 from app.credential_gate import DEAD_CREDENTIAL, NO_CREDENTIAL, CredentialGate
 from app.middleware import AdmissionMiddleware
+from app.route_table import RouteTable
 from app.settings import Settings
 from support.platforms import PASSWORD, make_user
 from support.servers import LiveServer
@@ -194,7 +195,7 @@ def _gate(live: set[str], looked_up: list[str]) -> CredentialGate:
     import re
 
     return CredentialGate(
-        routes=lambda: [(re.compile("^/api/v1/me$"), frozenset({"GET"}))],
+        routes=lambda: RouteTable([("/api/v1/me", re.compile("^/api/v1/me$"), frozenset({"GET"}))]),
         is_live=is_live,
         cookie_name="nebula_session",
         threads=1,
