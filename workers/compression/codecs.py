@@ -415,9 +415,11 @@ class LowRankCodec(Codec):
         b, m, n = x.shape
         width = min(k + self.oversample, m, n)
         warm = self._warm
-        if warm is None or tuple(warm.shape) != (b, n, width) or warm.device != x.device:
+        if warm is None or tuple(warm.shape[:-1]) != (b, n) or warm.device != x.device:
             # a cold start is drawn on the host, so that every device starts alike
             warm = torch.randn((b, n, width), generator=self._generator).to(x.device)
+        else:  # another number of rows changes k, not the subspace: keep the basis
+            warm = lowrank.fit_warm(warm, width)
         start = lowrank.refill_warm(warm, self._generator)
         p, q, warm = lowrank.power_factors(x, k, self.iters, start)
         self._warm = warm if all_finite(warm) else None  # stays on x's device
@@ -425,12 +427,15 @@ class LowRankCodec(Codec):
 
     @property
     def warm_start(self) -> torch.Tensor | None:
-        """The power-iteration start the next encode uses (b, n, width), None when cold."""
+        """The basis the next power-iteration encode starts from (b, n, width), its columns
+        ascending in strength, None when cold; a matrix of another width takes its
+        strongest columns, or all of them and random ones (`lowrank.fit_warm`)."""
         return self._warm
 
     def warm_from(self, other: LowRankCodec) -> None:
         """Start where `other` (a codec of the same stream's kind, e.g. the training stream
-        of the same tensor) stands: its warm basis, when it has one; cold otherwise."""
+        of the same tensor, whose matrices may have other row counts) stands: its warm
+        basis, when it has one; cold otherwise."""
         self._warm = None if other._warm is None else other._warm.clone()
 
     def encode(self, x: torch.Tensor) -> bytes:

@@ -219,9 +219,9 @@ def power_factors(
     """PowerSGD-style power iteration from the right factor of the previous step.
 
     `warm` is (..., n, q) with q >= k (q > k oversamples and truncates to k). Returns
-    P, Q and the next warm start: the right factor rotated to orthogonal columns and
-    normalised, with the columns the data left empty (a rank-deficient or zero X)
-    marked as zero for the caller to refill.
+    P, Q and the next warm start: the right factor rotated to orthogonal columns in
+    ascending order of strength and normalised, with the columns the data left empty (a
+    rank-deficient or zero X) marked as zero for the caller to refill.
     """
     if iters < 1:
         raise ValueError("power iteration needs at least one iteration per step")
@@ -276,8 +276,9 @@ def _certified_step(
     The same factors as the general path, formed in the layout the wire sends: P^T
     (..., q, m) = R^{-T} Y^T in float64, then float32, and Q^T = P^T X, so that no
     factor is transposed into a copy on the way out and balancing scales them in place.
-    With q > k (oversampling) the rows rotate to the eigenvectors of Q^T Q (float64, a
-    q x q problem) and the top k are kept, as `truncate` does.
+    The rows rotate to the eigenvectors of Q^T Q (float64, a q x q problem), so that the
+    next warm start ascends in strength as the general path's does (`fit_warm` keeps its
+    strongest columns); with q > k (oversampling) the top k are kept, as `truncate` does.
     """
     yd = y.double()
     gram = yd.mT @ yd
@@ -286,11 +287,10 @@ def _certified_step(
         return None
     pt = (r_inv.mT @ yd.mT).to(y.dtype)  # (..., q, m), orthonormal rows
     qt = pt @ x  # (..., q, n): Q^T = P^T X
-    if qt.shape[-2] > k:
-        qtd = qt.double()
-        rot = torch.linalg.eigh(qtd @ qtd.mT)[1].mT.to(y.dtype)  # rows: ascending norms
-        qt = rot @ qt
-        pt = rot[..., -k:, :] @ pt
+    qtd = qt.double()
+    rot = torch.linalg.eigh(qtd @ qtd.mT)[1].mT.to(y.dtype)  # rows: ascending norms
+    qt = rot @ qt
+    pt = rot[..., -k:, :] @ pt
     norms = torch.linalg.vector_norm(qt, dim=-1, keepdim=True)  # (..., q, 1)
     next_warm = _next_warm(qt.mT, norms.mT)
     # balancing takes sqrt(|q_j|) from each Q column to P (P's columns have unit norm);
@@ -302,6 +302,21 @@ def _certified_step(
 EMPTY_COLUMN = 1e-6
 """A warm column whose norm is below this fraction of the largest carries no direction of
 the data (X had lower rank than the width); `refill_warm` replaces it with a random one."""
+
+
+def fit_warm(warm: torch.Tensor, width: int) -> torch.Tensor:
+    """The (..., n, width) start from a warm start of another width: its `width` strongest
+    columns (they ascend in strength, see `power_factors`), or all of them after zero
+    columns, which `refill_warm` fills at random.
+
+    k = ceil(r min(m, n)) follows the rows of each matrix, so a stream whose matrices have
+    a varying number of rows (ABNet's chunks, packed without their padding) changes the
+    width from one matrix to the next; its subspace does not change with it.
+    """
+    have = warm.shape[-1]
+    if have >= width:
+        return warm[..., have - width :]
+    return torch.cat((warm.new_zeros((*warm.shape[:-1], width - have)), warm), dim=-1)
 
 
 def refill_warm(warm: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

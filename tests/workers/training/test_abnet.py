@@ -567,6 +567,51 @@ def test_the_eval_stream_starts_from_the_training_streams_basis() -> None:
     assert err_warm < 0.9 * err_cold
 
 
+def test_power_iteration_stays_warm_across_chunks_of_other_lengths() -> None:
+    """Packed without their padding, the chunks of a stream have as many rows as their
+    sentences have tokens, so k (0.2 of the rows) and the warm start's width change from
+    chunk to chunk; the training stream keeps its basis, and so does the eval stream that
+    starts from it with chunks ten times longer."""
+    from workers.compression import LowRankCodec, relative_error
+    from workers.training.abnet.wire import (
+        FORWARD,
+        StreamDecoder,
+        StreamEncoder,
+        pack_valid,
+        round_trip,
+    )
+
+    spec = "fp16(lowrank(0.2,method=power))"
+    cfg = small(forward_codec=spec)
+    train, decoder = StreamEncoder(cfg, "forward", FORWARD), StreamDecoder(cfg, "forward", FORWARD)
+    warm = StreamEncoder(cfg, "eval", FORWARD, warm_source=train)
+    gen = torch.Generator().manual_seed(4)
+    # activations of one spectrum, 1/i over 64 directions, 64 wide; sentences of 3-8 tokens
+    u = torch.linalg.qr(torch.randn(64, 64, generator=gen)).Q / torch.arange(1, 65)
+
+    def batch(sentences: int) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = torch.randint(3, 9, (sentences,), generator=gen)
+        return torch.randn(sentences, 8, 64, generator=gen) @ u.T, lengths
+
+    def error(encoder: StreamEncoder, x: torch.Tensor) -> float:
+        coded = encoder.encode(8, x)
+        return relative_error(x, decoder.decode(coded, tuple(x.shape), x.numel()))
+
+    codec = train.book.get("forward", spec)
+    assert isinstance(codec, LowRankCodec)
+    widths = set()
+    for step in range(1, 9):
+        x, lengths = batch(8)
+        round_trip(train, decoder, step, x, 2, lengths)
+        assert codec.warm_start is not None
+        widths.add(codec.warm_start.shape[-1])
+    assert len(widths) > 1
+    chunk = pack_valid(*batch(4))  # 12-32 rows: k = 3-7
+    assert error(train, chunk) < 0.9 * error(StreamEncoder(cfg, "forward", FORWARD), chunk)
+    x = pack_valid(*batch(40))  # 120-320 rows: k = 13 (0.2 of 64 columns)
+    assert error(warm, x) < 0.9 * error(StreamEncoder(cfg, "eval", FORWARD), x)
+
+
 def _padded_reference(
     cfg: AbnetConfig, plm: bytes, pairs: Pairs, steps: int
 ) -> list[dict[str, float]]:
