@@ -653,7 +653,7 @@ def main() -> None:
             "eval_tgt": tsv_side(test, 1),
         }
         networks = {
-            name: Network(Path(tmp) / f"pki-{name}", shaper) for name, shaper in links.items()
+            link: Network(Path(tmp) / f"pki-{link}", shaper) for link, shaper in links.items()
         }
         sides = (
             Child(RoleProcess, plm, data["src"], Path(tmp) / "s"),
@@ -666,17 +666,17 @@ def main() -> None:
                 task = progress.add_task("timed runs (rounds x rows x links)", total=total)
                 for rnd in range(settings.rounds):
                     for row in rows:
-                        for name, network in networks.items():
-                            job = f"t5-{rnd}-{row.key}-{name}"
+                        for link, network in networks.items():
+                            job = f"t5-{rnd}-{row.key}-{link}"
                             run = timed_run(
                                 row, settings, network, sides, job, lambda _: progress.advance(task)
                             )
-                            runs.setdefault((row.key, name), []).append(run)
+                            runs.setdefault((row.key, link), []).append(run)
                             load = load_average()
-                            loads.append({"round": rnd + 1, "row": row.key, "link": name})
+                            loads.append({"round": rnd + 1, "row": row.key, "link": link})
                             loads[-1]["load_average"] = load
                             progress.console.log(
-                                f"round {rnd + 1} {row.label} link {name}: "
+                                f"round {rnd + 1} {row.label} link {link}: "
                                 f"{run['seconds_per_step']:.3f} s/step, load {load}"
                             )
                 saved: dict[str, Any] = {
