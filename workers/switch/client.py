@@ -1,8 +1,11 @@
 """`SwitchLink`: the `Link` a training role holds, through its cluster's switch.
 
 A link opens two TLS connections to the local switch, each introduced by the
-role's job token: one to send, one to receive, each used by one thread of its
-own (a writer, a reader), so that no TLS socket is used by two threads.
+role's job token: one to send, one to receive, each with a thread of its own (a
+writer, a reader). No TLS socket is used by two threads at once: the sending one
+is used under its outlet's lock (outlet.py), by the writer or, while the writer is
+idle, by the thread that has something small to write (the role's own thread in
+`send`, the reader owing a receipt), which writes it without waking the writer.
 
 Delivery is end to end: `send` keeps a copy of each frame in a `ResendWindow`
 (so the caller may reuse its tensor at once) until the far role's RECEIPT says
@@ -39,6 +42,7 @@ from contract.jobtoken import unverified_claims
 from workers.switch.buffers import BODIES
 from workers.switch.link import LinkClosed, LinkEstimate, Payload
 from workers.switch.linkstate import LinkState, Taken
+from workers.switch.outlet import Outlet
 from workers.switch.protocol import (
     CLOSED,
     DEFAULT_MAX_BODY_BYTES,
@@ -166,6 +170,11 @@ class SwitchLink:
         except BaseException:
             self._out.close()
             raise
+        # the sending connection, for one thread at a time: the writer's, or the thread
+        # that sends a frame (or owes a receipt) and writes it while the writer is idle
+        self._outlet = Outlet(wake=self._wake_writer)
+        self._outlet.attach(self._out)
+        self._closing = False  # close() waits for every frame to be written
         self._reader = threading.Thread(target=self._read_loop, name=f"link-{role}", daemon=True)
         self._writer = threading.Thread(
             target=self._write_loop, name=f"link-{role}-out", daemon=True
@@ -315,10 +324,12 @@ class SwitchLink:
         with self._cond:
             owed_at = self._state.receipt_at
             taken = self._state.take(frame, time.monotonic())
-            # the writer waits for its next receipt: woken only when that comes sooner, not
-            # for each frame (a wake-up it has nothing to do for, in the way of the role's)
-            if self._state.receipt_at != owed_at:
-                self._cond.notify_all()
+            sooner = self._state.receipt_at != owed_at
+        # the writer waits for its next receipt: woken only when that comes sooner, not
+        # for each frame (a wake-up it has nothing to do for, in the way of the role's),
+        # and not even then when the receipt is due and this thread can write it itself
+        if sooner:
+            self._write_or_wake()
         if taken is not Taken.DELIVER:
             return
         q = self._queue(frame.channel)
@@ -355,51 +366,82 @@ class SwitchLink:
 
     # sending
 
-    def _next_to_write(self, timeout: float) -> tuple[Data | None, Receipt | None] | None:
-        """What the writer sends next, in order (a frame before a receipt: a reply of the
-        role is not held up by it), waiting at most `timeout` seconds (then nothing:
-        (None, None)); None when the link is done."""
+    def _await_work(self, timeout: float) -> bool:
+        """Wait at most `timeout` seconds for something to write (a frame, a receipt, what
+        a direct write left); False when the link is done."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 if self._failure is not None:
-                    return None
+                    return False
                 now = time.monotonic()
                 if self._closed.is_set():
                     self._state.receipt_now(now)  # the last word on what came is not held
-                if self._state.has_work(now):
-                    writes = self._state.next_to_write(now)
-                    return writes.frame, writes.receipt
+                outlet = self._outlet
+                if self._state.has_work(now) or outlet.rest is not None or outlet.broken:
+                    return True
                 if self._closed.is_set():
-                    return None
+                    return False
                 if now >= deadline:
-                    return None, None
+                    return True
                 wake = deadline
                 if self._state.receipt_at is not None:  # a receipt held back a little
                     wake = min(wake, self._state.receipt_at)
                 self._cond.wait(timeout=min(1.0, max(wake - now, 0.0)))
 
     def _write_loop(self) -> None:
-        while True:
-            try:
-                self._tend_out()
-            except (OSError, ProtocolError) as exc:
-                if not self._resume_sending(exc):
+        while self._await_work(self._out_beat.wait_s(time.monotonic())):
+            with self._outlet.lock:
+                if not self._write_step():
                     return
-                continue
-            work = self._next_to_write(self._out_beat.wait_s(time.monotonic()))
-            if work is None:
-                return
-            for frame in work:
-                while frame is not None:
-                    try:
-                        self._out.write(frame, while_blocked=self._hear_out, poll_s=0.2)
-                        break
-                    except (OSError, ProtocolError) as exc:
-                        if not self._resume_sending(exc):
-                            return
-                        if isinstance(frame, Data):
-                            break  # it is among those
+
+    def _write_step(self) -> bool:
+        """Hear the switch, ping it when due, write what is next, in order (a frame before
+        a receipt: a reply of the role is not held up by it); the caller holds the outlet's
+        lock, under which alone the next frame is taken, so that a frame written directly
+        never overtakes it. False when the link is done."""
+        try:
+            self._outlet.finish(while_blocked=self._hear_out, poll_s=0.2)
+            self._tend_out()
+        except (OSError, ProtocolError) as exc:
+            return self._resume_sending(exc)
+        with self._cond:
+            now = time.monotonic()
+            if not self._state.has_work(now):
+                return True
+            writes = self._state.next_to_write(now)
+        for frame in (writes.frame, writes.receipt):
+            while frame is not None:
+                try:
+                    self._out.write(frame, while_blocked=self._hear_out, poll_s=0.2)
+                    break
+                except (OSError, ProtocolError) as exc:
+                    if not self._resume_sending(exc):
+                        return False
+                    if isinstance(frame, Data):
+                        break  # it is among those
+        return True
+
+    def _wake_writer(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _write_or_wake(self) -> None:
+        """Write what is next on this thread while the writer is idle (outlet.py), else
+        wake the writer for it."""
+        if self._outlet.try_write(self._take_direct) is None:
+            self._wake_writer()
+
+    def _take_direct(self) -> list[Data | Receipt] | None:
+        with self._cond:
+            if self._failure is not None or self._closed.is_set():
+                return None
+            writes = self._state.take_direct(time.monotonic())
+            if writes is None:
+                return None
+            if self._closing:
+                self._cond.notify_all()  # all written, maybe
+        return [frame for frame in (writes.frame, writes.receipt) if frame is not None]
 
     def _hear_out(self) -> None:
         """Take what the switch sent on the sending connection (its pings' answers, or
@@ -424,6 +466,7 @@ class SwitchLink:
         if stream is None:
             return False
         self._out, self._out_beat = stream, self._heartbeat()
+        self._outlet.attach(stream)
         with self._cond:
             self._state.sending_resumed()
         return True
@@ -452,7 +495,7 @@ class SwitchLink:
                 raise LinkClosed(f"{channel}: {self._failure or 'closed'}")
             self._state.push(channel, kept, tensor)
             self._sent[channel] += len(kept)
-            self._cond.notify_all()
+        self._write_or_wake()
 
     def recv_frame(self, channel: str, timeout: float | None = None) -> Data:
         """The next frame from the peer on `channel`, with its tensor spec and codec."""
@@ -479,6 +522,11 @@ class SwitchLink:
         """Payload bytes sent so far, per channel (each frame once, resending aside)."""
         return dict(self._sent)
 
+    def direct_writes(self) -> int:
+        """Frames and receipts written by the threads that had them (a sending role's, the
+        reader's), without waking the writer thread."""
+        return self._outlet.direct
+
     def unacknowledged(self) -> int:
         """Frames sent that the peer role has not acknowledged yet."""
         with self._cond:
@@ -492,6 +540,7 @@ class SwitchLink:
         """Write what is queued (within `timeout`), say goodbye, close both connections;
         blocked receivers get LinkClosed."""
         with self._cond:
+            self._closing = True
             self._cond.wait_for(
                 lambda: self._failure is not None or self._state.all_written(),
                 timeout,
@@ -500,7 +549,8 @@ class SwitchLink:
             self._cond.notify_all()
         self._writer.join(timeout=timeout)
         if not self._writer.is_alive():  # the connection is this thread's alone now
-            with contextlib.suppress(OSError, ProtocolError):
+            with self._outlet.lock, contextlib.suppress(OSError, ProtocolError):
+                self._outlet.finish(poll_s=0.2)  # a direct write's last bytes first
                 self._out.write(Error(GOODBYE))  # no resume: the switch frees the role now
         for stream in (self._out, self._in):
             cut(stream.sock)

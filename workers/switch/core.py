@@ -103,6 +103,12 @@ class Meters:
         self.bytes = self._new(Counter, "bytes", "Payload bytes through the switch", traffic)
         self.frames = self._new(Counter, "frames", "Data frames through the switch", traffic)
         self.refused = self._new(Counter, "refused", "Connections or frames refused", ["reason"])
+        # of the frames to_peer and to_worker, those written by the thread that had them,
+        # handed to no writer thread (outlet.py)
+        direct = self._new(
+            Counter, "direct_frames", "Frames written without a thread hand-off", ["direction"]
+        )
+        self.direct = {where: direct.labels(where) for where in ("to_peer", "to_worker")}
         self.bandwidth = self._new(
             Gauge,
             "link_bandwidth_bytes_per_second",
@@ -165,6 +171,9 @@ class SwitchCore:
 
     def _housekeeping(self, now: float) -> None:
         raise NotImplementedError  # roles.py
+
+    def _send_direct(self, out: Outbound, frame: Routed) -> bool:
+        raise NotImplementedError  # peers.py
 
 
 def shutdown_socket(sock: socket.socket) -> None:

@@ -7,6 +7,9 @@ or clock of its own (the caller passes `now` and holds the lock):
 - sending: each frame the role sends is numbered and kept in a `ResendWindow` until the
   far role's RECEIPT says it arrived; `next_to_write` gives the writer a receipt due and
   the next frame to (re)send;
+- writing directly: `take_direct` gives the thread that just pushed a frame (or took
+  one, and owes a receipt) what it may write itself while the writer is idle, so that
+  a small frame need not wake the writer;
 - receiving: `take` says whether a frame is the next in order (deliver it), a duplicate
   (drop it) or past a gap (drop it, and ask the far role to send again from the gap);
 - resuming: a new sending connection starts again at the oldest unacknowledged frame, a
@@ -29,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from workers.switch.frames import Buffer, Data, ProtocolError, Receipt, TensorSpec
-from workers.switch.rules import ResendWindow
+from workers.switch.rules import ResendWindow, writes_directly
 
 # a gap is asked about once, then again only this long after, not for every frame after it
 ASK_AGAIN_S = 2.0
@@ -144,6 +147,20 @@ class LinkState:
             frame = self.window.get(self.write_from)
             self.write_from += 1
         return Writes(receipt, frame)
+
+    def take_direct(self, now: float) -> Writes | None:
+        """What a thread other than the writer may write itself now, holding the sending
+        connection (outlet.py): the one frame waiting, if small, with the receipt due, or
+        that receipt alone; marked as given. None when nothing is due, or when it is the
+        writer's to write: a large frame, or frames before it waiting (a resend)."""
+        if self._pending(now):
+            frame = self.window.get(self.write_from)
+            waiting = self.window.next_seq - self.write_from
+            if not writes_directly(len(frame.body), queued=waiting > 1):
+                return None
+        elif not self._receipt_due(now):
+            return None
+        return self.next_to_write(now)
 
     def take_receipt(self, receipt: Receipt, now: float) -> bool:
         """The far role's word on what it has; True when it asks to have frames again."""

@@ -234,3 +234,97 @@ def test_shaper_paces_to_the_rate_and_holds_for_the_delay() -> None:
     now[0] = 10.0
     shaper.hold(enqueued_at=9.98)
     assert now[0] == pytest.approx(10.03)
+
+
+def _direct_frames(switch, direction: str) -> float:  # type: ignore[no-untyped-def]
+    prefix = f'nebula_switch_direct_frames_total{{direction="{direction}"}} '
+    text = switch.metrics_text().decode()
+    return float(next(ln for ln in text.splitlines() if ln.startswith(prefix)).split()[-1])
+
+
+def test_small_frames_cross_both_switches_without_a_thread_hand_off(pair) -> None:  # type: ignore[no-untyped-def]
+    """A ping-pong of small frames: each thread that has a frame writes it on, the
+    sending role's, each switch's reading thread (to the peer, to the role)."""
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        for i in range(50):
+            g.send("ping", i.to_bytes(4, "big"))
+            assert d.recv("ping", timeout=10) == i.to_bytes(4, "big")
+            d.send("pong", i.to_bytes(4, "big"))
+            assert g.recv("pong", timeout=10) == i.to_bytes(4, "big")
+        # most go directly; a thread that found the connection in use queued its frame
+        assert g.direct_writes() >= 25 and d.direct_writes() >= 25
+        for switch in (pair.a, pair.b):
+            assert _direct_frames(switch, "to_peer") >= 25
+            assert _direct_frames(switch, "to_worker") >= 25
+
+
+def test_a_small_frame_never_overtakes_a_large_one_queued_before_it(pair) -> None:  # type: ignore[no-untyped-def]
+    """Large frames go through the writer threads, small ones directly when nothing waits:
+    on one channel, mixed, and with another job's stream on the same link, each arrives
+    once and in order."""
+    sizes = [1 << 20 if i % 3 == 0 else 16 for i in range(60)]
+
+    def stream(link: SwitchLink) -> None:
+        for i, size in enumerate(sizes):
+            link.send("c", i.to_bytes(4, "big") + bytes(size - 4))
+
+    with (
+        pair.link("a", "j1", "G", "D") as g1,
+        pair.link("b", "j1", "D", "G") as d1,
+        pair.link("a", "j2", "G", "D") as g2,
+        pair.link("b", "j2", "D", "G") as d2,
+    ):
+        senders = [threading.Thread(target=stream, args=(g,)) for g in (g1, g2)]
+        for sender in senders:
+            sender.start()
+        for d in (d1, d2):
+            for i, size in enumerate(sizes):
+                got = d.recv("c", timeout=30)
+                assert isinstance(got, bytes) and len(got) == size
+                assert int.from_bytes(got[:4], "big") == i, "out of order or twice"
+        for sender in senders:
+            sender.join(timeout=30)
+        with pytest.raises(TimeoutError):
+            d1.recv("c", timeout=0.2)
+
+
+def test_a_shaped_link_takes_no_frame_past_its_shaper(make_pair) -> None:  # type: ignore[no-untyped-def]
+    """Each switch holds what it sends its peer 30 ms: a round trip of small frames takes
+    60 ms at least, and no frame to a peer skips the writer thread that keeps the delay."""
+    pair = make_pair(shaper=ShaperConfig(delay_ms=30))
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        g.send("ping", b"warm")  # the first waits for the switches to connect
+        assert d.recv("ping", timeout=10) == b"warm"
+        for i in range(5):
+            started = time.monotonic()
+            g.send("ping", bytes([i]))
+            assert d.recv("ping", timeout=10) == bytes([i])
+            d.send("pong", bytes([i]))
+            assert g.recv("pong", timeout=10) == bytes([i])
+            assert time.monotonic() - started >= 0.060
+        for switch in (pair.a, pair.b):
+            assert _direct_frames(switch, "to_peer") == 0
+        assert _direct_frames(pair.b, "to_worker") > 0  # the shaper is on the peer link only
+
+
+def test_a_role_that_reads_nothing_holds_its_sender_back_through_the_direct_paths(  # type: ignore[no-untyped-def]
+    pair,
+) -> None:
+    """Small frames to a role that reads none: the direct paths take them while there is
+    room, then the bounds hold as before (the far role's channel queue, the sender's
+    window): the sender blocks with 8 frames unacknowledged, and nothing is lost."""
+    frames = 400
+    with pair.link("a", "j", "G", "D", window_frames=8) as g, pair.link("b", "j", "D", "G") as d:
+        sender = threading.Thread(
+            target=lambda: [g.send("c", i.to_bytes(4, "big")) for i in range(frames)],
+            daemon=True,
+        )
+        sender.start()
+        _wait_until_steady(g.unacknowledged, 0.5, 30, "the sender's window to fill")
+        assert g.unacknowledged() == 8 and sender.is_alive()
+        assert _direct_frames(pair.b, "to_worker") > 0
+        for i in range(frames):
+            assert d.recv("c", timeout=30) == i.to_bytes(4, "big")
+        sender.join(timeout=30)
+        with pytest.raises(TimeoutError):
+            d.recv("c", timeout=0.2)
