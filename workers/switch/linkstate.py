@@ -10,6 +10,8 @@ or clock of its own (the caller passes `now` and holds the lock):
 - writing directly: `take_direct` gives the thread that just pushed a frame (or took
   one, and owes a receipt) what it may write itself while the writer is idle, so that
   a small frame need not wake the writer;
+- reading: `reader_waits` says when the reader thread stands aside for the role's own
+  threads, which read the receiving connection themselves while they wait in `recv`;
 - receiving: `take` says whether a frame is the next in order (deliver it), a duplicate
   (drop it) or past a gap (drop it, and ask the far role to send again from the gap);
 - resuming: a new sending connection starts again at the oldest unacknowledged frame, a
@@ -42,6 +44,13 @@ ASK_AGAIN_S = 2.0
 # so that a ping-pong of small frames no longer sends a receipt each way per round trip.
 RECEIPT_DELAY_S = 0.01
 RECEIPT_EVERY = 8
+# A role's thread that calls `recv` again within this long reads the receiving connection
+# itself, and the link's reader thread stands aside meanwhile (`reader_waits`), looking
+# again this often. What no role waits for (receipts, link reports, other channels'
+# frames) waits in the socket this long at most while the role is away from `recv`: far
+# below the silence after which a sender resends (15 s), and a sender short of room in
+# its window calls the reader at once.
+LINGER_S = 0.02
 
 
 class Taken(enum.Enum):
@@ -207,3 +216,20 @@ class LinkState:
     def still_here(self) -> None:
         """The role reads slowly: a receipt tells the far role this end is not gone."""
         self._owe_receipt(-math.inf)
+
+
+def reader_waits(
+    now: float, *, role_read_at: float, role_reading: bool, asked: bool
+) -> float | None:
+    """How long the link's reader thread stands aside before it looks again, or None to
+    read now. A role's thread waiting in `recv` reads the connection itself while no
+    other thread does: each frame then wakes the thread that waits for it, and not the
+    reader first, which would hand it over. The reader reads when asked (a role's thread
+    left a lost connection, or another thread waiting, behind it; a sender is short of
+    room), and once no role's thread has read for `LINGER_S`."""
+    if asked:
+        return None
+    left = role_read_at + LINGER_S - now
+    if left > 0:
+        return left
+    return LINGER_S if role_reading else None

@@ -11,10 +11,12 @@ D (cluster b) crossed four such hand-offs, eight threads, each way:
 3. B's reader of A's connection -> D's mailbox -> B's writer to D's receiving connection;
 4. D's link reader -> the channel's queue -> D's thread.
 
-With the outlets, 1 to 3 are written on by the thread that has the frame, and a small
-frame takes one hand-off (4) and five threads each way, when nothing is queued. An
-`Outlet` lets the thread that has a frame write it itself, when that changes nothing
-another thread could see:
+With the outlets, 1 to 3 are written on by the thread that has the frame when nothing
+is queued; and a role's thread waiting in `recv` reads its connection itself while the
+link's reader stands aside (client.py, `linkstate.reader_waits`), which takes 4 away: a
+small frame then crosses no hand-off and four threads each way (G's, A's reader, B's
+reader, D's), as many as three raw TLS relays. An `Outlet` lets the thread that has a
+frame write it itself, when that changes nothing another thread could see:
 
 - it holds the outlet's `lock`, which every use of the connection takes, its reads too (a
   TLS connection is one state both ways, for one thread at a time). The writer thread

@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from workers.switch.frames import Data, ProtocolError, Receipt
 from workers.switch.linkstate import (
     ASK_AGAIN_S,
+    LINGER_S,
     RECEIPT_DELAY_S,
     RECEIPT_EVERY,
     LinkState,
     Taken,
+    reader_waits,
 )
 from workers.switch.rules import DIRECT_BYTES
 
@@ -307,3 +309,18 @@ def test_direct_writes_and_the_writers_interleaved_keep_the_order(steps: list[st
         assert frame is not None
         left.append(frame.seq)
     assert left == list(range(steps.count("send")))
+
+
+def test_the_reader_stands_aside_while_the_role_reads_for_itself() -> None:
+    # no role's thread ever read: the reader reads
+    assert reader_waits(5.0, role_read_at=-1e9, role_reading=False, asked=False) is None
+    # one read a moment ago: the reader looks again once LINGER_S has passed since
+    assert reader_waits(5.0, role_read_at=5.0 - LINGER_S / 4, role_reading=False, asked=False) == (
+        pytest.approx(LINGER_S * 3 / 4)
+    )
+    # one reads now, however long: the reader looks again in a while
+    assert reader_waits(5.0, role_read_at=0.0, role_reading=True, asked=False) == LINGER_S
+    # long gone: the reader reads again (receipts, other channels, pings)
+    assert reader_waits(5.0, role_read_at=5.0 - LINGER_S, role_reading=False, asked=False) is None
+    # asked (a lost connection or a waiting thread left behind, a sender short of room)
+    assert reader_waits(5.0, role_read_at=5.0, role_reading=True, asked=True) is None

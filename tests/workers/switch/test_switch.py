@@ -244,7 +244,8 @@ def _direct_frames(switch, direction: str) -> float:  # type: ignore[no-untyped-
 
 def test_small_frames_cross_both_switches_without_a_thread_hand_off(pair) -> None:  # type: ignore[no-untyped-def]
     """A ping-pong of small frames: each thread that has a frame writes it on, the
-    sending role's, each switch's reading thread (to the peer, to the role)."""
+    sending role's, each switch's reading thread (to the peer, to the role), and the
+    receiving role's thread reads it itself."""
     with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
         for i in range(50):
             g.send("ping", i.to_bytes(4, "big"))
@@ -253,6 +254,8 @@ def test_small_frames_cross_both_switches_without_a_thread_hand_off(pair) -> Non
             assert g.recv("pong", timeout=10) == i.to_bytes(4, "big")
         # most go directly; a thread that found the connection in use queued its frame
         assert g.direct_writes() >= 25 and d.direct_writes() >= 25
+        # and each role's thread waiting in `recv` read its frame itself
+        assert g.direct_reads() >= 25 and d.direct_reads() >= 25
         for switch in (pair.a, pair.b):
             assert _direct_frames(switch, "to_peer") >= 25
             assert _direct_frames(switch, "to_worker") >= 25
@@ -328,3 +331,54 @@ def test_a_role_that_reads_nothing_holds_its_sender_back_through_the_direct_path
         sender.join(timeout=30)
         with pytest.raises(TimeoutError):
             d.recv("c", timeout=0.2)
+
+
+def test_two_threads_receiving_on_one_link_each_get_theirs_in_order(pair) -> None:  # type: ignore[no-untyped-def]
+    """One thread of the role reads the connection while the other waits on its
+    channel: what comes for the other is handed to it, and when the reading thread
+    leaves, the link's reader reads for the one still waiting."""
+    frames = 100
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        got: dict[str, list[int]] = {"x": [], "y": []}
+
+        def receive(channel: str) -> None:
+            for _ in range(frames):
+                got[channel].append(int.from_bytes(d.recv(channel, timeout=30), "big"))
+
+        threads = [threading.Thread(target=receive, args=(c,)) for c in got]
+        for thread in threads:
+            thread.start()
+        for i in range(frames):
+            g.send("x", i.to_bytes(4, "big"))
+            if i % 3 == 0:  # unevenly: one thread waits while the other reads
+                time.sleep(0.002)
+            g.send("y", i.to_bytes(4, "big"))
+        for thread in threads:
+            thread.join(timeout=60)
+        assert got == {"x": list(range(frames)), "y": list(range(frames))}
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            d.recv("x", timeout=0.2)
+        assert time.monotonic() - started < 5
+
+
+def test_a_role_that_stops_receiving_still_gets_the_receipts_that_free_its_window(  # type: ignore[no-untyped-def]
+    pair,
+) -> None:
+    """G's thread read its connection itself (its reader stood aside); then it only
+    sends, with room for 4 frames unacknowledged: the receipts must still be read."""
+    with pair.link("a", "j", "G", "D", window_frames=4) as g, pair.link("b", "j", "D", "G") as d:
+        for i in range(20):
+            g.send("ping", bytes([i]))
+            d.send("pong", d.recv("ping", timeout=10))
+            assert g.recv("pong", timeout=10) == bytes([i])
+        assert g.direct_reads() > 0
+        started = time.monotonic()
+        sender = threading.Thread(
+            target=lambda: [g.send("c", i.to_bytes(4, "big")) for i in range(200)]
+        )
+        sender.start()  # the window fills at once: only receipts let it go on
+        for i in range(200):
+            assert d.recv("c", timeout=10) == i.to_bytes(4, "big")
+        sender.join(timeout=10)
+        assert not sender.is_alive() and time.monotonic() - started < 30
