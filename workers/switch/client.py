@@ -10,7 +10,8 @@ The receiving one likewise: a role's thread waiting in `recv` reads it itself wh
 no other thread does, and the reader stands aside while the role's threads read
 (`reader_waits` in linkstate.py), so that a frame wakes the thread that waits for it
 and no other; the reader reads whatever else comes (receipts, other channels' frames)
-once they stop, and deals with a lost connection.
+once they stop, reads ahead after a large frame (`role_reads`: its receiving overlaps
+the role's work on the one before), and deals with a lost connection.
 
 Delivery is end to end: `send` keeps a copy of each frame in a `ResendWindow`
 (so the caller may reuse its tensor at once) until the far role's RECEIPT says
@@ -47,7 +48,7 @@ import torch
 from contract.jobtoken import unverified_claims
 from workers.switch.buffers import BODIES
 from workers.switch.link import LinkClosed, LinkEstimate, Payload
-from workers.switch.linkstate import LinkState, Taken, reader_waits
+from workers.switch.linkstate import LinkState, Taken, reader_waits, role_reads
 from workers.switch.outlet import Outlet
 from workers.switch.protocol import (
     CLOSED,
@@ -354,7 +355,7 @@ class SwitchLink:
                 self._cond.notify_all()
             return True
         self._handle(event)
-        if isinstance(event, Data) and self._waiting:
+        if isinstance(event, Data) and self._waiting and role_reads(len(event.body)):
             # handed to a role's thread that waited for it: it will be back for the
             # next, and reads it itself if this thread stands aside
             with self._readers:
@@ -603,22 +604,27 @@ class SwitchLink:
                     self._waiting -= 1
         with self._readers:
             self._waiting -= 1
+        last = 0
         try:
-            self._read_for(q, deadline)
+            last = self._read_for(q, deadline)
         finally:
             self._in_lock.release()
             with self._readers:
                 self._read_by_role_at = time.monotonic()
-                if self._waiting or self._in_trouble is not None:
+                # the reader's turn: what this thread leaves behind (a lost connection,
+                # a thread waiting), or the next large frame to read ahead
+                if self._waiting or self._in_trouble is not None or not role_reads(last):
                     self._reader_wanted = True
                     self._readers.notify_all()
         return q.get_nowait()
 
-    def _read_for(self, q: queue.Queue[Data | None], deadline: float | None) -> None:
+    def _read_for(self, q: queue.Queue[Data | None], deadline: float | None) -> int:
         """Read and act on frames on the calling role's thread, as the reader does, until
         `q` holds one, the deadline passes, or something is the reader's to deal with (a
-        lost connection, the link's end: `_in_trouble`). The caller holds `_in_lock`."""
+        lost connection, the link's end: `_in_trouble`); the body size of the last data
+        frame read. The caller holds `_in_lock`."""
         stream, beat = self._in, self._in_beat
+        last = 0
         while q.empty() and not self._closed.is_set() and self._failure is None:
             event: Event | None = None
             try:
@@ -630,19 +636,22 @@ class SwitchLink:
                     wait = beat.wait_s(now)
                     if deadline is not None:
                         if now >= deadline:
-                            return
+                            return last
                         wait = min(wait, deadline - now)
                     stream.wait_readable(max(wait, 0.001))
                     continue
                 if event is not CLOSED and not isinstance(event, Error):
                     self._handle(event)
-                    self._reads += isinstance(event, Data)
+                    if isinstance(event, Data):
+                        self._reads += 1
+                        last = len(event.body)
                     continue
             except (OSError, ProtocolError) as exc:
                 self._in_trouble = (CLOSED if event is None else event, exc)
-                return
+                return last
             self._in_trouble = (event, None)
-            return
+            return last
+        return last
 
     def recv(self, channel: str, timeout: float | None = None) -> Payload:
         """Next payload from the peer on `channel`; raises TimeoutError or LinkClosed."""

@@ -11,7 +11,8 @@ or clock of its own (the caller passes `now` and holds the lock):
   one, and owes a receipt) what it may write itself while the writer is idle, so that
   a small frame need not wake the writer;
 - reading: `reader_waits` says when the reader thread stands aside for the role's own
-  threads, which read the receiving connection themselves while they wait in `recv`;
+  threads, which read the receiving connection themselves while they wait in `recv`,
+  and `role_reads` that they stop after a large frame, for the reader to read ahead;
 - receiving: `take` says whether a frame is the next in order (deliver it), a duplicate
   (drop it) or past a gap (drop it, and ask the far role to send again from the gap);
 - resuming: a new sending connection starts again at the oldest unacknowledged frame, a
@@ -34,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from workers.switch.frames import Buffer, Data, ProtocolError, Receipt, TensorSpec
-from workers.switch.rules import ResendWindow, writes_directly
+from workers.switch.rules import DIRECT_BYTES, ResendWindow, writes_directly
 
 # a gap is asked about once, then again only this long after, not for every frame after it
 ASK_AGAIN_S = 2.0
@@ -233,3 +234,12 @@ def reader_waits(
     if left > 0:
         return left
     return LINGER_S if role_reading else None
+
+
+def role_reads(nbytes: int) -> bool:
+    """Whether a role's thread that read a frame of `nbytes` (or was handed one) reads
+    the next itself too. A small frame's round trip is bound by its hand-offs; a large
+    one's by the time to receive it, which the reader thread overlaps with the role's
+    work on the frame before, reading the next meanwhile (as the writer threads keep
+    large frames, `rules.DIRECT_BYTES`)."""
+    return nbytes <= DIRECT_BYTES

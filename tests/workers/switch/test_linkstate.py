@@ -19,6 +19,7 @@ from workers.switch.linkstate import (
     LinkState,
     Taken,
     reader_waits,
+    role_reads,
 )
 from workers.switch.rules import DIRECT_BYTES
 
@@ -324,3 +325,6 @@ def test_the_reader_stands_aside_while_the_role_reads_for_itself() -> None:
     assert reader_waits(5.0, role_read_at=5.0 - LINGER_S, role_reading=False, asked=False) is None
     # asked (a lost connection or a waiting thread left behind, a sender short of room)
     assert reader_waits(5.0, role_read_at=5.0, role_reading=True, asked=True) is None
+    # a role's thread reads on after a small frame; after a large one the reader reads
+    # the next ahead while the role works on it
+    assert role_reads(16) and role_reads(DIRECT_BYTES) and not role_reads(DIRECT_BYTES + 1)

@@ -382,3 +382,22 @@ def test_a_role_that_stops_receiving_still_gets_the_receipts_that_free_its_windo
             assert d.recv("c", timeout=10) == i.to_bytes(4, "big")
         sender.join(timeout=10)
         assert not sender.is_alive() and time.monotonic() - started < 30
+
+
+def test_the_reader_reads_large_frames_ahead_while_the_role_works_on_the_last(pair) -> None:  # type: ignore[no-untyped-def]
+    """Large frames keep the link's reader: it reads the next while the role works on
+    the one before, instead of leaving the role to read each when it asks for it."""
+    frames = 20
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        sender = threading.Thread(
+            target=lambda: [
+                g.send("c", i.to_bytes(4, "big") + bytes(1 << 20)) for i in range(frames)
+            ]
+        )
+        sender.start()
+        for i in range(frames):
+            got = d.recv("c", timeout=30)
+            assert isinstance(got, bytes) and int.from_bytes(got[:4], "big") == i
+            time.sleep(0.005)  # the role's work on it, shorter than the reader stands aside
+        sender.join(timeout=30)
+        assert d.direct_reads() <= frames // 2
