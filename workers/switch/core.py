@@ -99,10 +99,17 @@ class Meters:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._traffic: dict[tuple[str, str], tuple[Counter, Counter]] = {}
         traffic, link = ["job", "direction"], ["job", "peer"]
         self.bytes = self._new(Counter, "bytes", "Payload bytes through the switch", traffic)
         self.frames = self._new(Counter, "frames", "Data frames through the switch", traffic)
         self.refused = self._new(Counter, "refused", "Connections or frames refused", ["reason"])
+        # of the frames to_peer and to_worker, those written by the thread that had them,
+        # handed to no writer thread (outlet.py)
+        direct = self._new(
+            Counter, "direct_frames", "Frames written without a thread hand-off", ["direction"]
+        )
+        self.direct = {where: direct.labels(where) for where in ("to_peer", "to_worker")}
         self.bandwidth = self._new(
             Gauge,
             "link_bandwidth_bytes_per_second",
@@ -120,9 +127,16 @@ class Meters:
         return kind(f"nebula_switch_{name}", doc, labels, registry=self.registry)
 
     def count(self, frame: Routed, direction: str) -> None:
-        if isinstance(frame, Data):
-            self.bytes.labels(frame.job_id, direction).inc(len(frame.body))
-            self.frames.labels(frame.job_id, direction).inc()
+        if not isinstance(frame, Data):
+            return
+        # each frame counts twice at each switch: the series' children are looked up
+        # once per (job, direction), not with `labels()` (a lock and its checks) each time
+        key = (frame.job_id, direction)
+        series = self._traffic.get(key)
+        if series is None:
+            series = self._traffic[key] = (self.bytes.labels(*key), self.frames.labels(*key))
+        series[0].inc(len(frame.body))
+        series[1].inc()
 
 
 class SwitchCore:
@@ -165,6 +179,9 @@ class SwitchCore:
 
     def _housekeeping(self, now: float) -> None:
         raise NotImplementedError  # roles.py
+
+    def _send_direct(self, out: Outbound, frame: Routed) -> bool:
+        raise NotImplementedError  # peers.py
 
 
 def shutdown_socket(sock: socket.socket) -> None:

@@ -7,6 +7,12 @@ or clock of its own (the caller passes `now` and holds the lock):
 - sending: each frame the role sends is numbered and kept in a `ResendWindow` until the
   far role's RECEIPT says it arrived; `next_to_write` gives the writer a receipt due and
   the next frame to (re)send;
+- writing directly: `take_direct` gives the thread that just pushed a frame (or took
+  one, and owes a receipt) what it may write itself while the writer is idle, so that
+  a small frame need not wake the writer;
+- reading: `reader_waits` says when the reader thread stands aside for the role's own
+  threads, which read the receiving connection themselves while they wait in `recv`,
+  and `role_reads` that they stop after a large frame, for the reader to read ahead;
 - receiving: `take` says whether a frame is the next in order (deliver it), a duplicate
   (drop it) or past a gap (drop it, and ask the far role to send again from the gap);
 - resuming: a new sending connection starts again at the oldest unacknowledged frame, a
@@ -29,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from workers.switch.frames import Buffer, Data, ProtocolError, Receipt, TensorSpec
-from workers.switch.rules import ResendWindow
+from workers.switch.rules import DIRECT_BYTES, ResendWindow, writes_directly
 
 # a gap is asked about once, then again only this long after, not for every frame after it
 ASK_AGAIN_S = 2.0
@@ -39,6 +45,13 @@ ASK_AGAIN_S = 2.0
 # so that a ping-pong of small frames no longer sends a receipt each way per round trip.
 RECEIPT_DELAY_S = 0.01
 RECEIPT_EVERY = 8
+# A role's thread that calls `recv` again within this long reads the receiving connection
+# itself, and the link's reader thread stands aside meanwhile (`reader_waits`), looking
+# again this often. What no role waits for (receipts, link reports, other channels'
+# frames) waits in the socket this long at most while the role is away from `recv`: far
+# below the silence after which a sender resends (15 s), and a sender short of room in
+# its window calls the reader at once.
+LINGER_S = 0.02
 
 
 class Taken(enum.Enum):
@@ -145,6 +158,20 @@ class LinkState:
             self.write_from += 1
         return Writes(receipt, frame)
 
+    def take_direct(self, now: float) -> Writes | None:
+        """What a thread other than the writer may write itself now, holding the sending
+        connection (outlet.py): the one frame waiting, if small, with the receipt due, or
+        that receipt alone; marked as given. None when nothing is due, or when it is the
+        writer's to write: a large frame, or frames before it waiting (a resend)."""
+        if self._pending(now):
+            frame = self.window.get(self.write_from)
+            waiting = self.window.next_seq - self.write_from
+            if not writes_directly(len(frame.body), queued=waiting > 1):
+                return None
+        elif not self._receipt_due(now):
+            return None
+        return self.next_to_write(now)
+
     def take_receipt(self, receipt: Receipt, now: float) -> bool:
         """The far role's word on what it has; True when it asks to have frames again."""
         self.heard_at = now
@@ -190,3 +217,29 @@ class LinkState:
     def still_here(self) -> None:
         """The role reads slowly: a receipt tells the far role this end is not gone."""
         self._owe_receipt(-math.inf)
+
+
+def reader_waits(
+    now: float, *, role_read_at: float, role_reading: bool, asked: bool
+) -> float | None:
+    """How long the link's reader thread stands aside before it looks again, or None to
+    read now. A role's thread waiting in `recv` reads the connection itself while no
+    other thread does: each frame then wakes the thread that waits for it, and not the
+    reader first, which would hand it over. The reader reads when asked (a role's thread
+    left a lost connection, or another thread waiting, behind it; a sender is short of
+    room), and once no role's thread has read for `LINGER_S`."""
+    if asked:
+        return None
+    left = role_read_at + LINGER_S - now
+    if left > 0:
+        return left
+    return LINGER_S if role_reading else None
+
+
+def role_reads(nbytes: int) -> bool:
+    """Whether a role's thread that read a frame of `nbytes` (or was handed one) reads
+    the next itself too. A small frame's round trip is bound by its hand-offs; a large
+    one's by the time to receive it, which the reader thread overlaps with the role's
+    work on the frame before, reading the next meanwhile (as the writer threads keep
+    large frames, `rules.DIRECT_BYTES`)."""
+    return nbytes <= DIRECT_BYTES

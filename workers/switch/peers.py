@@ -1,4 +1,11 @@
-"""Peer switches: dialling, the fair queue, the resend window, receiving."""
+"""Peer switches: dialling, the fair queue, the resend window, receiving.
+
+A peer's frames go out on the connection this switch dialled, written by its sender
+thread (`PeerSending`) in turn from the jobs' queues, or, when nothing is queued and the
+link plays no shaper, by the thread that read the frame from a worker (`_send_direct`,
+outlet.py): one thread hand-off fewer per small frame. Every use of that connection,
+acknowledgements read included, holds the outbound's outlet lock.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from workers.switch.core import (
     log,
 )
 from workers.switch.doors import Doors
+from workers.switch.outlet import Drained
 from workers.switch.protocol import (
     CLOSED,
     Ack,
@@ -41,6 +49,7 @@ from workers.switch.rules import (
     WindowError,
     peer_frame_is_fresh,
     peer_frame_verdict,
+    writes_directly,
 )
 from workers.switch.shaper import Shaper
 from workers.switch.stream import FrameStream, cut, tune
@@ -51,29 +60,28 @@ from workers.switch.tls import (
 )
 
 
-class FairQueue(Generic[K, T]):
-    """A bounded FIFO per key, served in turn: a busy key never starves the others."""
+class FairQueue(Drained, Generic[K, T]):
+    """A bounded FIFO per key, served in turn: a busy key never starves the others. The
+    peer's connection's writer thread drains it; past it, while it is empty, the threads
+    that have frames write them on the connection themselves (its `outlet`)."""
 
     def __init__(self, per_key: int) -> None:
+        super().__init__()
         self.per_key = per_key
         self._queues: collections.OrderedDict[K, collections.deque[T]] = collections.OrderedDict()
-        self._cond = threading.Condition()
 
     def put(self, key: K, item: T, timeout: float) -> bool:
         """Queue `item` under `key`; False when its queue stayed full for `timeout`."""
-        with self._cond:
-            if not self._cond.wait_for(
-                lambda: len(self._queues.get(key, ())) < self.per_key, timeout
-            ):
-                return False
-            self._queues.setdefault(key, collections.deque()).append(item)
-            self._cond.notify_all()
-            return True
+        return self._put_when(
+            lambda: len(self._queues.get(key, ())) < self.per_key,
+            lambda: self._queues.setdefault(key, collections.deque()).append(item),
+            timeout,
+        )
 
-    def get(self, timeout: float) -> T | None:
-        """The head of the next key's queue in turn, or None after `timeout`."""
+    def pop(self) -> T | None:
+        """The head of the next key's queue in turn, or None when all are empty."""
         with self._cond:
-            if not self._cond.wait_for(lambda: bool(self._queues), timeout):
+            if not self._queues:
                 return None
             key, items = self._queues.popitem(last=False)
             item = items.popleft()
@@ -81,6 +89,13 @@ class FairQueue(Generic[K, T]):
                 self._queues[key] = items  # to the back of the line
             self._cond.notify_all()
             return item
+
+    def _ready(self) -> bool:
+        return bool(self._queues)
+
+    def __bool__(self) -> bool:
+        with self._cond:
+            return bool(self._queues)
 
     def __len__(self) -> int:
         with self._cond:
@@ -112,6 +127,8 @@ class Outbound:
     meter: LinkMeter = field(default_factory=LinkMeter)
     pending: tuple[Routed, float] | None = None  # taken from the queue, waiting for room
     stream: FrameStream | None = None
+    # the connection's sending, once its window's frames went again (under the outlet's lock)
+    sending: PeerSending | None = None
     connected: threading.Event = field(default_factory=threading.Event)
     connections: int = 0
 
@@ -305,6 +322,22 @@ class Peers(Doors):
             self._doors.peers[stream] = identity
         return stream
 
+    def _send_direct(self, out: Outbound, frame: Routed) -> bool:
+        """Write a worker's frame to the peer on the thread that read it, when nothing
+        waits ahead of it and the link is not shaped (outlet.py); False: queue it."""
+        shaped = self.config.shaper is not None and self.config.shaper.shapes
+
+        def take() -> list[Routed] | None:
+            sending = out.sending
+            return None if sending is None else sending.send_direct(frame, shaped)
+
+        # False: the connection broke, the frame is in the window and goes again
+        if out.queue.outlet.try_write(take) is None:
+            return False
+        self._meters.count(frame, "to_peer")
+        self._meters.direct["to_peer"].inc()
+        return True
+
     def _peer_sender(self, out: Outbound) -> None:
         backoff = self.config.backoff_initial_s
         current: list[PeerSending] = []
@@ -439,27 +472,68 @@ class PeerSending:
         return PING_POLL_S if self.ping_at is not None else POLL_S
 
     def run(self) -> None:
-        out, stop = self.out, self.switch._stop
-        for _, frame in out.window.replay():
-            self.sent += 1  # first: its acknowledgement may come while it is written
-            self.send(frame)
-        while not stop.is_set():
-            self.take_all()
-            wait = self.ping_if_due()
+        """Send until the connection fails (OSError, ProtocolError) or the switch stops:
+        the window's frames again, then each frame in turn, each step holding the outlet's
+        lock; between frames, the threads that have them may write on it (`send_direct`)."""
+        out, stop, outlet = self.out, self.switch._stop, self.out.queue.outlet
+        with outlet.lock:
+            for _, frame in out.window.replay():
+                self.sent += 1  # first: its acknowledgement may come while it is written
+                self.send(frame)
+            out.sending = self
+            outlet.attach(self.stream)
+        try:
+            while not stop.is_set():
+                with outlet.lock:
+                    wait = self.step()
+                if wait is not None:
+                    out.queue.wait(wait)
+        finally:
+            with outlet.lock:
+                out.sending = None
+                outlet.attach(None)
+
+    def step(self) -> float | None:
+        """Send the next frame in turn (the caller holds the outlet's lock); when there is
+        none, the seconds to wait for one (the next ping's, or its answer's, time)."""
+        out = self.out
+        out.queue.outlet.finish(while_blocked=self.take_all, poll_s=POLL_S)
+        self.take_all()
+        wait = self.ping_if_due()
+        if out.pending is None:
+            # taken under the lock: no frame written directly overtakes it (outlet.py)
+            out.pending = out.queue.pop()
             if out.pending is None:
-                out.pending = out.queue.get(timeout=wait)
-                if out.pending is None:
-                    continue
-            frame, queued_at = out.pending
-            nbytes = len(frame.body) if isinstance(frame, Data) else 0
-            if not out.window.has_room(nbytes):
-                # full: wait for the peer to catch up, a poll at a time
-                self.stream.wait_readable(min(wait, POLL_S))
-                continue
-            out.pending = None  # it stays with the outbound (not this connection) till here
-            out.window.push(frame, nbytes)
-            if self.shaper is not None:
-                self.shaper.hold(queued_at)
-            self.sent += 1
-            self.send(frame)
-            self.switch._meters.count(frame, "to_peer")
+                return wait
+        frame, queued_at = out.pending
+        nbytes = len(frame.body) if isinstance(frame, Data) else 0
+        if not out.window.has_room(nbytes):
+            # full: wait for the peer to catch up, a poll at a time
+            self.stream.wait_readable(min(wait, POLL_S))
+            return None
+        out.pending = None  # it stays with the outbound (not this connection) till here
+        out.window.push(frame, nbytes)
+        if self.shaper is not None:
+            self.shaper.hold(queued_at)
+        self.sent += 1
+        self.send(frame)
+        self.switch._meters.count(frame, "to_peer")
+        return None
+
+    def send_direct(self, frame: Routed, shaped: bool) -> list[Routed] | None:
+        """A frame to write now on the thread that has it, numbered in the window, or None
+        to queue it (`rules.writes_directly`); the caller holds the outlet's lock."""
+        out = self.out
+        nbytes = len(frame.body) if isinstance(frame, Data) else 0
+        try:
+            self.take_all()  # the acknowledgements come in: room in the window, the meter
+        except (OSError, ProtocolError) as exc:
+            out.queue.outlet.fail(exc)
+            return None
+        queued = out.pending is not None or bool(out.queue)
+        room = out.window.has_room(nbytes)
+        if not writes_directly(nbytes, queued=queued, shaped=shaped, room=room):
+            return None
+        out.window.push(frame, nbytes)
+        self.sent += 1
+        return [frame]

@@ -1,10 +1,16 @@
-"""The role table: worker admission, mailboxes, sending and receiving for roles."""
+"""The role table: worker admission, mailboxes, sending and receiving for roles.
+
+A role's frames wait in its mailbox for the writer thread of its receiving connection;
+when none waits there, the thread that has one (a peer connection's reader, or a worker's
+of this cluster) writes it to the role itself (`_deliver_direct`, outlet.py), one thread
+hand-off fewer per small frame. A worker's frame for a peer goes the same way
+(`Peers._send_direct`) when the peer's fair queue is empty.
+"""
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import queue
 import socket
 import time
 from collections.abc import Callable
@@ -23,6 +29,7 @@ from workers.switch.core import (
     log,
 )
 from workers.switch.doors import Doors
+from workers.switch.outlet import Drained
 from workers.switch.peers import Outbound
 from workers.switch.protocol import (
     CLOSED,
@@ -40,8 +47,41 @@ from workers.switch.rules import (
     UnclaimedMailboxes,
     admit_worker,
     channel_refusal,
+    writes_directly,
 )
 from workers.switch.stream import FrameStream
+
+
+class Mailbox(Drained):
+    """A role's frames waiting for its receiving connection, at most `size`; that
+    connection's writer thread drains it, and past it, while it is empty, the threads
+    that have frames for the role write them on the connection themselves (`outlet`)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self._frames: collections.deque[Routed] = collections.deque()
+
+    def put(self, frame: Routed, timeout: float) -> bool:
+        """Queue `frame`; False when the mailbox stayed full for `timeout` (0: not at all)."""
+        return self._put_when(
+            lambda: len(self._frames) < self.size, lambda: self._frames.append(frame), timeout
+        )
+
+    def pop(self) -> Routed | None:
+        """The oldest frame, or None when there is none."""
+        with self._cond:
+            if not self._frames:
+                return None
+            self._cond.notify_all()  # room for a sender that waits
+            return self._frames.popleft()
+
+    def _ready(self) -> bool:
+        return bool(self._frames)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._frames)
 
 
 @dataclass
@@ -62,7 +102,7 @@ class Jobs:
     # mailboxes a peer's frames made for roles that have not connected here
     unclaimed: UnclaimedMailboxes[RoleKey]
     roles: dict[RoleKey, Role] = field(default_factory=dict)
-    mailboxes: dict[RoleKey, queue.Queue[Routed]] = field(default_factory=dict)
+    mailboxes: dict[RoleKey, Mailbox] = field(default_factory=dict)
     # job -> role -> cluster, learned from the job tokens of its roles that connected here
     placement: dict[str, dict[str, str]] = field(default_factory=dict)
     # (job, role)s whose attempt ended here, oldest first: their late frames are dropped
@@ -286,12 +326,14 @@ class Roles(Doors):
             outbound = self._outbound.get(target)
             if outbound is None:
                 raise ProtocolError(f"no peer switch for cluster {target!r}")
+            if self._send_direct(outbound, frame):
+                continue
             item = (frame, time.monotonic())
             while not outbound.queue.put(frame.job_id, item, timeout=POLL_S):
                 if not here():
                     raise OSError("switch stopping")
 
-    def _mailbox_locked(self, key: RoleKey, peer: str | None = None) -> queue.Queue[Routed] | str:
+    def _mailbox_locked(self, key: RoleKey, peer: str | None = None) -> Mailbox | str:
         """The mailbox of (job, role), made if there is room, or why there is none; the
         caller holds the lock. With `peer`, a peer's frame asks for the mailbox of a role
         not connected here: it is made on probation (`Jobs.unclaimed`), within the peer's
@@ -315,7 +357,7 @@ class Roles(Doors):
                 self.cluster,
                 *evicted,
             )
-        box = jobs.mailboxes[key] = queue.Queue(self.config.mailbox_frames)
+        box = jobs.mailboxes[key] = Mailbox(self.config.mailbox_frames)
         if peer is not None:
             jobs.unclaimed.open(key, peer, time.monotonic())
         return box
@@ -341,15 +383,30 @@ class Roles(Doors):
                 )
                 self._meters.refused.labels("mailboxes").inc()
                 return False
-            try:
-                # a poll at a time, so that an attempt ending meanwhile is noticed
-                box.put(frame, block=alive is not None, timeout=POLL_S)
+            if self._deliver_direct(box, frame):
                 return True
-            except queue.Full:
-                if alive is None:
-                    self._meters.refused.labels("mailbox_full").inc()
-                    return False
+            # a poll at a time, so that an attempt ending meanwhile is noticed
+            if box.put(frame, POLL_S if alive is not None else 0):
+                return True
+            if alive is None:
+                self._meters.refused.labels("mailbox_full").inc()
+                return False
         raise OSError("switch stopping or connection closed")
+
+    def _deliver_direct(self, box: Mailbox, frame: Routed) -> bool:
+        """Write `frame` to its role's receiving connection on this thread, when nothing
+        waits in the mailbox ahead of it (outlet.py); False: put it in the mailbox (also
+        when the connection broke in the write: the role's next connection takes it)."""
+        nbytes = len(frame.body) if isinstance(frame, Data) else 0
+
+        def take() -> list[Routed] | None:
+            return [frame] if writes_directly(nbytes, queued=bool(len(box))) else None
+
+        if not box.outlet.try_write(take):
+            return False
+        self._meters.count(frame, "to_worker")
+        self._meters.direct["to_worker"].inc()
+        return True
 
     def _worker_receives(self, stream: FrameStream, claims: JobClaims, hello: frames.Hello) -> None:
         with self._lock:
@@ -380,22 +437,34 @@ class Roles(Doors):
                 raise OSError("the worker closed the connection")
 
         reported = -1
-        while not self._stop.is_set():
-            if outbound is not None and outbound.meter.version != reported:
-                reported = outbound.meter.version
-                self._report_link(stream, claims.job_id, outbound)
-            try:
-                frame = box.get(timeout=POLL_S)
-            except queue.Empty:
-                frame = None
-            if frame is not None:
-                stream.write(frame, while_blocked=hear_while_blocked, poll_s=POLL_S)
-                self._meters.count(frame, "to_worker")
-            if not hear():
-                return
-            for ack in answers:
-                stream.write(ack)
-            answers.clear()
+        outlet = box.outlet
+        with outlet.lock:
+            outlet.attach(stream)
+        try:
+            while not self._stop.is_set():
+                # each step holding the outlet's lock: between them, the threads that have
+                # frames for the role write them on the connection themselves (outlet.py)
+                with outlet.lock:
+                    if outbound is not None and outbound.meter.version != reported:
+                        reported = outbound.meter.version
+                        self._report_link(stream, claims.job_id, outbound)
+                    outlet.finish(while_blocked=hear_while_blocked, poll_s=POLL_S)
+                    # taken under the lock: no frame written directly overtakes it
+                    frame = box.pop()
+                    if frame is not None:
+                        stream.write(frame, while_blocked=hear_while_blocked, poll_s=POLL_S)
+                        self._meters.count(frame, "to_worker")
+                    if not hear():
+                        return
+                    for ack in answers:
+                        stream.write(ack)
+                    answers.clear()
+                if frame is None:
+                    box.wait(POLL_S)
+        finally:
+            with outlet.lock:
+                if outlet.stream is stream:
+                    outlet.attach(None)
 
     def _report_link(self, stream: FrameStream, job_id: str, out: Outbound) -> None:
         """Tell a role what was measured of the link its own frames leave on (and /metrics)."""

@@ -23,6 +23,11 @@ TLS here, and OpenSSL releases the GIL while it encrypts). Two listeners:
   acknowledged bytes its rate (`LinkMeter`), reported on /metrics per job and
   to the roles.
 
+A small frame that finds nothing queued is written on by the thread that has it, at
+each hop (outlet.py): the worker connection's reader writes it to the peer, the peer
+connection's reader to the role; the writer threads take over whenever frames queue
+(large frames, a busy connection, a shaped link), so fairness and bounds are theirs.
+
 A switch runs from plain files (key, certificate, CA certificate) plus a CRL
 source (any callable returning CRL PEM) and the job-token public key.
 """

@@ -18,6 +18,12 @@ class ShaperConfig:
     rate_mbit: float | None = None
     delay_ms: float = 0.0
 
+    @property
+    def shapes(self) -> bool:
+        """Whether it changes anything: a rate, or a delay (a config of neither passes
+        frames as they come, and they may skip the writer thread that keeps them)."""
+        return self.rate_mbit is not None or self.delay_ms > 0
+
 
 class Shaper:
     """Paces bytes to `rate_mbit` with a token bucket and holds frames back by `delay_ms`."""

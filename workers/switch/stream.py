@@ -7,7 +7,7 @@ import select
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from workers.switch.protocol import NEED_DATA, Buffer, Connection, Event, Frame
 from workers.switch.shaper import Shaper
@@ -184,6 +184,42 @@ class FrameStream:
                     while_blocked()
             total += memoryview(piece).nbytes
         return total
+
+    def write_now(self, frames: Sequence[Frame]) -> memoryview | None:
+        """Write small frames in one send that does not wait on the socket: None once all
+        of it went, else the bytes the socket did not take now.
+
+        Those bytes must be the next written on this stream (`write_rest`), before any
+        other: TLS takes a write it could not finish only again, with the same bytes (a
+        record may be half out). The thread that has a frame writes it so without ever
+        waiting on a slow reader at the other end (outlet.py).
+        """
+        data = b"".join(buf for frame in frames for buf in self.conn.send(frame))
+        view = memoryview(data)
+        restore = self.sock.gettimeout()
+        self.sock.settimeout(0.0)
+        sent = 0
+        try:
+            while sent < len(view):
+                sent += self.sock.send(view[sent:])
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            return view[sent:]
+        finally:
+            self.sock.settimeout(restore)
+        return None
+
+    def write_rest(
+        self,
+        rest: memoryview,
+        *,
+        while_blocked: Callable[[], None] | None = None,
+        poll_s: float = 0.2,
+    ) -> None:
+        """Write what `write_now` left, waiting on the socket as `write` does."""
+        if while_blocked is None:
+            self.sock.sendall(rest)
+        else:
+            self._send_watching(rest, while_blocked, poll_s)
 
     def _send_watching(
         self, piece: Buffer, while_blocked: Callable[[], None], poll_s: float

@@ -13,11 +13,15 @@ from hypothesis import strategies as st
 from workers.switch.frames import Data, ProtocolError, Receipt
 from workers.switch.linkstate import (
     ASK_AGAIN_S,
+    LINGER_S,
     RECEIPT_DELAY_S,
     RECEIPT_EVERY,
     LinkState,
     Taken,
+    reader_waits,
+    role_reads,
 )
+from workers.switch.rules import DIRECT_BYTES
 
 RESEND_AFTER_S = 15.0
 
@@ -255,3 +259,72 @@ def test_whatever_is_lost_every_frame_arrives_once_in_order(
     pair.pump()
     assert pair.delivered["D"] == bodies
     assert len(pair.g.window) == 0
+
+
+def test_a_thread_that_sent_a_small_frame_may_write_it_itself_with_the_receipt_due() -> None:
+    g = _end("G", "D")
+    assert g.take_direct(now=0.0) is None  # nothing to write
+    _send(g, b"a")
+    writes = g.take_direct(now=0.0)
+    assert writes is not None and writes.frame is not None and writes.frame.seq == 0
+    assert writes.receipt is None and g.all_written() and not g.has_work(now=0.0)
+    # a receipt owed but held back is the writer's (on its timer); once due, it goes along
+    g.take(_frame(0), now=0.0)
+    _send(g, b"b")
+    writes = g.take_direct(now=0.0)
+    assert writes is not None and writes.receipt is None and writes.frame is not None
+    writes = g.take_direct(now=RECEIPT_DELAY_S)
+    assert writes is not None and writes.frame is None
+    assert writes.receipt is not None and writes.receipt.next_seq == 1
+
+
+def test_a_frame_with_others_waiting_before_it_or_a_large_one_is_the_writers() -> None:
+    g = _end("G", "D")
+    _send(g, b"a", b"b")  # the writer was busy: two wait, in order, for it
+    assert g.take_direct(now=0.0) is None
+    assert g.next_to_write(now=0.0).frame is not None  # the writer takes "a"...
+    writes = g.take_direct(now=0.0)  # ...and "b", alone now, may go directly
+    assert writes is not None and writes.frame is not None and writes.frame.seq == 1
+    g.sending_resumed()  # a new connection: both again, the writer's
+    assert g.take_direct(now=0.0) is None and g.has_work(now=0.0)
+    big = _end("G", "D")
+    _send(big, bytes(DIRECT_BYTES + 1))
+    assert big.take_direct(now=0.0) is None and big.has_work(now=0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.sampled_from(["send", "direct", "writer"]), max_size=40))
+def test_direct_writes_and_the_writers_interleaved_keep_the_order(steps: list[str]) -> None:
+    # whichever thread holds the connection takes what is next: frames leave in order
+    g = _end("G", "D", window_frames=64)
+    left: list[int] = []
+    for n, step in enumerate(steps):
+        if step == "send":
+            _send(g, str(n).encode())
+            continue
+        writes = g.take_direct(0.0) if step == "direct" else g.next_to_write(0.0)
+        if writes is not None and writes.frame is not None:
+            left.append(writes.frame.seq)
+    while g.has_work(0.0):
+        frame = g.next_to_write(0.0).frame
+        assert frame is not None
+        left.append(frame.seq)
+    assert left == list(range(steps.count("send")))
+
+
+def test_the_reader_stands_aside_while_the_role_reads_for_itself() -> None:
+    # no role's thread ever read: the reader reads
+    assert reader_waits(5.0, role_read_at=-1e9, role_reading=False, asked=False) is None
+    # one read a moment ago: the reader looks again once LINGER_S has passed since
+    assert reader_waits(5.0, role_read_at=5.0 - LINGER_S / 4, role_reading=False, asked=False) == (
+        pytest.approx(LINGER_S * 3 / 4)
+    )
+    # one reads now, however long: the reader looks again in a while
+    assert reader_waits(5.0, role_read_at=0.0, role_reading=True, asked=False) == LINGER_S
+    # long gone: the reader reads again (receipts, other channels, pings)
+    assert reader_waits(5.0, role_read_at=5.0 - LINGER_S, role_reading=False, asked=False) is None
+    # asked (a lost connection or a waiting thread left behind, a sender short of room)
+    assert reader_waits(5.0, role_read_at=5.0, role_reading=True, asked=True) is None
+    # a role's thread reads on after a small frame; after a large one the reader reads
+    # the next ahead while the role works on it
+    assert role_reads(16) and role_reads(DIRECT_BYTES) and not role_reads(DIRECT_BYTES + 1)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from contract.jobtoken import JobClaims
 from workers.switch import protocol as p
 from workers.switch.rules import (
+    DIRECT_BYTES,
     Heartbeat,
     LinkMeter,
     ResendWindow,
@@ -25,6 +26,7 @@ from workers.switch.rules import (
     channel_refusal,
     peer_frame_is_fresh,
     peer_frame_verdict,
+    writes_directly,
 )
 
 
@@ -297,3 +299,16 @@ def test_unclaimed_mailboxes_are_capped_per_peer_and_expire() -> None:
 
 def test_the_stream_tracker_lives_with_the_rules() -> None:
     assert p.StreamTracker is StreamTracker
+
+
+def test_a_frame_is_written_directly_only_past_an_empty_queue_with_nothing_to_keep() -> None:
+    assert writes_directly(16, queued=False)
+    assert writes_directly(DIRECT_BYTES, queued=False, shaped=False, room=True)
+    # a frame queued ahead of it, of its stream or another job's, goes first
+    assert not writes_directly(16, queued=True)
+    # the shaper's delay and rate are the writer's to keep
+    assert not writes_directly(16, queued=False, shaped=True)
+    # a full window: the frame waits for acknowledgements in the queue
+    assert not writes_directly(16, queued=False, room=False)
+    # a large frame goes to the writer thread, which the reading thread then overlaps
+    assert not writes_directly(DIRECT_BYTES + 1, queued=False)

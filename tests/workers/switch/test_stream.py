@@ -154,3 +154,40 @@ def test_a_stall_in_the_middle_of_a_body_ends_the_read(pki: Pki) -> None:
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_write_that_cannot_finish_now_leaves_its_rest_for_the_next_write(pki: Pki) -> None:
+    # The reader takes nothing: the socket fills and `write_now` returns, without waiting,
+    # what it could not send; written next (by another thread, as an outlet's writer
+    # does), the rest completes the stream: every frame arrives whole and in order.
+    writer, reader = _tls_pair(pki)
+    body = bytes(range(256)) * 64  # 16 KiB
+    sent: list[Data] = []
+    rest = None
+    try:
+        started = time.monotonic()
+        while rest is None:
+            assert len(sent) < 10_000, "the socket never filled"
+            sent.append(Data("j", "c", len(sent), "G", "D", body, None))
+            rest = writer.write_now([sent[-1]])
+        assert time.monotonic() - started < 5
+        assert writer.sock.gettimeout() == 10  # the socket's own timeout is back
+        got: list[Data] = []
+
+        def read() -> None:
+            while len(got) < len(sent):
+                event = reader.read_event()
+                assert isinstance(event, Data)
+                got.append(event)
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        finisher = threading.Thread(target=writer.write_rest, args=(rest,))
+        finisher.start()
+        finisher.join(timeout=30)
+        thread.join(timeout=30)
+        assert [f.seq for f in got] == [f.seq for f in sent]
+        assert all(bytes(f.body) == body for f in got)
+    finally:
+        writer.close()
+        reader.close()

@@ -234,3 +234,170 @@ def test_shaper_paces_to_the_rate_and_holds_for_the_delay() -> None:
     now[0] = 10.0
     shaper.hold(enqueued_at=9.98)
     assert now[0] == pytest.approx(10.03)
+
+
+def _direct_frames(switch, direction: str) -> float:  # type: ignore[no-untyped-def]
+    prefix = f'nebula_switch_direct_frames_total{{direction="{direction}"}} '
+    text = switch.metrics_text().decode()
+    return float(next(ln for ln in text.splitlines() if ln.startswith(prefix)).split()[-1])
+
+
+def test_small_frames_cross_both_switches_without_a_thread_hand_off(pair) -> None:  # type: ignore[no-untyped-def]
+    """A ping-pong of small frames: each thread that has a frame writes it on, the
+    sending role's, each switch's reading thread (to the peer, to the role), and the
+    receiving role's thread reads it itself."""
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        for i in range(50):
+            g.send("ping", i.to_bytes(4, "big"))
+            assert d.recv("ping", timeout=10) == i.to_bytes(4, "big")
+            d.send("pong", i.to_bytes(4, "big"))
+            assert g.recv("pong", timeout=10) == i.to_bytes(4, "big")
+        # most go directly; a thread that found the connection in use queued its frame
+        assert g.direct_writes() >= 25 and d.direct_writes() >= 25
+        # and each role's thread waiting in `recv` read its frame itself
+        assert g.direct_reads() >= 25 and d.direct_reads() >= 25
+        for switch in (pair.a, pair.b):
+            assert _direct_frames(switch, "to_peer") >= 25
+            assert _direct_frames(switch, "to_worker") >= 25
+
+
+def test_a_small_frame_never_overtakes_a_large_one_queued_before_it(pair) -> None:  # type: ignore[no-untyped-def]
+    """Large frames go through the writer threads, small ones directly when nothing waits:
+    on one channel, mixed, and with another job's stream on the same link, each arrives
+    once and in order."""
+    sizes = [1 << 20 if i % 3 == 0 else 16 for i in range(60)]
+
+    def stream(link: SwitchLink) -> None:
+        for i, size in enumerate(sizes):
+            link.send("c", i.to_bytes(4, "big") + bytes(size - 4))
+
+    with (
+        pair.link("a", "j1", "G", "D") as g1,
+        pair.link("b", "j1", "D", "G") as d1,
+        pair.link("a", "j2", "G", "D") as g2,
+        pair.link("b", "j2", "D", "G") as d2,
+    ):
+        senders = [threading.Thread(target=stream, args=(g,)) for g in (g1, g2)]
+        for sender in senders:
+            sender.start()
+        for d in (d1, d2):
+            for i, size in enumerate(sizes):
+                got = d.recv("c", timeout=30)
+                assert isinstance(got, bytes) and len(got) == size
+                assert int.from_bytes(got[:4], "big") == i, "out of order or twice"
+        for sender in senders:
+            sender.join(timeout=30)
+        with pytest.raises(TimeoutError):
+            d1.recv("c", timeout=0.2)
+
+
+def test_a_shaped_link_takes_no_frame_past_its_shaper(make_pair) -> None:  # type: ignore[no-untyped-def]
+    """Each switch holds what it sends its peer 30 ms: a round trip of small frames takes
+    60 ms at least, and no frame to a peer skips the writer thread that keeps the delay."""
+    pair = make_pair(shaper=ShaperConfig(delay_ms=30))
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        g.send("ping", b"warm")  # the first waits for the switches to connect
+        assert d.recv("ping", timeout=10) == b"warm"
+        for i in range(5):
+            started = time.monotonic()
+            g.send("ping", bytes([i]))
+            assert d.recv("ping", timeout=10) == bytes([i])
+            d.send("pong", bytes([i]))
+            assert g.recv("pong", timeout=10) == bytes([i])
+            assert time.monotonic() - started >= 0.060
+        for switch in (pair.a, pair.b):
+            assert _direct_frames(switch, "to_peer") == 0
+        assert _direct_frames(pair.b, "to_worker") > 0  # the shaper is on the peer link only
+
+
+def test_a_role_that_reads_nothing_holds_its_sender_back_through_the_direct_paths(  # type: ignore[no-untyped-def]
+    pair,
+) -> None:
+    """Small frames to a role that reads none: the direct paths take them while there is
+    room, then the bounds hold as before (the far role's channel queue, the sender's
+    window): the sender blocks with 8 frames unacknowledged, and nothing is lost."""
+    frames = 400
+    with pair.link("a", "j", "G", "D", window_frames=8) as g, pair.link("b", "j", "D", "G") as d:
+        sender = threading.Thread(
+            target=lambda: [g.send("c", i.to_bytes(4, "big")) for i in range(frames)],
+            daemon=True,
+        )
+        sender.start()
+        _wait_until_steady(g.unacknowledged, 0.5, 30, "the sender's window to fill")
+        assert g.unacknowledged() == 8 and sender.is_alive()
+        assert _direct_frames(pair.b, "to_worker") > 0
+        for i in range(frames):
+            assert d.recv("c", timeout=30) == i.to_bytes(4, "big")
+        sender.join(timeout=30)
+        with pytest.raises(TimeoutError):
+            d.recv("c", timeout=0.2)
+
+
+def test_two_threads_receiving_on_one_link_each_get_theirs_in_order(pair) -> None:  # type: ignore[no-untyped-def]
+    """One thread of the role reads the connection while the other waits on its
+    channel: what comes for the other is handed to it, and when the reading thread
+    leaves, the link's reader reads for the one still waiting."""
+    frames = 100
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        got: dict[str, list[int]] = {"x": [], "y": []}
+
+        def receive(channel: str) -> None:
+            for _ in range(frames):
+                got[channel].append(int.from_bytes(d.recv(channel, timeout=30), "big"))
+
+        threads = [threading.Thread(target=receive, args=(c,)) for c in got]
+        for thread in threads:
+            thread.start()
+        for i in range(frames):
+            g.send("x", i.to_bytes(4, "big"))
+            if i % 3 == 0:  # unevenly: one thread waits while the other reads
+                time.sleep(0.002)
+            g.send("y", i.to_bytes(4, "big"))
+        for thread in threads:
+            thread.join(timeout=60)
+        assert got == {"x": list(range(frames)), "y": list(range(frames))}
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            d.recv("x", timeout=0.2)
+        assert time.monotonic() - started < 5
+
+
+def test_a_role_that_stops_receiving_still_gets_the_receipts_that_free_its_window(  # type: ignore[no-untyped-def]
+    pair,
+) -> None:
+    """G's thread read its connection itself (its reader stood aside); then it only
+    sends, with room for 4 frames unacknowledged: the receipts must still be read."""
+    with pair.link("a", "j", "G", "D", window_frames=4) as g, pair.link("b", "j", "D", "G") as d:
+        for i in range(20):
+            g.send("ping", bytes([i]))
+            d.send("pong", d.recv("ping", timeout=10))
+            assert g.recv("pong", timeout=10) == bytes([i])
+        assert g.direct_reads() > 0
+        started = time.monotonic()
+        sender = threading.Thread(
+            target=lambda: [g.send("c", i.to_bytes(4, "big")) for i in range(200)]
+        )
+        sender.start()  # the window fills at once: only receipts let it go on
+        for i in range(200):
+            assert d.recv("c", timeout=10) == i.to_bytes(4, "big")
+        sender.join(timeout=10)
+        assert not sender.is_alive() and time.monotonic() - started < 30
+
+
+def test_the_reader_reads_large_frames_ahead_while_the_role_works_on_the_last(pair) -> None:  # type: ignore[no-untyped-def]
+    """Large frames keep the link's reader: it reads the next while the role works on
+    the one before, instead of leaving the role to read each when it asks for it."""
+    frames = 20
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        sender = threading.Thread(
+            target=lambda: [
+                g.send("c", i.to_bytes(4, "big") + bytes(1 << 20)) for i in range(frames)
+            ]
+        )
+        sender.start()
+        for i in range(frames):
+            got = d.recv("c", timeout=30)
+            assert isinstance(got, bytes) and int.from_bytes(got[:4], "big") == i
+            time.sleep(0.005)  # the role's work on it, shorter than the reader stands aside
+        sender.join(timeout=30)
+        assert d.direct_reads() <= frames // 2
