@@ -38,6 +38,7 @@ import platform
 import pstats
 import queue
 import resource
+import select
 import socket
 import ssl
 import statistics
@@ -403,7 +404,7 @@ def grpc_rtt(pki: Pki) -> dict:
 
 
 def raw_tls_rtt(pki: Pki) -> dict:
-    """(d) a 16-byte message through three raw TLS hops (two relays in threads), and back."""
+    """(d) a 16-byte message through three raw TLS hops (two relays, one thread each), and back."""
     key, cert = pki.files["cluster-b"]
     server_ctx = server_context(cert_path=cert, key_path=key, ca_path=None)
     client_ctx = client_context(ca_path=pki.ca_path)
@@ -415,9 +416,25 @@ def raw_tls_rtt(pki: Pki) -> dict:
         return client_ctx.wrap_socket(raw, server_hostname="cluster-b")
 
     def pump(src: ssl.SSLSocket, dst: ssl.SSLSocket) -> None:
+        """The echo: one socket, one thread."""
         with contextlib.suppress(OSError):
             while chunk := src.recv(65536):
                 dst.sendall(chunk)
+
+    def relay(a: ssl.SSLSocket, b: ssl.SSLSocket) -> None:
+        """Both directions of a hop in one thread: an SSL socket read in one thread while
+        another writes it can lose a record (OpenSSL's objects are not thread-safe), which
+        once left a run of this bench waiting for an echo forever."""
+        other = {a: b, b: a}
+        with contextlib.suppress(OSError):
+            while True:
+                for src in select.select([a, b], [], [])[0]:
+                    chunk = src.recv(65536)
+                    if not chunk:
+                        return
+                    while src.pending():  # decrypted bytes select cannot see
+                        chunk += src.recv(src.pending())
+                    other[src].sendall(chunk)
 
     def hop(onward: tuple[str, int] | None) -> tuple[str, int]:
         listener = socket.create_server(("127.0.0.1", 0))
@@ -430,9 +447,7 @@ def raw_tls_rtt(pki: Pki) -> dict:
             if onward is None:  # the far end: echo
                 pump(sock, sock)
                 return
-            out = connect(onward)
-            threading.Thread(target=pump, args=(out, sock), daemon=True).start()
-            pump(sock, out)
+            relay(sock, connect(onward))
 
         threading.Thread(target=accept, daemon=True).start()
         return listener.getsockname()[:2]
