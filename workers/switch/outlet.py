@@ -38,6 +38,7 @@ A direct write that fails leaves its error here: the writer thread raises it at 
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from workers.switch.frames import Frame, ProtocolError
@@ -109,7 +110,7 @@ class Outlet:
             self.stream.write_rest(rest, while_blocked=while_blocked, poll_s=poll_s)
 
 
-class Drained:
+class Drained(ABC):
     """What a queue that a connection's writer thread drains shares, whatever its items:
     the condition its waiters wait on, a nudge that wakes the writer thread for something
     else than an item (a direct write's rest or failure), and the connection's `outlet`."""
@@ -119,9 +120,9 @@ class Drained:
         self._nudged = False
         self.outlet = Outlet(wake=self.nudge)
 
+    @abstractmethod
     def _ready(self) -> bool:
         """Whether an item waits (the caller holds `_cond`)."""
-        raise NotImplementedError
 
     def _put_when(self, room: Callable[[], bool], add: Callable[[], None], timeout: float) -> bool:
         """Add an item (`add()`) once `room()` holds, waiting at most `timeout` seconds for

@@ -412,6 +412,16 @@ def _contains(payload: Any, word: str) -> bool:
     return word.encode("utf-8") in raw
 
 
+def _stopping_after(last: int) -> Hooks:
+    """Hooks that ask the role to stop once it has reported step `last`."""
+    seen = {"step": 0}
+
+    def on_metrics(step: int, _values: dict[str, float]) -> None:
+        seen["step"] = step
+
+    return Hooks(on_metrics=on_metrics, should_stop=lambda: seen["step"] >= last)
+
+
 def test_resume_reproduces_the_uninterrupted_run(
     run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
 ) -> None:
@@ -420,14 +430,10 @@ def test_resume_reproduces_the_uninterrupted_run(
     cfg = small(steps=6, ckpt_every=3)
     _, t_full = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, tmp_path / "full")
 
-    seen = {"step": 0}
-
-    def on_metrics(step: int, _values: dict[str, float]) -> None:
-        seen["step"] = step
-
-    stop = Hooks(on_metrics=on_metrics, should_stop=lambda: seen["step"] >= 3)
     root = tmp_path / "cut"
-    s1, t1 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root, t_hooks=stop)
+    s1, t1 = split_run(
+        run_roles, cfg, LocalLink.pair(), plm, pairs, root, t_hooks=_stopping_after(3)
+    )
     assert s1.stopped and t1.stopped and t1.last_step < 6
     s2, t2 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root)
     assert (s2.start_step, t2.start_step) == (3, 3)
@@ -448,16 +454,12 @@ def test_a_stale1_run_resumes_with_the_weights_its_next_step_runs_on(
     cfg = small(steps=6, ckpt_every=3, schedule="stale1")
     s_full, t_full = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, tmp_path / "full")
 
-    seen = {"step": 0}
-
-    def on_metrics(step: int, _values: dict[str, float]) -> None:
-        seen["step"] = step
-
     # S hears of step 3 after step 4's forwards, and stops there: the checkpoint of step
     # 3 must hold the weights step 4 runs on (those after update 2), not the live ones
-    stop = Hooks(on_metrics=on_metrics, should_stop=lambda: seen["step"] >= 3)
     root = tmp_path / "cut"
-    s1, t1 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root, s_hooks=stop)
+    s1, t1 = split_run(
+        run_roles, cfg, LocalLink.pair(), plm, pairs, root, s_hooks=_stopping_after(3)
+    )
     assert s1.stopped and t1.stopped and (s1.last_step, t1.last_step) == (4, 4)
     s2, t2 = split_run(run_roles, cfg, LocalLink.pair(), plm, pairs, root)
     assert (s2.start_step, t2.start_step) == (3, 3)
