@@ -329,6 +329,13 @@ def _ping_pong(send: Callable[[bytes], None], receive: Callable[[], bytes]) -> d
     return _percentiles(samples)
 
 
+def _with_cpu(ping_pong: Callable[[], dict]) -> dict:
+    """A ping-pong whose every hop runs in this process, with its CPU per round trip."""
+    own = usage()
+    result = ping_pong()
+    return result | {"cpu_us_per_round_trip": usage_since(own)[0] / (RTT_WARMUP + RTT_COUNT) * 1e6}
+
+
 def switch_rtt(pki: Pki) -> dict:
     """(d) a 16-byte frame worker -> switch A -> switch B -> worker, and back."""
     with (
@@ -350,10 +357,13 @@ def switch_rtt(pki: Pki) -> dict:
             lambda: bytes(g.recv("pong", timeout=60)),
         )
         thread.join()
-        workers = usage_since(own)[2]
+        workers = usage_since(own)
     # the switches' count runs on to their stop, past the links' goodbyes: a few more
     trips = RTT_WARMUP + RTT_COUNT
-    return result | {"cswitch_per_round_trip": (workers + SWITCH_USAGE[-1][2]) / trips}
+    return result | {
+        "cswitch_per_round_trip": (workers[2] + SWITCH_USAGE[-1][2]) / trips,
+        "cpu_us_per_round_trip": (workers[0] + SWITCH_USAGE[-1][0]) / trips * 1e6,
+    }
 
 
 def grpc_rtt(pki: Pki) -> dict:
@@ -396,7 +406,7 @@ def grpc_rtt(pki: Pki) -> dict:
     pong = grpc.secure_channel(relay_a, client_creds, options=options).stream_stream("/relay/Pong")
     answers = pong(iter(outbox.get, None))
     try:
-        return _ping_pong(outbox.put, lambda: next(answers))
+        return _with_cpu(lambda: _ping_pong(outbox.put, lambda: next(answers)))
     finally:
         outbox.put(None)
         for server in servers:
@@ -461,7 +471,7 @@ def raw_tls_rtt(pki: Pki) -> dict:
         return got
 
     try:
-        return _ping_pong(client.sendall, receive)
+        return _with_cpu(lambda: _ping_pong(client.sendall, receive))
     finally:
         client.close()
         for listener in listeners:
@@ -641,6 +651,7 @@ FIGURES = (
     "p50_us",
     "p99_us",
     "cswitch_per_round_trip",
+    "cpu_us_per_round_trip",
 )
 
 
@@ -675,6 +686,15 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         "small_frame_rtt_p50_vs_3_raw_hops": ratio(
             med("switch_rtt", "p50_us"), med("raw_tls_3hop_rtt", "p50_us")
         ),
+        # CPU of every process a round trip crosses: unlike its time, barely moved by the
+        # load of a shared machine
+        "small_frame_cpu_per_round_trip_vs_grpc": ratio(
+            med("switch_rtt", "cpu_us_per_round_trip"), med("grpc_rtt", "cpu_us_per_round_trip")
+        ),
+        "small_frame_cpu_per_round_trip_vs_3_raw_hops": ratio(
+            med("switch_rtt", "cpu_us_per_round_trip"),
+            med("raw_tls_3hop_rtt", "cpu_us_per_round_trip"),
+        ),
     }
     if args.against:
         summary["against"] = args.against
@@ -692,6 +712,10 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         summary[f"small_frame_cswitch_per_round_trip_vs_{rev}"] = ratio(
             med("switch_rtt", "cswitch_per_round_trip"),
             med(f"switch_rtt@{rev}", "cswitch_per_round_trip"),
+        )
+        summary[f"small_frame_cpu_per_round_trip_vs_{rev}"] = ratio(
+            med("switch_rtt", "cpu_us_per_round_trip"),
+            med(f"switch_rtt@{rev}", "cpu_us_per_round_trip"),
         )
     summary |= {
         "paths": paths,
@@ -712,7 +736,16 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
 
 def print_table(console: Console, summary: dict) -> None:
     table = Table(title=f"switch bench, {summary['rounds']} interleaved rounds, median [min-max]")
-    columns = ("path", "MB/s", "CPU s per GiB", "faults per GiB", "p50 us", "p99 us", "cswitch")
+    columns = (
+        "path",
+        "MB/s",
+        "CPU s per GiB",
+        "faults per GiB",
+        "p50 us",
+        "p99 us",
+        "CPU us per RT",
+        "cswitch",
+    )
     for column in columns:
         table.add_column(column, justify="right" if column != "path" else "left")
 
@@ -730,6 +763,7 @@ def print_table(console: Console, summary: dict) -> None:
             cell(row, "faults_per_gib"),
             cell(row, "p50_us"),
             cell(row, "p99_us"),
+            cell(row, "cpu_us_per_round_trip"),
             cell(row, "cswitch_per_frame") or cell(row, "cswitch_per_round_trip"),
         )
     console.print(table)

@@ -49,6 +49,8 @@ class _State(enum.Enum):
 
 
 ALL_KINDS: Final = frozenset(Kind)
+_KIND_OF_BYTE: Final = {int(kind): kind for kind in Kind}
+_decode_json: Final = json.JSONDecoder().decode
 
 
 class FrameDecoder:
@@ -119,10 +121,10 @@ class FrameDecoder:
             self._state = _State.FAILED
             raise
 
-    def _take(self, count: int) -> bytes | None:
+    def _take(self, count: int) -> bytearray | None:
         if len(self._buf) - self._pos < count:
             return None
-        chunk = bytes(self._buf[self._pos : self._pos + count])
+        chunk = self._buf[self._pos : self._pos + count]
         self._pos += count
         if self._pos > 65536:
             del self._buf[: self._pos]
@@ -131,14 +133,14 @@ class FrameDecoder:
 
     def _next_event(self) -> Event:
         if self._state is _State.HEADER:
-            header = self._take(HEADER.size)
-            if header is None:
+            if len(self._buf) - self._pos < HEADER.size:
                 if self._eof:
                     if self._pos == len(self._buf):
                         return CLOSED
                     raise ProtocolError("stream ended inside a frame header")
                 return NEED_DATA
-            self._read_header(header)
+            self._read_header(HEADER.unpack_from(self._buf, self._pos))
+            self._pos += HEADER.size
         if self._state is _State.META:
             meta = self._take(self._meta_len)
             if meta is None:
@@ -164,18 +166,18 @@ class FrameDecoder:
             return Data(body=body, **self._fields)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _read_header(self, header: bytes) -> None:
-        magic, version, kind, meta_len, body_len = HEADER.unpack(header)
+    def _read_header(self, header: tuple[bytes, int, int, int, int]) -> None:
+        magic, version, kind, meta_len, body_len = header
         if magic != MAGIC:
             raise ProtocolError("not a Nebula switch stream (bad magic)")
         if version != VERSION:
             raise ProtocolError(
                 f"unsupported protocol version {version}, this end speaks {VERSION}"
             )
-        try:
-            self._kind = Kind(kind)
-        except ValueError:
-            raise ProtocolError(f"unknown frame kind {kind}") from None
+        known = _KIND_OF_BYTE.get(kind)
+        if known is None:
+            raise ProtocolError(f"unknown frame kind {kind}")
+        self._kind = known
         # refused on the header alone: nothing of the frame is buffered or allocated yet
         if self._kind not in self.allowed:
             raise ProtocolError(f"unexpected {self._kind.name} frame {self.stage}")
@@ -190,11 +192,15 @@ class FrameDecoder:
         self._meta_len, self._body_len = meta_len, body_len
         self._state = _State.META
 
-    def _read_meta(self, meta_bytes: bytes) -> Frame | None:
+    def _read_meta(self, meta_bytes: bytearray) -> Frame | None:
         try:
-            meta = json.loads(meta_bytes)
+            meta = _decode_json(meta_bytes.decode())
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise ProtocolError("frame meta is not JSON") from None
+            # what else `json.loads` takes (UTF-16 or 32, a byte order mark), or the error
+            try:
+                meta = json.loads(meta_bytes)
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                raise ProtocolError("frame meta is not JSON") from None
         if not isinstance(meta, dict):
             raise ProtocolError("frame meta must be a JSON object")
         parsed = parse_meta(self._kind, meta)

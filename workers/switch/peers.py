@@ -43,6 +43,7 @@ from workers.switch.protocol import (
     Welcome,
 )
 from workers.switch.rules import (
+    AckSchedule,
     LinkMeter,
     ResendWindow,
     Verdict,
@@ -219,26 +220,23 @@ class Peers(Doors):
     def _receive_from_peer(
         self, stream: FrameStream, cluster: str, session: str, first: int
     ) -> None:
-        """Take a peer's frames, acknowledge them (after the shaper's delay, the way back
-        of the link it plays), and cut a peer that sends nothing, not even pings."""
+        """Take a peer's frames, acknowledge them (`AckSchedule`: after the shaper's
+        delay, the way back of the link it plays, or a few small frames at once), and cut
+        a peer that sends nothing, not even pings."""
         shaper = self.config.shaper
-        delay = shaper.delay_ms / 1000 if shaper is not None else 0.0
+        acks = AckSchedule(shaper.delay_ms / 1000 if shaper is not None else 0.0)
         stall = self.config.io_timeout_s
-        count = 0  # frames taken on this connection
-        due: collections.deque[tuple[float, Ack]] = collections.deque()
 
         def flush() -> float | None:
             """Write the acknowledgements due; the seconds to the next, or to the stall."""
             now = time.monotonic()
-            while due and due[0][0] <= now:
-                _, ack = due.popleft()
-                # a later count due now says as much; each ping is answered
-                if ack.ping is not None or not due or due[0][0] > now:
-                    stream.write(ack)
+            for ack in acks.due(now):
+                stream.write(ack)
             if now - stream.last_read_at > stall:
                 raise TimeoutError(f"peer {cluster} sent nothing for {stall:.0f} s")
             until_stall = stall - (now - stream.last_read_at)
-            return min(due[0][0] - now, until_stall) if due else until_stall
+            next_at = acks.next_at()
+            return until_stall if next_at is None else min(next_at - now, until_stall)
 
         key = (cluster, session)
         while not self._stop.is_set():
@@ -246,19 +244,19 @@ class Peers(Doors):
             if frame is CLOSED:
                 return
             if isinstance(frame, Ping):
-                due.append((time.monotonic() + delay, Ack(count, ping=frame.id)))
+                acks.pinged(time.monotonic(), frame.id)
                 flush()
                 continue
             if not isinstance(frame, Data | Receipt):
                 raise ProtocolError("peers send only data frames, receipts and pings")
+            count = acks.count
             with self._lock:
                 fresh = peer_frame_is_fresh(first, count, self._peers_in.taken.get(key))
                 if fresh:
                     self._peers_in.taken[key] = first + count + 1
-            count += 1
             if fresh:
                 self._take_from_peer(frame, cluster)
-            due.append((time.monotonic() + delay, Ack(count)))
+            acks.took(time.monotonic(), len(frame.body) if isinstance(frame, Data) else 0)
             flush()
 
     def _take_from_peer(self, frame: Routed, cluster: str) -> None:

@@ -20,6 +20,7 @@ clocks, so that each rule is tested by calling it (tests/workers/switch/test_rul
   connected here: at most so many per peer, and expired when never claimed.
 - `writes_directly`: whether the thread that has a frame writes it to its connection
   itself, rather than hand it to the connection's writer thread (outlet.py).
+- `AckSchedule`: when a switch acknowledges the frames a peer sent it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Collection, Hashable, Iterator, Mapping
 from typing import Generic, TypeVar
 
 from contract.jobtoken import JobClaims
-from workers.switch.frames import Direction, Hello, ProtocolError, Routed
+from workers.switch.frames import Ack, Direction, Hello, ProtocolError, Routed
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -455,3 +456,73 @@ def writes_directly(nbytes: int, *, queued: bool, shaped: bool = False, room: bo
     if not room:
         return False
     return nbytes <= DIRECT_BYTES
+
+
+# On a link that plays no delay, the acknowledgement of a small frame waits for up to
+# ACK_EVERY frames or ACK_HOLD_S, whichever comes first (one acknowledgement, cumulative,
+# says as much as eight): each costs a write at the receiving switch and a read at the
+# sending one, about a fifth of what a small frame costs the two switches.
+ACK_EVERY = 8
+ACK_HOLD_S = 0.005
+
+
+class AckSchedule:
+    """When a switch acknowledges what it took from a peer: the ACKs to write, and when.
+
+    `took(now, nbytes)` counts a DATA or RECEIPT frame, `pinged(now, id)` a PING; `due(now)`
+    returns the acknowledgements to write now, `next_at()` when the next falls due.
+
+    - Where the link plays a delay (`delay_s` > 0), every frame's acknowledgement and
+      every ping's answer leaves `delay_s` after it: the way back of the link. Of
+      acknowledgements due together only the last is written; each ping is answered.
+    - Where it does not, a ping is answered at once, a frame over DIRECT_BYTES at once
+      (its acknowledgement costs nothing against its bytes, and frees the sender's
+      window of them), and a small one's is held until `every` frames wait for one or
+      the oldest of them has waited `hold_s`. A sender whose window is full of small
+      frames thus waits at most `hold_s` for room.
+    """
+
+    def __init__(self, delay_s: float, *, every: int = ACK_EVERY, hold_s: float = ACK_HOLD_S):
+        self.delay_s, self.every, self.hold_s = delay_s, every, hold_s
+        self.count = 0  # frames taken on the connection
+        self._due: collections.deque[tuple[float, Ack]] = collections.deque()
+        self._held = 0  # frames taken whose acknowledgement is held back
+        self._held_since = 0.0
+
+    def took(self, now: float, nbytes: int) -> None:
+        self.count += 1
+        if self.delay_s > 0:
+            self._due.append((now + self.delay_s, Ack(self.count)))
+            return
+        if not self._held:
+            self._held_since = now
+        self._held += 1
+        if nbytes > DIRECT_BYTES or self._held >= self.every:
+            self._release(now)
+
+    def pinged(self, now: float, ping: int) -> None:
+        self._held = 0  # the answer's count says as much
+        self._due.append((now + self.delay_s, Ack(self.count, ping=ping)))
+
+    def _release(self, now: float) -> None:
+        self._held = 0
+        self._due.append((now, Ack(self.count)))
+
+    def due(self, now: float) -> list[Ack]:
+        """The acknowledgements to write now, in order."""
+        if self._held and now >= self._held_since + self.hold_s:
+            self._release(now)
+        out: list[Ack] = []
+        while self._due and self._due[0][0] <= now:
+            _, ack = self._due.popleft()
+            # a later count due now says as much; each ping is answered
+            if ack.ping is not None or not self._due or self._due[0][0] > now:
+                out.append(ack)
+        return out
+
+    def next_at(self) -> float | None:
+        """When the next acknowledgement falls due (None: none is owed)."""
+        times = [self._due[0][0]] if self._due else []
+        if self._held:
+            times.append(self._held_since + self.hold_s)
+        return min(times) if times else None

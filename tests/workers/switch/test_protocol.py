@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workers.switch import protocol as p
+from workers.switch.frames import HEADER, KIND_OF, KINDS, MAGIC, VERSION, Kind
 
 names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=20)
 tensor_specs = st.builds(
@@ -238,3 +240,23 @@ def test_stream_tracker_delivers_once_in_order() -> None:
         tracker.admit(("l", "c"), 0)
     tracker.forget("j")
     assert tracker.admit(("l", "c"), 0)
+
+
+@given(frames)
+@settings(max_examples=300)
+def test_a_frames_meta_is_the_text_json_dumps_writes(frame: p.Frame) -> None:
+    header = bytes(p.encode(frame)[0])
+    meta_len = HEADER.unpack_from(header)[3]
+    meta = KINDS[KIND_OF[type(frame)]].meta(frame)
+    assert (
+        header[HEADER.size : HEADER.size + meta_len]
+        == json.dumps(meta, separators=(",", ":")).encode()
+    )
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])
+def test_a_meta_json_loads_reads_is_read_whatever_its_encoding(encoding: str) -> None:
+    meta = '{"count":3}'.encode(encoding)
+    decoder = p.FrameDecoder()
+    decoder.receive_data(HEADER.pack(MAGIC, VERSION, Kind.ACK, len(meta), 0) + meta)
+    assert decoder.next_event() == p.Ack(3)

@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 from contract.jobtoken import JobClaims
 from workers.switch import protocol as p
 from workers.switch.rules import (
+    ACK_EVERY,
+    ACK_HOLD_S,
     DIRECT_BYTES,
+    AckSchedule,
     Heartbeat,
     LinkMeter,
     ResendWindow,
@@ -312,3 +315,63 @@ def test_a_frame_is_written_directly_only_past_an_empty_queue_with_nothing_to_ke
     assert not writes_directly(16, queued=False, room=False)
     # a large frame goes to the writer thread, which the reading thread then overlaps
     assert not writes_directly(DIRECT_BYTES + 1, queued=False)
+
+
+def test_on_a_played_link_each_acknowledgement_leaves_after_the_delay() -> None:
+    acks = AckSchedule(0.030)
+    acks.took(1.000, 16)
+    acks.took(1.010, 16)
+    acks.pinged(1.015, 7)
+    assert acks.due(1.029) == [] and acks.next_at() == pytest.approx(1.030)
+    assert acks.due(1.030) == [p.Ack(1)]
+    # due together: the ping's answer, whose count says as much as the frame's
+    assert acks.due(1.050) == [p.Ack(2, ping=7)]
+    assert acks.due(2.0) == [] and acks.next_at() is None
+
+
+def test_on_an_unplayed_link_small_frames_share_an_acknowledgement() -> None:
+    acks = AckSchedule(0.0)
+    for i in range(ACK_EVERY - 1):
+        acks.took(1.0 + i * 1e-4, 16)
+        assert acks.due(1.0 + i * 1e-4) == []
+    # held no longer than ACK_HOLD_S after the oldest it covers
+    assert acks.next_at() == pytest.approx(1.0 + ACK_HOLD_S)
+    assert acks.due(1.0 + ACK_HOLD_S) == [p.Ack(ACK_EVERY - 1)]
+    assert acks.next_at() is None
+    # or until ACK_EVERY frames wait for one
+    for _ in range(ACK_EVERY):
+        acks.took(2.0, 16)
+    assert acks.due(2.0) == [p.Ack(2 * ACK_EVERY - 1)]
+
+
+def test_a_large_frame_or_a_ping_is_answered_at_once_and_covers_what_was_held() -> None:
+    acks = AckSchedule(0.0)
+    acks.took(1.0, 16)
+    acks.took(1.0, DIRECT_BYTES + 1)
+    assert acks.due(1.0) == [p.Ack(2)] and acks.next_at() is None
+    acks.took(1.1, 16)
+    acks.pinged(1.1, 3)
+    assert acks.due(1.1) == [p.Ack(3, ping=3)] and acks.next_at() is None
+
+
+@given(st.lists(st.tuples(st.sampled_from(["small", "large", "ping", "wait"]), st.floats(0, 0.01))))
+def test_no_frame_waits_past_the_hold_for_its_acknowledgement(
+    steps: list[tuple[str, float]],
+) -> None:
+    acks, now, written = AckSchedule(0.0), 0.0, 0
+    taken_at: list[float] = []
+    for what, dt in steps:
+        now += dt
+        for ack in acks.due(now):  # what a receiver writes before it waits again
+            assert ack.count >= written
+            written = ack.count
+        assert all(now - t <= ACK_HOLD_S + 1e-12 for t in taken_at[written:])
+        if what in ("small", "large"):
+            acks.took(now, 16 if what == "small" else DIRECT_BYTES + 1)
+            taken_at.append(now)
+        elif what == "ping":
+            acks.pinged(now, 1)
+        # the receiver is woken in time for the oldest frame not acknowledged
+        unacked = taken_at[written:]
+        next_at = acks.next_at()
+        assert not unacked or (next_at is not None and next_at <= unacked[0] + ACK_HOLD_S)
