@@ -14,9 +14,14 @@ reach S before S can send the first activations of the next). T / max(C, L) says
 close a row runs to what the link and the compute allow. A synchronous step cannot
 reach max(C, L): one crossing each way cannot hide behind compute, so its bound is
 B_sync = max(C + 2d + x_first + x_last, L + fill), with x_first the first micro-batch's
-activations' time on the wire, x_last the last gradient's, and fill = C / micro-batches
-(the first micro-batch's forward before anything crosses and the last one's backward
-after its gradient lands); T / B_sync says how close a row runs to that bound. The rows
+activations' time on the wire, x_last the last gradient's, and fill = C / micro-batches +
+min(x_first, x_last): the busier direction's bytes cannot start crossing before the first
+micro-batch's forward, nor end later than the other direction's last micro-batch must
+cross after them. (The activations' last byte arrives no sooner than the encoder's first
+forward + F / bandwidth + d; the decoder's compute of that micro-batch, its gradient's
+x_last + d and the encoder's backward of it follow. The gradients' direction, likewise,
+waits for x_first + d before its first byte.) T / B_sync says how close a row runs to that
+bound. The rows
 marked stale1 run `schedule: stale1`: the next step's forwards start before this step's
 last gradient is back, so those crossings hide behind compute, and T / max(C, L) is
 their measure. Rows
@@ -438,7 +443,10 @@ def sync_bound_s(c: float, forward_bytes: float, backward_bytes: float, rate_mbi
     x_first = forward_bytes / micro / bytes_per_s
     x_last = backward_bytes / micro / bytes_per_s
     crossings = c + 2 * DELAY_MS / 1e3 + x_first + x_last
-    return max(crossings, limit_s(forward_bytes, backward_bytes, rate_mbit) + c / micro)
+    # the busier direction's bytes, between the first micro-batch's compute and crossing
+    # of the other direction before them (or after them): the pipeline's fill and drain
+    fill = c / micro + min(x_first, x_last)
+    return max(crossings, limit_s(forward_bytes, backward_bytes, rate_mbit) + fill)
 
 
 def padded_bytes_per_step() -> int:
@@ -778,7 +786,8 @@ def write_results(
             f"{settings.skip + 1}-{settings.steps} of a run); C: the same row through unshaped "
             "switches (same processes, same codecs); L: max(forward, backward bytes per step) / "
             f"bandwidth + {CROSSINGS} x {DELAY_MS:g} ms; figures: median over rounds, spread = "
-            "max - min; B_sync = max(C + 2d + x_first + x_last, L + C / micro-batches), "
+            "max - min; B_sync = max(C + 2d + x_first + x_last, L + C / micro-batches + "
+            "min(x_first, x_last)), "
             "x_first = forward bytes / micro-batches / bandwidth (the first micro-batch's "
             "activations, all its chunks, before the decoder's first forward), "
             "x_last = backward bytes / micro-batches / bandwidth, per round with that round's "
