@@ -11,6 +11,7 @@ import torch
 
 from support.certs import serial_of
 from workers.switch.client import SwitchLink
+from workers.switch.rules import ACK_EVERY
 from workers.switch.shaper import Shaper, ShaperConfig
 
 
@@ -401,3 +402,20 @@ def test_the_reader_reads_large_frames_ahead_while_the_role_works_on_the_last(pa
             time.sleep(0.005)  # the role's work on it, shorter than the reader stands aside
         sender.join(timeout=30)
         assert d.direct_reads() <= frames // 2
+
+
+def test_a_window_smaller_than_an_acknowledgement_s_share_still_moves(make_pair) -> None:  # type: ignore[no-untyped-def]
+    """Small frames' acknowledgements are held for a few frames (rules.AckSchedule); a
+    sender whose window holds fewer than that gets them when the hold runs out, and the
+    last frames are acknowledged even though no more come."""
+    # pings (which are answered with the count) far apart: only the hold frees the window
+    pair = make_pair(resend_frames=2, ping_interval_s=60.0, io_timeout_s=120.0)
+    with pair.link("a", "j", "G", "D") as g, pair.link("b", "j", "D", "G") as d:
+        for i in range(3 * ACK_EVERY):
+            g.send("c", i.to_bytes(4, "big"))
+        for i in range(3 * ACK_EVERY):
+            assert d.recv("c", timeout=10) == i.to_bytes(4, "big")
+        deadline = time.monotonic() + 10
+        while pair.a.unacked_frames("cluster-b") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pair.a.unacked_frames("cluster-b") == 0
