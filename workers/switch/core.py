@@ -8,6 +8,7 @@ import logging
 import socket
 import ssl
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,11 +140,12 @@ class Meters:
         series[1].inc()
 
 
-class SwitchCore:
+class SwitchCore(ABC):
     """What every part of a switch shares: its configuration, one lock over the state of
     all parts (`_changed` tells waiters a role or connection went), the stop event, the
     threads and the meters. The parts (credentials, doors, roles, peers) are mixins of
-    it, each in its own module; `Switch` (server.py) puts them together."""
+    it, each in its own module; `Switch` (server.py) puts them together. The abstract
+    methods are those one part calls and another defines (roles.py, peers.py)."""
 
     config: SwitchConfig
     cluster: str
@@ -172,16 +174,19 @@ class SwitchCore:
         self._threads.append(thread)
         thread.start()
 
+    @abstractmethod
     def _deliver(
         self, frame: Routed, alive: Callable[[], bool] | None, *, peer: str | None = None
     ) -> bool:
-        raise NotImplementedError  # roles.py
+        """Put a frame in its role's mailbox (roles.py)."""
 
+    @abstractmethod
     def _housekeeping(self, now: float) -> None:
-        raise NotImplementedError  # roles.py
+        """Expire what has waited too long (roles.py)."""
 
+    @abstractmethod
     def _send_direct(self, out: Outbound, frame: Routed) -> bool:
-        raise NotImplementedError  # peers.py
+        """Write a worker's frame to the peer on the thread that read it (peers.py)."""
 
 
 def shutdown_socket(sock: socket.socket) -> None:
