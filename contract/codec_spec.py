@@ -5,8 +5,8 @@
     arg   := call | NUMBER | NAME "=" (NUMBER | NAME)
 
 Names: none, fp16, bf16, int8 (stochastic=, seed=), each optionally wrapping one
-lowrank(r, method=svd|rsvd|power, iters=, oversample=, layout=flat|sample,
-fallback=, seed=) whose factors it encodes; ef(<spec>) adds error feedback, which
+lowrank(r, method=svd|rsvd|power|stream, iters=, oversample=, layout=flat|sample,
+fallback=, seed=, refresh=) whose factors it encodes; ef(<spec>) adds error feedback, which
 `check_stream_spec` refuses on per-sample streams.
 
 Parsing and validation only: `parse_codec_spec` gives a tree of plain values, from which
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-Method = Literal["svd", "rsvd", "power"]
+Method = Literal["svd", "rsvd", "power", "stream"]
 Layout = Literal["flat", "sample"]
 Cast = Literal["none", "fp16", "bf16"]
 
@@ -48,6 +48,10 @@ class Int8Spec:
 DenseSpec = CastSpec | Int8Spec
 
 
+STREAM_REFRESH = 16
+"""`lowrank(r,method=stream)` sends its basis with every this many matrices by default."""
+
+
 @dataclass(frozen=True)
 class LowRankSpec:
     """Rank-k factors keeping `ratio` of the rank, each factor sent with `inner`."""
@@ -60,6 +64,7 @@ class LowRankSpec:
     layout: Layout = "flat"
     fallback: bool = True
     seed: int = 0
+    refresh: int = STREAM_REFRESH  # method=stream: a basis with every this many matrices
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,9 @@ def _lowrank(parser: _Parser, node: Call, inner: DenseSpec) -> LowRankSpec:
     ratio = node.args[0]
     if not (0.0 < ratio <= 1.0) or not math.isfinite(ratio):
         raise parser.error(node.position, f"lowrank ratio must be in (0, 1], got {ratio:g}")
-    method = _choice(parser, node, "method", "svd", ("svd", "rsvd", "power"))
+    method = _choice(parser, node, "method", "svd", ("svd", "rsvd", "power", "stream"))
+    if method == "stream":
+        return _stream_lowrank(parser, node, ratio, inner)
     layout = _choice(parser, node, "layout", "flat", ("flat", "sample"))
     oversample = None
     if "oversample" in node.options:
@@ -222,6 +229,25 @@ def _lowrank(parser: _Parser, node: Call, inner: DenseSpec) -> LowRankSpec:
         layout=layout,  # type: ignore[arg-type]
         fallback=_flag(parser, node, "fallback", True),
         seed=_integer(parser, node, "seed", 0, 0),
+    )
+    _no_leftovers(parser, node)
+    return spec
+
+
+def _stream_lowrank(parser: _Parser, node: Call, ratio: float, inner: DenseSpec) -> LowRankSpec:
+    """`method=stream`: one basis shared by the stream's matrices, so neither a sketch
+    (iters, oversample, seed) nor per-sample matrices (layout=sample) apply."""
+    for key in ("iters", "oversample", "seed"):
+        if key in node.options:
+            raise parser.error(node.position, f"{node.name}: method=stream takes no {key}")
+    if _choice(parser, node, "layout", "flat", ("flat", "sample")) != "flat":
+        raise parser.error(node.position, f"{node.name}: method=stream needs layout=flat")
+    spec = LowRankSpec(
+        ratio,
+        inner=inner,
+        method="stream",
+        fallback=_flag(parser, node, "fallback", True),
+        refresh=_integer(parser, node, "refresh", STREAM_REFRESH, 1),
     )
     _no_leftovers(parser, node)
     return spec

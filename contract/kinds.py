@@ -24,9 +24,10 @@ CodecSpec = Annotated[
     Field(
         max_length=200,
         json_schema_extra={"format": "codec-spec"},
-        description="A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), "
-        "each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on "
-        "per-sample streams); `auto` where a kind lets the link's measurement choose",
+        description="A codec spec: none, fp16, bf16, int8, "
+        "lowrank(r, method=svd|rsvd|power|stream), each optionally wrapping lowrank, "
+        "and ef(<spec>) for error feedback (refused on per-sample streams); "
+        "`auto` where a kind lets the link's measurement choose",
         examples=["fp16", "int8", "fp16(lowrank(0.25,method=power))", "auto"],
     ),
 ]

@@ -16,6 +16,7 @@ from workers.compression.codecs import (
     ErrorFeedback,
     Int8Codec,
     LowRankCodec,
+    StreamBasisCodec,
     WirePlan,
     decode,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "LowRankCodec",
     "NonFiniteError",
     "SpecError",
+    "StreamBasisCodec",
     "StreamState",
     "WireError",
     "WirePlan",

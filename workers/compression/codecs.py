@@ -2,8 +2,10 @@
 
 Dense codecs (`none`, `fp16`, `bf16`, `int8`) are stateless apart from scratch
 buffers and a random generator. `lowrank` nests a dense codec for its factors and
-keeps the power-iteration warm start; `ef` keeps the error-feedback residual. Keep
-one instance per tensor stream. Any blob decodes with `decode` alone.
+keeps the power-iteration warm start; `lowrank(r,method=stream)` the stream's basis (on
+both ends); `ef` keeps the error-feedback residual. Keep one instance per tensor stream.
+Any blob decodes with `decode` alone, except a stream-basis blob that names a basis sent
+before it: that one needs its stream's codec (`codec.decode`).
 
 Codecs compute on the tensor's device: its state (residual, warm basis, int8 scratch)
 stays there, and only the wire bytes go to the host (`wire.tensor_bytes`). Decoding
@@ -22,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from contract.codec_spec import STREAM_REFRESH
 from workers.compression import lowrank
 from workers.compression.errors import CodecError, NonFiniteError, WireError
 from workers.compression.wire import (
@@ -40,6 +43,14 @@ Method = Literal["svd", "rsvd", "power"]
 Layout = Literal["flat", "sample"]
 LAYOUT_CODE: dict[str, int] = {"flat": 0, "sample": 1}
 _LOWRANK_BODY = struct.Struct("<B3xI")
+STREAM_LAYOUT = 2
+"""The low-rank layout code of `lowrank(r,method=stream)`: P = X Q on the stream's basis Q."""
+_STREAM_BODY = struct.Struct("<IB3x")  # the basis's version; 1 when Q follows P
+STREAM_DECAY = 0.95
+"""Weight of the covariance gathered so far against the next matrix's X^T X."""
+STREAM_DRIFT = 2.0
+"""A matrix whose energy outside the stream's basis is past this many times the share
+the basis was made to leave out gets a new basis at once, not at the next refresh."""
 INT8_TINY = 1e-30
 """Rows of int8 whose absolute maximum is below this are sent as zeros."""
 MAX_DECODED_NUMEL = 1 << 28
@@ -290,6 +301,18 @@ def default_oversample(method: str) -> int:
     return {"rsvd": 8, "power": 4}.get(method, 0)
 
 
+def _nested_spec(core: str, inner: DenseCodec) -> str:
+    """`core` (a lowrank(...) spec) wrapped in its factor codec's spec, as the grammar
+    writes it: `fp16(lowrank(0.2))`, `int8(lowrank(0.2),stochastic=true)`."""
+    if isinstance(inner, CastCodec) and inner.kind == Kind.NONE:
+        return core
+    spec = inner.spec
+    if spec.endswith(")"):
+        name, options = spec.split("(", 1)
+        return f"{name}({core},{options}"
+    return f"{spec}({core})"
+
+
 class LowRankCodec(Codec):
     """Rank-k factors P, Q with X ~= P Q^T, each sent with a nested dense codec.
 
@@ -349,14 +372,7 @@ class LowRankCodec(Codec):
             opts.append("fallback=false")
         if self.seed:
             opts.append(f"seed={self.seed}")
-        core = f"lowrank({','.join(opts)})"
-        if isinstance(self.inner, CastCodec) and self.inner.kind == Kind.NONE:
-            return core
-        inner = self.inner.spec
-        if inner.endswith(")"):
-            name, options = inner.split("(", 1)
-            return f"{name}({core},{options}"
-        return f"{inner}({core})"
+        return _nested_spec(f"lowrank({','.join(opts)})", self.inner)
 
     def accepts(self) -> Accepted:
         """Low-rank blobs with factors of the nested codec, or its dense fallback."""
@@ -463,6 +479,196 @@ class LowRankCodec(Codec):
         )
 
 
+class StreamBasisCodec(Codec):
+    """`lowrank(r,method=stream)`: every matrix of a stream projected on one basis Q of
+    width k = ceil(r n) that the stream shares, so a matrix costs m k values, not k (m + n).
+
+    Per-matrix factors of rank ceil(r m) keep only what a matrix's own m rows concentrate
+    (ABNet's chunks of about 90 tokens: rank 18, 34% error). The rows of a stream of
+    activations share a subspace from one chunk to the next: the encoder gathers
+    C = sum of decayed X^T X and projects each X on Q, the top k eigenvectors of C (21%
+    error at the same bytes). Q is recomputed and sent with the first matrix, every
+    `refresh`-th one after, and any matrix that has drifted out of it (more than twice
+    the energy outside Q than the covariance predicted, see `_drifted`), as the nested
+    codec writes it; a blob in between carries
+    P = X Q and the version of the basis it was projected on. Encoder and receiver both
+    use Q as it decodes, so they agree to the bit. The receiving codec keeps the last
+    basis it read: a blob naming a basis it never got is a WireError, never a guess.
+    Blobs that carry their basis decode with `decode` alone; the others need the
+    stream's codec (`self.decode`), and arrive in the order they were encoded (a stream
+    is one ordered channel of a link).
+    """
+
+    def __init__(
+        self,
+        ratio: float,
+        inner: DenseCodec | None = None,
+        refresh: int = STREAM_REFRESH,
+        fallback: bool = True,
+    ) -> None:
+        if not 0.0 < ratio <= 1.0 or not math.isfinite(ratio):
+            raise ValueError(f"the keep ratio must be in (0, 1], got {ratio}")
+        if refresh < 1:
+            raise ValueError("refresh must be >= 1")
+        self.ratio = float(ratio)
+        self.inner: DenseCodec = inner if inner is not None else CastCodec(Kind.NONE)
+        self.refresh = refresh
+        self.fallback = fallback
+        self._covariance: torch.Tensor | None = None  # float64 (n, n), on x's device
+        self._known: tuple[int, torch.Tensor] | None = None  # (version, Q as decoded)
+        self._version = 0
+        self._since = 0  # matrices projected on the current basis by this encoder
+        self._expected_residual = 0.0  # the share of energy the current basis leaves out
+
+    @property
+    def spec(self) -> str:
+        """`lowrank(r,method=stream,...)` nested in its factor codec."""
+        opts = [repr(self.ratio), "method=stream"]
+        if self.refresh != STREAM_REFRESH:
+            opts.append(f"refresh={self.refresh}")
+        if not self.fallback:
+            opts.append("fallback=false")
+        return _nested_spec(f"lowrank({','.join(opts)})", self.inner)
+
+    def accepts(self) -> Accepted:
+        """Low-rank blobs with factors of the nested codec, or its dense fallback."""
+        return Accepted(frozenset({Kind.LOWRANK, self.inner.kind}), frozenset({self.inner.kind}))
+
+    def reset(self) -> None:
+        """Forget the covariance and the basis: the next blob carries a new one."""
+        self._covariance = None
+        self._known = None
+        self._since = 0
+
+    @property
+    def warm_start(self) -> torch.Tensor | None:
+        """The basis the next matrices are projected on (n, k), None before the first."""
+        return None if self._known is None else self._known[1]
+
+    def warm_from(self, other: StreamBasisCodec) -> None:
+        """Start from `other`'s covariance (the training stream's, for the eval stream):
+        the next blob carries a basis made from it and the next matrix."""
+        self._covariance = None if other._covariance is None else other._covariance.clone()
+        self._known = None
+        self._since = 0
+
+    def _new_basis(self, k: int, device: torch.device) -> bytes:
+        """Q from the covariance, as the nested codec sends it; the stream now uses it."""
+        assert self._covariance is not None
+        values, q = lowrank.top_eigenvectors(self._covariance, k)
+        total = float(self._covariance.diagonal().sum())
+        kept = float(values.clamp_min(0.0).sum())
+        self._expected_residual = max(0.0, 1.0 - kept / total) if total > 0 else 0.0
+        blob = self.inner.encode(q.to(torch.float32).contiguous())
+        self._version = (self._version + 1) & 0xFFFFFFFF
+        self._known = (self._version, decode(blob, device=device))
+        self._since = 0
+        return blob
+
+    def _drifted(self, p: torch.Tensor, xd: torch.Tensor) -> bool:
+        """Whether X has left the basis's subspace: the share of its energy outside
+        (1 - |X Q|^2 / |X|^2, Q orthonormal) is past STREAM_DRIFT times what the
+        covariance's discarded eigenvalues predicted when Q was made, plus 1e-4."""
+        energy = float(xd.square().sum())
+        if energy == 0.0:
+            return False
+        residual = 1.0 - float(p.double().square().sum()) / energy
+        return residual > STREAM_DRIFT * self._expected_residual + 1e-4
+
+    def _due(self, n: int, k: int) -> bool:
+        known = self._known
+        return known is None or self._since >= self.refresh or tuple(known[1].shape) != (n, k)
+
+    def plan(self, shape: Sequence[int]) -> WirePlan:
+        """Rank, fallback and exact bytes of the *next* blob for a tensor of `shape`: the
+        basis travels with the first matrix and every `refresh`-th after."""
+        shape = tuple(shape)
+        m, n = _flat_matrix(shape)
+        k = lowrank.rank_for(self.ratio, n, n)
+        if k >= n and self.fallback:
+            return WirePlan(self.inner.dense_nbytes(shape), fp32_nbytes(shape), k, (1, m, n), True)
+        nbytes = (
+            header_nbytes(len(shape))
+            + _LOWRANK_BODY.size
+            + _STREAM_BODY.size
+            + self.inner.dense_nbytes((m, k))
+            + (self.inner.dense_nbytes((n, k)) if self._due(n, k) else 0)
+        )
+        return WirePlan(nbytes, fp32_nbytes(shape), k, (1, m, n))
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        """P = X Q, after Q itself when a new basis is due; the dense blob when k >= n."""
+        x = check_input(x)
+        plan = self.plan(x.shape)
+        if plan.dense_fallback:
+            return self.inner.encode(x)
+        if not all_finite(x):
+            raise _non_finite(self.spec)
+        assert plan.matrices is not None and plan.rank is not None
+        _, m, n = plan.matrices
+        k = plan.rank
+        mat = x.reshape(m, n)
+        xd = mat.double()
+        gram = xd.mT @ xd
+        cov = self._covariance
+        if cov is None or cov.shape != gram.shape or cov.device != gram.device:
+            self._covariance = gram
+        else:
+            self._covariance = cov.mul_(STREAM_DECAY).add_(gram)
+        basis_blob = b""
+        if self._due(n, k) or self._known is None or self._known[1].device != x.device:
+            basis_blob = self._new_basis(k, x.device)
+        assert self._known is not None
+        p = mat @ self._known[1]
+        if not basis_blob and self._drifted(p, xd):
+            basis_blob = self._new_basis(k, x.device)
+            p = mat @ self._known[1]
+        self._since += 1
+        if not all_finite(p):
+            raise _non_finite(self.spec)
+        version = self._known[0]
+        return b"".join(
+            (
+                pack_header(Kind.LOWRANK, x.shape),
+                _LOWRANK_BODY.pack(STREAM_LAYOUT, k),
+                _STREAM_BODY.pack(version, 1 if basis_blob else 0),
+                self.inner.encode(p.contiguous()),
+                basis_blob,
+            )
+        )
+
+    def decode(
+        self,
+        blob: bytes | bytearray | memoryview,
+        *,
+        shape: Sequence[int | None] | None = None,
+        max_numel: int = MAX_DECODED_NUMEL,
+        device: Device = None,
+    ) -> torch.Tensor:
+        """The tensor of a blob of this stream: P Q^T on the basis the blob carries (kept
+        for the blobs after it) or names (the last one kept, else WireError)."""
+        buf = _as_buffer(blob)
+        target = HOST if device is None else torch.device(device)
+        accepted = self.accepts()
+        kind, claimed, offset = unpack_header(buf, 0)
+        if kind != Kind.LOWRANK:  # the dense fallback
+            return super().decode(blob, shape=shape, max_numel=max_numel, device=device)
+        check_claimed_shape(claimed, shape, max_numel)
+        part, end = _stream_blob_at(buf, offset, claimed, accepted, target)
+        if end != len(buf):
+            raise WireError(f"{len(buf) - end} unexpected bytes after the blob")
+        if part.basis is not None:
+            self._known = (part.version, part.basis)
+        elif self._known is None or self._known[0] != part.version:
+            have = "none" if self._known is None else f"basis {self._known[0]}"
+            raise WireError(
+                f"the blob is projected on basis {part.version} of its stream, which this "
+                f"codec never received (it holds {have}): a blob was lost or reordered"
+            )
+        q = self._known[1].to(target)
+        return (part.p @ q.mT).reshape(claimed)
+
+
 class ErrorFeedback(Codec):
     """Adds the residual left by step t to the input of step t+1 before encoding."""
 
@@ -501,7 +707,7 @@ class ErrorFeedback(Codec):
         if self._residual is not None and self._residual.shape == x.shape:
             x = x + self._residual.to(x.device)
         blob = self.inner.encode(x)
-        self._residual = (x - decode(blob, device=x.device)).contiguous()
+        self._residual = (x - self.inner.decode(blob, device=x.device)).contiguous()
         return blob
 
 
@@ -571,6 +777,14 @@ def _decode_at(
     if len(buf) - offset < _LOWRANK_BODY.size:
         raise WireError("truncated low-rank blob")
     layout, k = _LOWRANK_BODY.unpack_from(buf, offset)
+    if layout == STREAM_LAYOUT:
+        part, end = _stream_blob_at(buf, offset, shape, accepted, device)
+        if part.basis is None:
+            raise WireError(
+                f"the blob is projected on basis {part.version} of its stream and does not "
+                "carry it: only the stream's codec decodes it"
+            )
+        return (part.p @ part.basis.mT).reshape(shape), end
     if layout not in LAYOUT_CODE.values():
         raise WireError(f"unknown low-rank layout {layout}")
     b, m, n = (
@@ -591,6 +805,55 @@ def _decode_at(
     return x.reshape(shape), end
 
 
+@dataclass(frozen=True)
+class _StreamPart:
+    """A stream-basis blob's body: P, the basis version, and Q when it travels with P."""
+
+    version: int
+    p: torch.Tensor  # (m, k)
+    basis: torch.Tensor | None  # (n, k)
+
+
+def _stream_blob_at(
+    buf: memoryview,
+    offset: int,
+    shape: tuple[int, ...],
+    accepted: Accepted | None,
+    device: torch.device,
+) -> tuple[_StreamPart, int]:
+    """The body of a `lowrank(r,method=stream)` blob of `shape` from its low-rank body on."""
+    if len(buf) - offset < _LOWRANK_BODY.size + _STREAM_BODY.size:
+        raise WireError("truncated low-rank blob")
+    layout, k = _LOWRANK_BODY.unpack_from(buf, offset)
+    if layout != STREAM_LAYOUT:
+        raise WireError(f"low-rank layout {layout} is not a stream-basis blob")
+    m, n = _flat_matrix(shape)
+    if not 1 <= k <= n:
+        raise WireError(f"basis width {k} is impossible for {n} columns")
+    version, has_basis = _STREAM_BODY.unpack_from(buf, offset + _LOWRANK_BODY.size)
+    if has_basis not in (0, 1):
+        raise WireError(f"stream-basis flag {has_basis} is neither 0 nor 1")
+    p, offset = _factor_at(buf, offset + _LOWRANK_BODY.size + _STREAM_BODY.size, accepted, device)
+    if p.numel() != m * k:
+        raise WireError(f"projection {tuple(p.shape)} does not fit shape {shape} at width {k}")
+    basis = None
+    if has_basis:
+        basis, offset = _factor_at(buf, offset, accepted, device)
+        if basis.numel() != n * k:
+            raise WireError(f"basis {tuple(basis.shape)} does not fit {n} columns at width {k}")
+        basis = basis.reshape(n, k)
+    return _StreamPart(version, p.reshape(m, k), basis), offset
+
+
+def _flat_matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(m, n): a tensor as one matrix of its last axis' columns."""
+    return (math.prod(shape[:-1]), shape[-1]) if shape else (1, 1)
+
+
+def _as_buffer(blob: bytes | bytearray | memoryview) -> memoryview:
+    return memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
+
+
 def _header_of(buf: memoryview, offset: int) -> tuple[int, Kind, tuple[int, ...]]:
     kind, shape, body = unpack_header(buf, offset)
     return body, kind, shape
@@ -607,7 +870,7 @@ def decode(
     """The float32 tensor carried by a blob, on `device` (None: the host); WireError on
     malformed input, on a kind not in `accepted` (None: any), or on a claimed shape off
     `shape` or past `max_numel`."""
-    buf = memoryview(blob).cast("B") if not isinstance(blob, bytes) else memoryview(blob)
+    buf = _as_buffer(blob)
     target = HOST if device is None else torch.device(device)
     x, end = _decode_at(buf, 0, (shape, max_numel), accepted, target)
     if end != len(buf):

@@ -145,6 +145,14 @@ def _eigenvectors(q: torch.Tensor) -> torch.Tensor:
     return vecs.to(q.dtype)
 
 
+def top_eigenvectors(covariance: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest eigenvalues of a symmetric (n, n) matrix and their (n, k) orthonormal
+    eigenvectors, ascending, in its dtype (torch.linalg.eigh; a zero matrix gives k
+    vectors of an orthonormal basis, so its projections decode to zeros)."""
+    values, vecs = torch.linalg.eigh(covariance)
+    return values[..., -k:], vecs[..., -k:]
+
+
 def svd_factors(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimal rank-k factors from the exact SVD (torch.linalg.svd): the paper's method."""
     u, s, vh = torch.linalg.svd(x, full_matrices=False)

@@ -22,10 +22,14 @@ def build_codec(spec: grammar.CodecSpec) -> codecs.Codec:
     """A fresh codec for a parsed spec."""
     if isinstance(spec, grammar.ErrorFeedbackSpec):
         return codecs.ErrorFeedback(build_codec(spec.inner))
+    if isinstance(spec, grammar.LowRankSpec) and spec.method == "stream":
+        return codecs.StreamBasisCodec(
+            spec.ratio, inner=_dense(spec.inner), refresh=spec.refresh, fallback=spec.fallback
+        )
     if isinstance(spec, grammar.LowRankSpec):
         return codecs.LowRankCodec(
             spec.ratio,
-            method=spec.method,
+            method=spec.method,  # type: ignore[arg-type]
             inner=_dense(spec.inner),
             iters=spec.iters,
             oversample=spec.oversample,  # None: the codec takes the method's default

@@ -1679,7 +1679,7 @@ export interface components {
             /**
              * Backward Codec
              * Format: codec-spec
-             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
+             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power|stream), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
              * @default int8
              * @example fp16
              * @example int8
@@ -1706,7 +1706,7 @@ export interface components {
             /**
              * Forward Codec
              * Format: codec-spec
-             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
+             * @description A codec spec: none, fp16, bf16, int8, lowrank(r, method=svd|rsvd|power|stream), each optionally wrapping lowrank, and ef(<spec>) for error feedback (refused on per-sample streams); `auto` where a kind lets the link's measurement choose
              * @default fp16
              * @example fp16
              * @example int8

@@ -17,6 +17,7 @@ export const CODEC_SUGGESTIONS = [
   "int8",
   "fp16(lowrank(0.2))",
   "fp16(lowrank(0.2,method=power))",
+  "fp16(lowrank(0.2,method=stream))",
   "int8(lowrank(0.5))",
 ];
 

@@ -261,12 +261,20 @@ def test_stale1_applies_each_steps_gradient_at_the_weights_of_two_updates_before
             torch.testing.assert_close(history[k][name], w, msg=f"W_{k} {name}")
 
 
+@pytest.mark.parametrize(
+    "power", ["fp16(lowrank(0.3,method=power))", "fp16(lowrank(0.3,method=stream,refresh=3))"]
+)
 def test_split_run_with_a_stateful_codec_equals_the_reference_from_compress_from_step(
-    link_pairs: LinkPairs, run_roles: RunRoles, plm: bytes, pairs: Pairs, tmp_path: Path
+    link_pairs: LinkPairs,
+    run_roles: RunRoles,
+    plm: bytes,
+    pairs: Pairs,
+    tmp_path: Path,
+    power: str,
 ) -> None:
-    # power iteration warm-starts from the previous tensor of its stream: equal figures
-    # need the same codec instance, chunks and order on both ends of the pipeline
-    power = "fp16(lowrank(0.3,method=power))"
+    # power iteration warm-starts from the previous tensor of its stream, and a stream
+    # basis is sent once for several chunks: equal figures need the same codec instance,
+    # chunks and order on both ends of the pipeline
     cfg = small(steps=6, micro_batches=4, activation_chunks=2, compress_from_step=3)
     cfg = small(**{**asdict(cfg), "forward_codec": power, "backward_codec": "int8"})
     s, t = split_run(run_roles, cfg, link_pairs("encoder", "decoder"), plm, pairs, tmp_path)
@@ -567,6 +575,33 @@ def test_the_eval_stream_starts_from_the_training_streams_basis() -> None:
     target = warm.book.get("eval", spec)
     assert isinstance(source, LowRankCodec) and isinstance(target, LowRankCodec)
     assert err_warm < 0.9 * err_cold
+
+
+def test_the_eval_stream_of_a_stream_basis_starts_from_the_training_covariance() -> None:
+    """Its first chunk carries a basis made from the training stream's covariance, so a
+    fresh eval decoder reads it, and it is coded as well as the training chunks are."""
+    from workers.compression import StreamBasisCodec, relative_error
+    from workers.training.abnet.wire import FORWARD, StreamDecoder, StreamEncoder
+
+    spec = "fp16(lowrank(0.2,method=stream))"
+    cfg = small(forward_codec=spec)
+    train = StreamEncoder(cfg, "forward", FORWARD)
+    warm = StreamEncoder(cfg, "eval", FORWARD, warm_source=train)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.linalg.qr(torch.randn(64, 64, generator=gen)).Q
+    u = q / torch.arange(1, 65)  # a spectrum of 1/i; its best 13 directions: q's first 13
+
+    def chunk(rows: int) -> torch.Tensor:
+        return (torch.randn(rows, 64, generator=gen) @ u.T).contiguous()
+
+    for step in range(1, 41):
+        train.encode(step, chunk(24))
+    x = chunk(200)  # an eval chunk: more rows than the basis is wide
+    got = StreamDecoder(cfg, "eval", FORWARD).decode(warm.encode(40, x), (200, 64), x.numel())
+    source, target = train.book.get("forward", spec), warm.book.get("eval", spec)
+    assert isinstance(source, StreamBasisCodec) and isinstance(target, StreamBasisCodec)
+    best = relative_error(x, x @ q[:, :13] @ q[:, :13].T)
+    assert relative_error(x, got) < 1.1 * best
 
 
 def test_power_iteration_stays_warm_across_chunks_of_other_lengths() -> None:

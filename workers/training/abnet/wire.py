@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.compression import AdaptivePolicy, Choice, Codec, LowRankCodec
+from workers.compression import AdaptivePolicy, Choice, Codec, LowRankCodec, StreamBasisCodec
 from workers.switch.link import LinkEstimate
 from workers.training.abnet.config import AUTO, AUTO_CANDIDATES, AbnetConfig
 from workers.training.messages import (
@@ -271,11 +271,10 @@ class StreamEncoder:
         evaluation is not coded from a random start."""
         assert self.warm_source is not None
         source = self.warm_source.book.get(self.warm_source.stream, spec)
-        if (
-            isinstance(codec, LowRankCodec)
-            and isinstance(source, LowRankCodec)
-            and source.warm_start is not None
-        ):
+        if isinstance(codec, LowRankCodec) and isinstance(source, LowRankCodec):
+            if source.warm_start is not None:
+                codec.warm_from(source)
+        elif isinstance(codec, StreamBasisCodec) and isinstance(source, StreamBasisCodec):
             codec.warm_from(source)
 
 
