@@ -121,6 +121,7 @@ describe("NewJobPage", () => {
     expect(screen.queryByLabelText("Discriminators")).toBeNull();
     expect(screen.getByLabelText("Training steps")).toHaveAttribute("placeholder", "100000");
     expect(screen.getByLabelText(/Activations codec/)).toHaveAttribute("placeholder", "fp16");
+    expect(screen.getByText(/Evaluation \(BLEU\) sends its activations through the activations codec/)).toBeInTheDocument();
     await user.type(screen.getByLabelText(/Activations codec/), "fp16(lowrank(0.2,method=power))");
     await user.type(screen.getByLabelText(/Gradients codec/), "none");
     await user.type(screen.getByLabelText("Compress from step"), "10");

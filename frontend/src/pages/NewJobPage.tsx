@@ -323,6 +323,12 @@ export function NewJobPage() {
               ) : null}
               {codec(spec, "job-forward-codec", "Activations codec (encoder → decoder)", "forwardCodec", "forward_codec")}
               {codec(spec, "job-backward-codec", "Gradients codec (decoder → encoder)", "backwardCodec", "backward_codec")}
+              {has("forward_codec") ? (
+                <p className="hint" id="job-eval-codec-hint">
+                  Evaluation (BLEU) sends its activations through the activations codec too, starting warm: power iteration from the training
+                  stream’s basis, <code>method=stream</code> from the training stream’s covariance (its first evaluation chunk carries the basis).
+                </p>
+              ) : null}
               {numeric(spec, "job-compress-from", "Compress from step", "compressFromStep", "compress_from_step", 0)}
               {has("schedule") ? (
                 <div className="field">
