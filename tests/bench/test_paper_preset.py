@@ -61,6 +61,7 @@ def test_the_script_runs_both_scenarios_and_writes_its_figures(tmp_path: Path) -
         "fp16_int8",
         "fp16_lowrank02_svd_int8",
         "fp16_lowrank02_power_int8",
+        "fp16_lowrank02_stream_int8",
         "auto_auto",
     }
     for row in rows.values():
@@ -72,3 +73,4 @@ def test_the_script_runs_both_scenarios_and_writes_its_figures(tmp_path: Path) -
     assert fp16_int8["forward"] < 0.51 * rows["none_none"]["forward"]
     assert fp16_int8["backward"] < 0.27 * rows["none_none"]["backward"]
     assert rows["fp16_lowrank02_svd_int8"]["forward"] < fp16_int8["forward"]
+    assert rows["fp16_lowrank02_stream_int8"]["forward"] < fp16_int8["forward"]

@@ -112,6 +112,7 @@ def check_input(x: object) -> torch.Tensor:
     return x.detach()
 
 
+Blob = bytes | bytearray | memoryview
 Device = torch.device | str | None
 """Where a decoded tensor is made: a device, its name, or None for the host."""
 HOST = torch.device("cpu")
@@ -167,6 +168,12 @@ class Codec(ABC):
         """The float32 tensor a blob of this codec carries, on `device` (None: the host);
         WireError for any other codec's blob, or a claimed shape other than `shape` (None:
         any size on that axis) or past `max_numel` elements, before anything is allocated."""
+        return self._decode(blob, shape, max_numel, device)
+
+    def _decode(
+        self, blob: Blob, shape: Sequence[int | None] | None, max_numel: int, device: Device
+    ) -> torch.Tensor:
+        """`decode` for a codec whose blobs decode alone; a stateful codec overrides it."""
         return decode(
             blob, shape=shape, max_numel=max_numel, accepted=self.accepts(), device=device
         )
@@ -637,13 +644,8 @@ class StreamBasisCodec(Codec):
             )
         )
 
-    def decode(
-        self,
-        blob: bytes | bytearray | memoryview,
-        *,
-        shape: Sequence[int | None] | None = None,
-        max_numel: int = MAX_DECODED_NUMEL,
-        device: Device = None,
+    def _decode(
+        self, blob: Blob, shape: Sequence[int | None] | None, max_numel: int, device: Device
     ) -> torch.Tensor:
         """The tensor of a blob of this stream: P Q^T on the basis the blob carries (kept
         for the blobs after it) or names (the last one kept, else WireError)."""
@@ -652,7 +654,7 @@ class StreamBasisCodec(Codec):
         accepted = self.accepts()
         kind, claimed, offset = unpack_header(buf, 0)
         if kind != Kind.LOWRANK:  # the dense fallback
-            return super().decode(blob, shape=shape, max_numel=max_numel, device=device)
+            return super()._decode(blob, shape, max_numel, device)
         check_claimed_shape(claimed, shape, max_numel)
         part, end = _stream_blob_at(buf, offset, claimed, accepted, target)
         if end != len(buf):
