@@ -129,7 +129,7 @@ ROWS = [
     Row("fp16_int8", "fp16", "int8"),
     Row("fp16_lowrank02_svd_int8", "fp16(lowrank(0.2,method=svd))", "int8"),
     Row("fp16_lowrank02_power_int8", "fp16(lowrank(0.2,method=power))", "int8"),
-    # one basis per stream, sent every 8 chunks: rank ceil(0.2 n) at about the same bytes
+    # one basis per stream, sent every 16 chunks: rank ceil(0.2 n) at about the same bytes
     Row("fp16_lowrank02_stream_int8", "fp16(lowrank(0.2,method=stream))", "int8"),
     Row("auto_auto", "auto", "auto"),
     # the next step's forwards start before this step's last gradient is back (stale1):

@@ -491,13 +491,13 @@ class StreamBasisCodec(Codec):
     width k = ceil(r n) that the stream shares, so a matrix costs m k values, not k (m + n).
 
     Per-matrix factors of rank ceil(r m) keep only what a matrix's own m rows concentrate
-    (ABNet's chunks of about 90 tokens: rank 18, 34% error). The rows of a stream of
-    activations share a subspace from one chunk to the next: the encoder gathers
-    C = sum of decayed X^T X and projects each X on Q, the top k eigenvectors of C (21%
-    error at the same bytes). Q is recomputed and sent with the first matrix, every
-    `refresh`-th one after, and any matrix that has drifted out of it (more than twice
-    the energy outside Q than the covariance predicted, see `_drifted`), as the nested
-    codec writes it; a blob in between carries
+    (ABNet's chunks of about 90 tokens: rank 18). The rows of a stream of activations
+    share a subspace from one chunk to the next: the encoder gathers C = sum of decayed
+    X^T X and projects each X on Q, the top k eigenvectors of C (k = 52 of 256 at r = 0.2,
+    at about the bytes of rank 18; bench/table5.py's stream-basis row). Q is recomputed
+    and sent with the first matrix, every `refresh`-th one after, and any matrix that
+    has drifted out of it (more than twice the energy outside Q than the covariance
+    predicted, see `_drifted`), as the nested codec writes it; a blob in between carries
     P = X Q and the version of the basis it was projected on. Encoder and receiver both
     use Q as it decodes, so they agree to the bit. The receiving codec keeps the last
     basis it read: a blob naming a basis it never got is a WireError, never a guess.

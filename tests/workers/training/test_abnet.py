@@ -579,7 +579,9 @@ def test_the_eval_stream_starts_from_the_training_streams_basis() -> None:
 
 def test_the_eval_stream_of_a_stream_basis_starts_from_the_training_covariance() -> None:
     """Its first chunk carries a basis made from the training stream's covariance, so a
-    fresh eval decoder reads it, and it is coded as well as the training chunks are."""
+    fresh eval decoder reads it, and the chunks after it cross without a basis of their
+    own, as well coded as the training subspace allows; a cold eval stream's first basis
+    is made of its first chunk's rows alone, and the next chunk sends another."""
     from workers.compression import StreamBasisCodec, relative_error
     from workers.training.abnet.wire import FORWARD, StreamDecoder, StreamEncoder
 
@@ -587,6 +589,7 @@ def test_the_eval_stream_of_a_stream_basis_starts_from_the_training_covariance()
     cfg = small(forward_codec=spec)
     train = StreamEncoder(cfg, "forward", FORWARD)
     warm = StreamEncoder(cfg, "eval", FORWARD, warm_source=train)
+    cold = StreamEncoder(cfg, "eval", FORWARD)
     gen = torch.Generator().manual_seed(3)
     q = torch.linalg.qr(torch.randn(64, 64, generator=gen)).Q
     u = q / torch.arange(1, 65)  # a spectrum of 1/i; its best 13 directions: q's first 13
@@ -596,12 +599,20 @@ def test_the_eval_stream_of_a_stream_basis_starts_from_the_training_covariance()
 
     for step in range(1, 41):
         train.encode(step, chunk(24))
-    x = chunk(200)  # an eval chunk: more rows than the basis is wide
-    got = StreamDecoder(cfg, "eval", FORWARD).decode(warm.encode(40, x), (200, 64), x.numel())
+    first, second = chunk(6), chunk(200)
+    sizes = {}
+    for name, encoder in (("warm", warm), ("cold", cold)):
+        decoder = StreamDecoder(cfg, "eval", FORWARD)
+        decoder.decode(encoder.encode(40, first), (6, 64), first.numel())
+        coded = encoder.encode(40, second)
+        sizes[name] = len(coded.blob)
+        got = decoder.decode(coded, (200, 64), second.numel())
+        if name == "warm":
+            best = relative_error(second, second @ q[:, :13] @ q[:, :13].T)
+            assert relative_error(second, got) < 1.1 * best
+    assert sizes["warm"] < sizes["cold"]
     source, target = train.book.get("forward", spec), warm.book.get("eval", spec)
     assert isinstance(source, StreamBasisCodec) and isinstance(target, StreamBasisCodec)
-    best = relative_error(x, x @ q[:, :13] @ q[:, :13].T)
-    assert relative_error(x, got) < 1.1 * best
 
 
 def test_power_iteration_stays_warm_across_chunks_of_other_lengths() -> None:
