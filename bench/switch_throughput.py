@@ -7,11 +7,16 @@ of its own, ``--rounds`` (>= 3) interleaved rounds, median and spread of each:
 (b) worker -> switch A -> switch B -> worker, with every check switched on; each
     switch in its own process as deployed (CPU time counts both switches);
 (c) a pass-through relay of the same three TLS hops made of plain gRPC streams,
-    the way Flower and NVFlare move messages.
+    the way Flower and NVFlare move messages, each relay in its own process as each
+    switch is (CPU time counts both relays).
 
 (d) the round trip of a 16-byte frame, worker -> switch A -> switch B -> worker and
     back (p50, p99), beside a 3-hop gRPC relay's streaming ping-pong and three raw TLS
-    hops' (two relays in threads) in the same rounds.
+    hops' in the same rounds. Their two relays run in processes of their own, as the
+    switches do, and the two ends in the bench's process, as the two roles do: like
+    with like. A message that crosses processes waits on the kernel to wake each next
+    one; on this machine three raw hops' round trip takes about twice as long across
+    processes as among the threads of one.
 
 ``--against REV`` adds the switch of another commit (a temporary git worktree of REV,
 run with its own ``workers`` package) to every round, (b) and (d) both, so that a
@@ -47,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from datetime import UTC, datetime, timedelta
 from multiprocessing.connection import Connection
@@ -79,6 +84,12 @@ TOTAL = int(_argv_value("--mib", "1024") or 1024) << 20
 FRAME = 4 << 20
 FRAMES = TOTAL // FRAME
 RESULTS = Path(__file__).parent / "results" / "switch_throughput.json"
+Address = tuple[str, int]
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", FRAME + 1024),
+    ("grpc.max_send_message_length", FRAME + 1024),
+    ("grpc.ssl_target_name_override", "cluster-b"),
+]
 
 
 class Pki:
@@ -265,20 +276,156 @@ def switch_pair(
             pipe.send(("mark",))
         return 0.0
 
-    spent: list[tuple[float, int, int]] = []
     try:
         yield link, mark
     finally:
-        for pipe in pipes.values():
-            pipe.send(("stop",))
-            spent.append(pipe.recv())
-        for proc in procs.values():
-            proc.join()
-        SWITCH_USAGE.append(tuple(map(sum, zip(*spent, strict=True))))  # type: ignore[arg-type]
+        SWITCH_USAGE.append(_stop_all(list(pipes.values()), list(procs.values())))
 
 
 # (CPU s, page faults, voluntary context switches) of both switches since the last mark
 SWITCH_USAGE: list[tuple[float, int, int]] = []
+# the same of a comparator's two relays (`relay_chain`)
+RELAY_USAGE: list[tuple[float, int, int]] = []
+
+
+def _stop_all(
+    pipes: Sequence[Connection], procs: Sequence[multiprocessing.process.BaseProcess]
+) -> tuple[float, int, int]:
+    """Stop the processes a path spawned; their usage since the last mark, summed."""
+    spent = []
+    for pipe in pipes:
+        pipe.send(("stop",))
+        spent.append(pipe.recv())
+    for proc in procs:
+        proc.join()
+    return tuple(map(sum, zip(*spent, strict=True)))  # type: ignore[return-value]
+
+
+def _raw_relay(ca_path: Path, key: Path, cert: Path, onward: Address) -> tuple[Address, Stop]:
+    """A raw TLS relay: one connection in, one out to `onward`, both ways in one thread
+    (an SSL socket read in one thread while another writes it can lose a record:
+    OpenSSL's objects are not thread-safe)."""
+    server_ctx = server_context(cert_path=cert, key_path=key, ca_path=None)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def relay() -> None:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        a = server_ctx.wrap_socket(conn, server_side=True)
+        b = _raw_connect(ca_path, onward)
+        other = {a: b, b: a}
+        with contextlib.suppress(OSError):
+            while True:
+                for src in select.select([a, b], [], [])[0]:
+                    chunk = src.recv(65536)
+                    if not chunk:
+                        return
+                    while src.pending():  # decrypted bytes select cannot see
+                        chunk += src.recv(src.pending())
+                    other[src].sendall(chunk)
+
+    threading.Thread(target=relay, daemon=True).start()
+    return listener.getsockname()[:2], listener.close
+
+
+def _raw_connect(ca_path: Path, address: Address) -> ssl.SSLSocket:
+    raw = socket.create_connection(address)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client_context(ca_path=ca_path).wrap_socket(raw, server_hostname="cluster-b")
+
+
+def _grpc_credentials(
+    ca_path: Path, key: Path, cert: Path
+) -> tuple[grpc.ServerCredentials, grpc.ChannelCredentials]:
+    ca_pem, key_pem, cert_pem = ca_path.read_bytes(), key.read_bytes(), cert.read_bytes()
+    server = grpc.ssl_server_credentials([(key_pem, cert_pem)], ca_pem, require_client_auth=True)
+    return server, grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
+
+
+def _grpc_serve(
+    handler: grpc.RpcMethodHandler, name: str, server_creds: grpc.ServerCredentials
+) -> tuple[str, grpc.Server]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("relay", {name: handler})]
+    )
+    port = server.add_secure_port("127.0.0.1:0", server_creds)
+    server.start()
+    return f"127.0.0.1:{port}", server
+
+
+def _grpc_relay(ca_path: Path, key: Path, cert: Path, onward: str, name: str) -> tuple[str, Stop]:
+    """A gRPC relay: a server whose `name` method (Push: a client stream; Pong: a
+    bidirectional one) passes each message on to the same method at `onward`."""
+    server_creds, client_creds = _grpc_credentials(ca_path, key, cert)
+    channel = grpc.secure_channel(onward, client_creds, options=GRPC_OPTIONS)
+    if name == "Push":
+        push = channel.stream_unary("/relay/Push")
+        handler = grpc.stream_unary_rpc_method_handler(lambda messages, _: push(messages))
+    else:
+        pong = channel.stream_stream("/relay/Pong")
+        handler = grpc.stream_stream_rpc_method_handler(lambda messages, _: pong(messages))
+    address, server = _grpc_serve(handler, name, server_creds)
+    return address, lambda: server.stop(None)
+
+
+Stop = Callable[[], None]
+RELAYS: dict[str, Callable[..., tuple[Address | str, Stop]]] = {
+    "raw": _raw_relay,
+    "grpc": _grpc_relay,
+}
+
+
+def run_relay(kind: str, args: tuple, pipe: Connection) -> None:
+    """One relay of a comparator in a process of its own, as each switch is: sends its
+    address, serves, and at ("stop",) sends its usage since the last ("mark",)."""
+    address, stop = RELAYS[kind](*args)
+    pipe.send(address)
+    mark = usage()
+    while True:
+        command, *_ = pipe.recv()
+        if command == "mark":
+            mark = usage()
+        elif command == "stop":
+            pipe.send(usage_since(mark))
+            stop()
+            return
+
+
+@contextlib.contextmanager
+def relay_chain(
+    pki: Pki, kind: str, far_end: Address | str, *extra: str
+) -> Iterator[tuple[Address | str, Callable[[], None]]]:
+    """Relay B (to `far_end`, in this process) and relay A (to B), each in a process of
+    its own; yields (A's address, mark()); their usage since the mark lands in
+    RELAY_USAGE once the context closes."""
+    key, cert = pki.files["cluster-b"]
+    spawn = multiprocessing.get_context("spawn")
+    pipes, procs, onward = [], [], far_end
+    for _ in ("B", "A"):
+        mine, theirs = spawn.Pipe()
+        proc = spawn.Process(
+            target=run_relay, args=(kind, (pki.ca_path, key, cert, onward, *extra), theirs)
+        )
+        proc.start()
+        pipes.append(mine)
+        procs.append(proc)
+        onward = mine.recv()
+
+    def mark() -> None:
+        for pipe in pipes:
+            pipe.send(("mark",))
+
+    try:
+        yield onward, mark
+    finally:
+        RELAY_USAGE.append(_stop_all(pipes, procs))
+
+
+def _profile_to(path: str) -> str | None:
+    """Where `--profile` keeps this path's switch profiles (None: not profiled)."""
+    prefix = _argv_value("--profile-to")
+    return f"{prefix}-{path}" if prefix else None
 
 
 def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, ...]:
@@ -286,7 +433,7 @@ def switch_path(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, ...]:
     seconds, and the CPU seconds, page faults and voluntary context switches of the
     workers' process and both switches."""
     with (
-        switch_pair(pki, _argv_value("--profile-to")) as (link, mark),
+        switch_pair(pki, _profile_to("switch")) as (link, mark),
         link("cluster-a", "G", "D") as sender,
         link("cluster-b", "D", "G") as receiver,
     ):
@@ -329,17 +476,25 @@ def _ping_pong(send: Callable[[bytes], None], receive: Callable[[], bytes]) -> d
     return _percentiles(samples)
 
 
-def _with_cpu(ping_pong: Callable[[], dict]) -> dict:
-    """A ping-pong whose every hop runs in this process, with its CPU per round trip."""
+def _ping_pong_cpu(ping_pong: Callable[[], dict], mark: Callable[[], None]) -> dict:
+    """A comparator's ping-pong, with this process's CPU seconds for it (`own_cpu_s`);
+    `mark` starts its relays' clocks."""
+    mark()
     own = usage()
-    result = ping_pong()
-    return result | {"cpu_us_per_round_trip": usage_since(own)[0] / (RTT_WARMUP + RTT_COUNT) * 1e6}
+    return ping_pong() | {"own_cpu_s": usage_since(own)[0]}
+
+
+def _with_relays_cpu(result: dict) -> dict:
+    """The CPU per round trip of every process it crossed: this one's and, from its
+    `relay_chain` once closed, both relays'."""
+    spent = result.pop("own_cpu_s") + RELAY_USAGE[-1][0]
+    return result | {"cpu_us_per_round_trip": spent / (RTT_WARMUP + RTT_COUNT) * 1e6}
 
 
 def switch_rtt(pki: Pki) -> dict:
     """(d) a 16-byte frame worker -> switch A -> switch B -> worker, and back."""
     with (
-        switch_pair(pki) as (link, mark),
+        switch_pair(pki, _profile_to("switch_rtt")) as (link, mark),
         link("cluster-a", "G", "D") as g,
         link("cluster-b", "D", "G") as d,
     ):
@@ -367,141 +522,68 @@ def switch_rtt(pki: Pki) -> dict:
 
 
 def grpc_rtt(pki: Pki) -> dict:
-    """(d) a 16-byte message through a 3-hop gRPC relay of bidirectional streams, and back."""
-    ca_pem = pki.ca_path.read_bytes()
-    key, cert = (p.read_bytes() for p in pki.files["cluster-b"])
-    server_creds = grpc.ssl_server_credentials([(key, cert)], ca_pem, require_client_auth=True)
-    client_creds = grpc.ssl_channel_credentials(ca_pem, key, cert)
-    options = [("grpc.ssl_target_name_override", "cluster-b")]
-    servers: list[grpc.Server] = []
-
-    def serve(handler: Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]) -> str:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
-        method = grpc.stream_stream_rpc_method_handler(handler)
-        server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler("relay", {"Pong": method})]
-        )
-        port = server.add_secure_port("127.0.0.1:0", server_creds)
-        server.start()
-        servers.append(server)
-        return f"127.0.0.1:{port}"
+    """(d) a 16-byte message through a 3-hop gRPC relay of bidirectional streams, and back:
+    the far end here, two relays in processes of their own."""
+    key, cert = pki.files["cluster-b"]
+    server_creds, client_creds = _grpc_credentials(pki.ca_path, key, cert)
 
     def echo(messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         yield from messages
 
-    def forwarder(
-        target: str,
-    ) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
-        pong = grpc.secure_channel(target, client_creds, options=options).stream_stream(
-            "/relay/Pong"
-        )
-
-        def forward(messages: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            yield from pong(messages)
-
-        return forward
-
-    relay_a = serve(forwarder(serve(forwarder(serve(echo)))))
+    far, server = _grpc_serve(grpc.stream_stream_rpc_method_handler(echo), "Pong", server_creds)
     outbox: queue.Queue[bytes | None] = queue.Queue()
-    pong = grpc.secure_channel(relay_a, client_creds, options=options).stream_stream("/relay/Pong")
-    answers = pong(iter(outbox.get, None))
     try:
-        return _with_cpu(lambda: _ping_pong(outbox.put, lambda: next(answers)))
+        with relay_chain(pki, "grpc", far, "Pong") as (front, mark):
+            channel = grpc.secure_channel(str(front), client_creds, options=GRPC_OPTIONS)
+            answers = channel.stream_stream("/relay/Pong")(iter(outbox.get, None))
+            try:
+                result = _ping_pong_cpu(lambda: _ping_pong(outbox.put, lambda: next(answers)), mark)
+            finally:
+                outbox.put(None)
+                channel.close()
     finally:
-        outbox.put(None)
-        for server in servers:
-            server.stop(None)
+        server.stop(None)
+    return _with_relays_cpu(result)
 
 
 def raw_tls_rtt(pki: Pki) -> dict:
-    """(d) a 16-byte message through three raw TLS hops (two relays, one thread each), and back."""
+    """(d) a 16-byte message through three raw TLS hops, and back: the far end (an echo)
+    here, two relays in processes of their own."""
     key, cert = pki.files["cluster-b"]
     server_ctx = server_context(cert_path=cert, key_path=key, ca_path=None)
-    client_ctx = client_context(ca_path=pki.ca_path)
-    listeners: list[socket.socket] = []
+    listener = socket.create_server(("127.0.0.1", 0))
 
-    def connect(address: tuple[str, int]) -> ssl.SSLSocket:
-        raw = socket.create_connection(address)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return client_ctx.wrap_socket(raw, server_hostname="cluster-b")
+    def echo() -> None:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError), server_ctx.wrap_socket(conn, server_side=True) as sock:
+            while chunk := sock.recv(65536):
+                sock.sendall(chunk)
 
-    def pump(src: ssl.SSLSocket, dst: ssl.SSLSocket) -> None:
-        """The echo: one socket, one thread."""
-        with contextlib.suppress(OSError):
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-
-    def relay(a: ssl.SSLSocket, b: ssl.SSLSocket) -> None:
-        """Both directions of a hop in one thread: an SSL socket read in one thread while
-        another writes it can lose a record (OpenSSL's objects are not thread-safe), which
-        once left a run of this bench waiting for an echo forever."""
-        other = {a: b, b: a}
-        with contextlib.suppress(OSError):
-            while True:
-                for src in select.select([a, b], [], [])[0]:
-                    chunk = src.recv(65536)
-                    if not chunk:
-                        return
-                    while src.pending():  # decrypted bytes select cannot see
-                        chunk += src.recv(src.pending())
-                    other[src].sendall(chunk)
-
-    def hop(onward: tuple[str, int] | None) -> tuple[str, int]:
-        listener = socket.create_server(("127.0.0.1", 0))
-        listeners.append(listener)
-
-        def accept() -> None:
-            conn, _ = listener.accept()
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock = server_ctx.wrap_socket(conn, server_side=True)
-            if onward is None:  # the far end: echo
-                pump(sock, sock)
-                return
-            relay(sock, connect(onward))
-
-        threading.Thread(target=accept, daemon=True).start()
-        return listener.getsockname()[:2]
-
-    client = connect(hop(hop(hop(None))))
-
-    def receive() -> bytes:
-        got = b""
-        while len(got) < 16:
-            got += client.recv(16 - len(got))
-        return got
-
+    threading.Thread(target=echo, daemon=True).start()
     try:
-        return _with_cpu(lambda: _ping_pong(client.sendall, receive))
+        with relay_chain(pki, "raw", listener.getsockname()[:2]) as (front, mark):
+            client = _raw_connect(pki.ca_path, front)  # type: ignore[arg-type]
+
+            def receive() -> bytes:
+                got = b""
+                while len(got) < 16:
+                    got += client.recv(16 - len(got))
+                return got
+
+            with client:
+                result = _ping_pong_cpu(lambda: _ping_pong(client.sendall, receive), mark)
     finally:
-        client.close()
-        for listener in listeners:
-            listener.close()
+        listener.close()
+    return _with_relays_cpu(result)
 
 
-def grpc_relay(pki: Pki, on_frame: Callable[[], None]) -> None:
-    """(c) sender -> relay A -> relay B -> sink, each hop a gRPC client stream over mutual TLS."""
-    options = [
-        ("grpc.max_receive_message_length", FRAME + 1024),
-        ("grpc.max_send_message_length", FRAME + 1024),
-        ("grpc.ssl_target_name_override", "cluster-b"),
-    ]
-    ca_pem = pki.ca_path.read_bytes()
-    key, cert = (p.read_bytes() for p in pki.files["cluster-b"])
-    server_creds = grpc.ssl_server_credentials([(key, cert)], ca_pem, require_client_auth=True)
-    client_creds = grpc.ssl_channel_credentials(ca_pem, key, cert)
-    servers: list[grpc.Server] = []
+def grpc_relay(pki: Pki, on_frame: Callable[[], None]) -> tuple[float, ...]:
+    """(c) sender -> relay A -> relay B -> sink, each hop a gRPC client stream over mutual
+    TLS, each relay in a process of its own; returns what `switch_path` returns."""
+    key, cert = pki.files["cluster-b"]
+    server_creds, client_creds = _grpc_credentials(pki.ca_path, key, cert)
     done = threading.Event()
-
-    def serve(handler: Callable[[Iterator[bytes], grpc.ServicerContext], bytes]) -> str:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=options)
-        method = grpc.stream_unary_rpc_method_handler(handler)
-        server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler("relay", {"Push": method})]
-        )
-        port = server.add_secure_port("127.0.0.1:0", server_creds)
-        server.start()
-        servers.append(server)
-        return f"127.0.0.1:{port}"
 
     def sink(messages: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         for message in messages:
@@ -510,23 +592,19 @@ def grpc_relay(pki: Pki, on_frame: Callable[[], None]) -> None:
         done.set()
         return b""
 
-    def forwarder(target: str) -> Callable[[Iterator[bytes], grpc.ServicerContext], bytes]:
-        channel = grpc.secure_channel(target, client_creds, options=options)
-        push = channel.stream_unary("/relay/Push")
-
-        def forward(messages: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-            return push(messages)
-
-        return forward
-
-    relay_b = serve(forwarder(serve(sink)))
-    relay_a = serve(forwarder(relay_b))
-    channel = grpc.secure_channel(relay_a, client_creds, options=options)
-    push = channel.stream_unary("/relay/Push")
-    push(tensor.numpy().tobytes() for tensor in payloads())
-    done.wait()
-    for server in servers:
+    far, server = _grpc_serve(grpc.stream_unary_rpc_method_handler(sink), "Push", server_creds)
+    try:
+        with relay_chain(pki, "grpc", far, "Push") as (front, mark):
+            channel = grpc.secure_channel(str(front), client_creds, options=GRPC_OPTIONS)
+            mark()
+            wall, own = time.perf_counter(), usage()
+            channel.stream_unary("/relay/Push")(tensor.numpy().tobytes() for tensor in payloads())
+            done.wait()
+            wall, spent = time.perf_counter() - wall, usage_since(own)
+            channel.close()
+    finally:
         server.stop(None)
+    return wall, *(mine + theirs for mine, theirs in zip(spent, RELAY_USAGE[-1], strict=True))
 
 
 RTT_WARMUP = 50
@@ -627,7 +705,7 @@ def main() -> None:
             loads.append(round(os.getloadavg()[0], 2))
             for tag, paths in runs:
                 profile_to = None
-                if args.profile is not None and "switch" in paths:
+                if args.profile is not None and any(p.startswith("switch") for p in paths):
                     args.profile.mkdir(parents=True, exist_ok=True)
                     name = f"switch{tag.replace('@', '-')}-round{n + 1}"
                     profile_to = args.profile.resolve() / name
