@@ -101,6 +101,8 @@ class Connection:
     def next_event(self) -> Event:
         """The next frame, NEED_DATA or CLOSED; raises ProtocolError on a bad stream or order."""
         event = self._decoder.next_event()
+        if type(event) is Data and self.state is ConnState.OPEN:
+            return event  # the frame of every step, as `_check_incoming` would pass it
         if event is NEED_DATA:
             return event
         if event is CLOSED:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import enum
 import json
+import json.scanner
 from typing import Any, Final
 
-from workers.switch.buffers import BODIES, BufferPool
+from workers.switch.buffers import BODIES, POOLED_BYTES, BufferPool
 from workers.switch.frames import (
     DEFAULT_MAX_BODY_BYTES,
     HEADER,
@@ -27,6 +28,7 @@ from workers.switch.frames import (
     Kind,
     ProtocolError,
     check_tensor_length,
+    data_fields,
     parse_meta,
 )
 
@@ -51,6 +53,23 @@ class _State(enum.Enum):
 ALL_KINDS: Final = frozenset(Kind)
 _KIND_OF_BYTE: Final = {int(kind): kind for kind in Kind}
 _decode_json: Final = json.JSONDecoder().decode
+# (the stubs type the context as the scanner itself; it is the decoder whose settings it reads)
+_scan_json: Final = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _loads(text: str) -> Any:
+    """`json.loads(text)`: an object as the encoders write it (no white space around it)
+    is scanned at once, without `decode`'s two white-space matches; anything else, and
+    every error, goes through `decode`."""
+    if text[:1] == "{":
+        try:
+            value, end = _scan_json(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return _decode_json(text)
 
 
 class FrameDecoder:
@@ -74,6 +93,7 @@ class FrameDecoder:
         self._fields: dict[str, Any] = {}
         self._body = bytearray()
         self._filled = 0
+        self._wire = b""  # a DATA frame's header and meta, as read (`Data.wire`)
 
     def receive_data(self, data: Buffer) -> None:
         """Feed bytes from the stream; an empty chunk means the other end closed."""
@@ -121,16 +141,6 @@ class FrameDecoder:
             self._state = _State.FAILED
             raise
 
-    def _take(self, count: int) -> bytearray | None:
-        if len(self._buf) - self._pos < count:
-            return None
-        chunk = self._buf[self._pos : self._pos + count]
-        self._pos += count
-        if self._pos > 65536:
-            del self._buf[: self._pos]
-            self._pos = 0
-        return chunk
-
     def _next_event(self) -> Event:
         if self._state is _State.HEADER:
             if len(self._buf) - self._pos < HEADER.size:
@@ -142,12 +152,17 @@ class FrameDecoder:
             self._read_header(HEADER.unpack_from(self._buf, self._pos))
             self._pos += HEADER.size
         if self._state is _State.META:
-            meta = self._take(self._meta_len)
-            if meta is None:
+            end = self._pos + self._meta_len
+            if len(self._buf) < end:
                 if self._eof:
                     raise ProtocolError("stream ended inside a frame's meta")
                 return NEED_DATA
+            meta = self._buf[self._pos : end]
+            self._pos = end
             frame = self._read_meta(meta)
+            if self._pos > 65536:  # what was read goes, once there is a fair amount of it
+                del self._buf[: self._pos]
+                self._pos = 0
             if frame is not None:
                 return frame
         if self._state is _State.BODY:
@@ -163,8 +178,13 @@ class FrameDecoder:
                 return NEED_DATA
             body, self._body = self._body, bytearray()
             self._state = _State.HEADER
-            return Data(body=body, **self._fields)
+            return self._data(body)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _data(self, body: bytearray) -> Data:
+        frame = Data(body=body, **self._fields)
+        object.__setattr__(frame, "wire", self._wire)
+        return frame
 
     def _read_header(self, header: tuple[bytes, int, int, int, int]) -> None:
         magic, version, kind, meta_len, body_len = header
@@ -194,7 +214,7 @@ class FrameDecoder:
 
     def _read_meta(self, meta_bytes: bytearray) -> Frame | None:
         try:
-            meta = _decode_json(meta_bytes.decode())
+            meta = _loads(meta_bytes.decode())
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             # what else `json.loads` takes (UTF-16 or 32, a byte order mark), or the error
             try:
@@ -203,11 +223,21 @@ class FrameDecoder:
                 raise ProtocolError("frame meta is not JSON") from None
         if not isinstance(meta, dict):
             raise ProtocolError("frame meta must be a JSON object")
-        parsed = parse_meta(self._kind, meta)
+        # DATA, the frame of every step, straight to its fields (`parse_meta` looks it up)
+        parsed = data_fields(meta) if self._kind is Kind.DATA else parse_meta(self._kind, meta)
         if isinstance(parsed, dict):
             if parsed["tensor"] is not None:
                 check_tensor_length(parsed["tensor"], self._body_len)
             self._fields = parsed
+            # as the frame's sender wrote it: the header is the one just checked
+            header = HEADER.pack(MAGIC, VERSION, self._kind, self._meta_len, self._body_len)
+            self._wire = header + meta_bytes
+            start = self._pos
+            if self._body_len < POOLED_BYTES and len(self._buf) - start >= self._body_len:
+                # a small body already here becomes the frame's own bytes in one copy
+                self._pos = start + self._body_len
+                self._state = _State.HEADER
+                return self._data(self._buf[start : self._pos])
             self._body = self._pool.take(self._body_len)
             self._filled = 0
             self._state = _State.BODY

@@ -131,6 +131,10 @@ class Data:
     dst_role: str
     body: Buffer
     tensor: TensorSpec | None = None  # None: the body is raw bytes
+    # the header and meta it came in with, when read from a connection: a switch passes
+    # the frame on with them as they were (`encode`), instead of building them again. Not
+    # an argument: `dataclasses.replace` makes a frame without it, whose fields may differ.
+    wire: bytes | None = field(default=None, init=False, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,34 @@ def _data_meta(f: Data) -> Meta:
     return meta
 
 
-def _data_fields(meta: Mapping[str, Any]) -> Meta:
+def data_fields(meta: Mapping[str, Any]) -> Meta:
+    """A DATA frame's fields from its meta, checked; the body joins them."""
+    # the common case first, in one pass of plain checks (a switch parses every frame's
+    # meta on each hop): short names, a sequence number, no tensor or a plain one
+    job, ch, seq = meta.get("job"), meta.get("ch"), meta.get("seq")
+    src, dst = meta.get("src"), meta.get("dst")
+    if (
+        type(job) is str
+        and type(ch) is str
+        and type(src) is str
+        and type(dst) is str
+        and type(seq) is int
+        and 0 < len(job) <= MAX_NAME_CHARS
+        and 0 < len(ch) <= MAX_NAME_CHARS
+        and 0 < len(src) <= MAX_NAME_CHARS
+        and 0 < len(dst) <= MAX_NAME_CHARS
+        and 0 <= seq < 2**63
+    ):
+        tensor = meta.get("tensor")
+        return {
+            "job_id": job,
+            "channel": ch,
+            "seq": seq,
+            "src_role": src,
+            "dst_role": dst,
+            "tensor": None if tensor is None else _parse_tensor(tensor),
+        }
+    # else each field's own check, which says what is wrong
     tensor = meta.get("tensor")
     return {
         "job_id": _name(meta, "job"),
@@ -368,7 +399,7 @@ KINDS: Final[Mapping[Kind, KindCodec]] = {
     Kind.HELLO: KindCodec(Hello, _hello_meta, _parse_hello),
     Kind.PEER_HELLO: KindCodec(PeerHello, _peer_hello_meta, _parse_peer_hello),
     Kind.WELCOME: KindCodec(Welcome, lambda f: {}, lambda meta: Welcome()),
-    Kind.DATA: KindCodec(Data, _data_meta, _data_fields),
+    Kind.DATA: KindCodec(Data, _data_meta, data_fields),
     Kind.ACK: KindCodec(Ack, _ack_meta, _parse_ack),
     Kind.ERROR: KindCodec(Error, lambda f: {"reason": f.reason}, _parse_error),
     Kind.RECEIPT: KindCodec(Receipt, _receipt_meta, _parse_receipt),
@@ -431,6 +462,12 @@ def _check_data(frame: Data) -> None:
 
 def encode(frame: Frame, *, max_body: int = DEFAULT_MAX_BODY_BYTES) -> list[Buffer]:
     """Bytes for one frame: [header and meta, body]; the body is the frame's own buffer."""
+    if type(frame) is Data and frame.wire is not None:
+        # passed on as it came: its header and meta were checked when it was read
+        nbytes = memoryview(frame.body).nbytes
+        if nbytes > max_body:
+            raise ProtocolError(f"body of {nbytes} bytes exceeds the maximum of {max_body}")
+        return [frame.wire, frame.body] if nbytes else [frame.wire]
     kind = KIND_OF[type(frame)]
     meta_bytes = _meta_bytes(kind, frame)
     if not isinstance(frame, Data):

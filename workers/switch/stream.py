@@ -57,6 +57,13 @@ class FrameStream:
         self.conn = conn
         self._scratch = bytearray(READ_CHUNK)
         self.last_read_at = time.monotonic()
+        # bytes TLS has decrypted and holds are not the socket's: a readiness check asks
+        # it first. A poll object made once costs less per check than `select` (a list
+        # and a descriptor look-up each time); a descriptor closed under it answers
+        # POLLNVAL, and the read after it fails as any read of a closed socket does.
+        self._tls = isinstance(sock, ssl.SSLSocket)
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
 
     def read_event(
         self, *, block: bool = True, idle: Callable[[], float | None] | None = None
@@ -149,10 +156,9 @@ class FrameStream:
         return self._readable(timeout)
 
     def _readable(self, timeout: float = 0) -> bool:
-        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+        if self._tls and self.sock.pending():  # type: ignore[union-attr]
             return True
-        readable, _, _ = select.select([self.sock], [], [], timeout)
-        return bool(readable)
+        return bool(self._poll.poll(max(timeout, 0.0) * 1000))
 
     def write(
         self,
