@@ -76,9 +76,14 @@ CODE_ROOT = Path(_argv_value("--code-root") or Path(__file__).resolve().parent.p
 sys.path.insert(0, str(CODE_ROOT))
 
 from app.pki import ca  # noqa: E402
+from workers.switch import server as switch_server  # noqa: E402
 from workers.switch.client import SwitchLink  # noqa: E402
 from workers.switch.server import Switch, SwitchConfig, crl_from_file  # noqa: E402
 from workers.switch.tls import client_context, server_context  # noqa: E402
+
+# what the switch agent does once its switch has started (a checkout from before it has
+# none: nothing)
+settle_process: Callable[[], None] = getattr(switch_server, "settle_process", lambda: None)
 
 TOTAL = int(_argv_value("--mib", "1024") or 1024) << 20
 FRAME = 4 << 20
@@ -205,6 +210,7 @@ def run_switch(config: SwitchConfig, pipe: Connection, profile_to: str | None = 
     """A switch in its own process, as deployed: addresses out, peers and marks in."""
     profiles = _profile_threads() if profile_to else None
     switch = Switch(config).start()
+    settle_process()  # as the switch agent does
     pipe.send((switch.worker_address, switch.peer_address))
     mark = usage()
     while True:
@@ -380,6 +386,7 @@ def run_relay(kind: str, args: tuple, pipe: Connection) -> None:
     """One relay of a comparator in a process of its own, as each switch is: sends its
     address, serves, and at ("stop",) sends its usage since the last ("mark",)."""
     address, stop = RELAYS[kind](*args)
+    settle_process()  # as a switch's process does
     pipe.send(address)
     mark = usage()
     while True:

@@ -32,7 +32,7 @@ from common.private_files import write_private_file
 from contract import API_PREFIX
 from workers.control_plane import ClusterClient, check_control_plane_url, tls_verify
 from workers.presence import PresenceReporter
-from workers.switch.server import Address, Switch, SwitchConfig
+from workers.switch.server import Address, Switch, SwitchConfig, settle_process
 from workers.switch.shaper import ShaperConfig
 from workers.switch.tls import make_switch_key_and_csr
 
@@ -178,6 +178,7 @@ def run(
         renew=renew,  # type: ignore[arg-type]
     )
     switch = Switch(config).start()
+    settle_process()
     state = {
         "cluster": cluster,
         "worker_address": list(switch.worker_address),
