@@ -89,31 +89,39 @@ def real_activation_stream(steps: int, progress: Progress, console: Console) -> 
 def bench_real_stream(
     matrices: list[torch.Tensor], rounds: int, progress: Progress, console: Console
 ) -> dict[str, Any]:
-    """Exact SVD, power iteration cold and warm on each matrix of the stream, interleaved
-    matrix by matrix, in `rounds` rounds (a fresh warm codec each, the order of the three
-    rotating from round to round); the load average is read after each round."""
+    """Exact SVD, power iteration cold and warm, and the stream basis, on each matrix of
+    the stream, interleaved matrix by matrix, in `rounds` rounds (fresh stateful codecs
+    each, the order rotating from round to round); the load average is read after each
+    round. The stream basis is coded by one codec and decoded by another, as the two ends
+    of a link do: the receiver knows only the bases that crossed."""
     spec_svd, spec_power = f"lowrank({RATIO})", f"lowrank({RATIO},method=power)"
     spec_power0 = f"lowrank({RATIO},method=power,oversample=0)"
-    labels = ("svd", "cold", "warm", "warm_oversample0")
-    per_round: list[dict[str, list[tuple[float, float]]]] = []
+    spec_stream = f"lowrank({RATIO},method=stream)"
+    labels = ("svd", "cold", "warm", "warm_oversample0", "stream")
+    per_round: list[dict[str, list[tuple[float, float, int]]]] = []
     loads: list[float] = []
     task = progress.add_task("codecs on the real stream (rounds)", total=rounds * len(matrices))
     for round_ in range(rounds):
         warm = {"warm": parse_spec(spec_power), "warm_oversample0": parse_spec(spec_power0)}
-        rows: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
-        order = labels[round_ % 4 :] + labels[: round_ % 4]
+        sender, receiver = parse_spec(spec_stream), parse_spec(spec_stream)
+        rows: dict[str, list[tuple[float, float, int]]] = {label: [] for label in labels}
+        order = labels[round_ % len(labels) :] + labels[: round_ % len(labels)]
         for x in matrices:
             for label in order:
-                codec = {"svd": parse_spec(spec_svd), "cold": parse_spec(spec_power)}.get(label)
-                codec = codec or warm[label]
-                enc, dec, _, err = once(codec, x)
-                rows[label].append((enc + dec, err))
+                if label == "stream":
+                    enc, dec, nbytes, err = once(sender, x, receiver)
+                else:
+                    codec = {"svd": parse_spec(spec_svd), "cold": parse_spec(spec_power)}.get(label)
+                    enc, dec, nbytes, err = once(codec or warm[label], x)
+                rows[label].append((enc + dec, err, nbytes))
             progress.advance(task)
         per_round.append(rows)
         loads.append(round(os.getloadavg()[0], 2))
     after = slice(STREAM_WARMUP, None)
 
-    def ratios(rows: dict[str, list[tuple[float, float]]], label: str, what: int) -> list[float]:
+    def ratios(
+        rows: dict[str, list[tuple[float, float, int]]], label: str, what: int
+    ) -> list[float]:
         return [
             a[what] / b[what] for a, b in zip(rows[label][after], rows["svd"][after], strict=True)
         ]
@@ -132,19 +140,25 @@ def bench_real_stream(
         "error / optimal median",
         "min",
         "max",
+        "bytes / svd's",
     ):
         table.add_column(column, justify="left" if column == "codec" else "right")
     figures: dict[str, Any] = {"real_stream_rounds": rounds, "real_stream_load_per_round": loads}
     for label in labels:
         errs = ratios(per_round[0], label, 1)  # deterministic: the same in every round
         times = [statistics.median(ratios(rows, label, 0)) for rows in per_round]
-        ms = statistics.median(t for rows in per_round for t, _ in rows[label][after]) * 1e3
+        ms = statistics.median(t for rows in per_round for t, _, _ in rows[label][after]) * 1e3
+        # bytes over the whole stream, the matrices that carry a basis too
+        bytes_ratio = sum(b for _, _, b in per_round[0][label]) / sum(
+            b for _, _, b in per_round[0]["svd"]
+        )
         table.add_row(
             {
                 "svd": "exact SVD (optimal)",
                 "cold": "power, cold",
                 "warm": "power, warm",
                 "warm_oversample0": "power, warm, oversample=0",
+                "stream": "stream basis (warm)",
             }[label],
             f"{ms:.1f}",
             f"{statistics.median(times):.3f}",
@@ -152,7 +166,9 @@ def bench_real_stream(
             f"{statistics.median(errs):.4f}",
             f"{min(errs):.4f}",
             f"{max(errs):.4f}",
+            f"{bytes_ratio:.3f}",
         )
+        figures[f"real_stream_{label}_bytes_vs_svd"] = bytes_ratio
         figures[f"real_stream_{label}_ms"] = ms
         figures[f"real_stream_{label}_error_vs_optimal"] = statistics.median(errs)
         figures[f"real_stream_{label}_error_vs_optimal_max"] = max(errs)
@@ -160,7 +176,7 @@ def bench_real_stream(
         figures[f"real_stream_{label}_time_vs_svd_rounds"] = times
         figures[f"real_stream_{label}_time_vs_svd_spread"] = max(times) - min(times)
     figures["real_stream_optimal_error"] = statistics.median(
-        e for _, e in per_round[0]["svd"][after]
+        e for _, e, _ in per_round[0]["svd"][after]
     )
     console.print(table)
     return figures
@@ -258,12 +274,15 @@ def stream(base: torch.Tensor, steps: int, generator: torch.Generator) -> list[t
     return [base + scale * torch.randn(base.shape, generator=generator) for _ in range(steps)]
 
 
-def once(codec: Codec, x: torch.Tensor) -> tuple[float, float, int, float]:
-    """Encode and decode seconds, bytes and error of one run."""
+def once(
+    codec: Codec, x: torch.Tensor, receiver: Codec | None = None
+) -> tuple[float, float, int, float]:
+    """Encode and decode seconds, bytes and error of one run (decoded by `receiver`, the
+    far end's codec of a stateful pair, when given)."""
     start = CLOCK()
     blob = codec.encode(x)
     middle = CLOCK()
-    y = codec.decode(blob)
+    y = (receiver or codec).decode(blob)
     return middle - start, CLOCK() - middle, len(blob), relative_error(x, y)
 
 
@@ -485,7 +504,9 @@ def main() -> None:
             "after each round); the top-level power_* ratios are the real stream's warm power "
             "iteration; synthetic_* figures come from the first synthetic shape; "
             "warm_oversample0 / *_oversample0: power iteration without the 4 columns past k "
-            "it keeps by default; "
+            "it keeps by default; stream: lowrank(0.2,method=stream), one basis per "
+            "stream, coded and decoded by two codecs as a link's ends, its bytes over the "
+            "whole stream (bases included) against exact SVD's; "
             "power_error_vs_optimal_lowrank_input: warm power iteration on streams of "
             "rank-deficient 1536 x 256 matrices (the gradient's shape) of rank 64 and 128 "
             "> k = 52, median over steps; ranks 26 and 52 <= k must come back exactly "
@@ -514,6 +535,9 @@ def main() -> None:
     results["power_time_vs_svd"] = real["real_stream_warm_time_vs_svd"]
     results["power_time_vs_svd_rounds"] = real["real_stream_warm_time_vs_svd_rounds"]
     results["power_time_vs_svd_spread"] = real["real_stream_warm_time_vs_svd_spread"]
+    results["stream_time_vs_svd"] = real["real_stream_stream_time_vs_svd"]
+    results["stream_error_vs_optimal_real_stream"] = real["real_stream_stream_error_vs_optimal"]
+    results["stream_bytes_vs_svd_real_stream"] = real["real_stream_stream_bytes_vs_svd"]
     results["load_average_per_round"] = real["real_stream_load_per_round"]
     results["lowrank_inputs"] = lowrank_inputs
     results["power_error_vs_optimal_lowrank_input"] = lowrank_inputs[
