@@ -113,7 +113,7 @@ def orthonormalize(y: torch.Tensor) -> torch.Tensor:
     return q
 
 
-def _scale_of(x: torch.Tensor) -> float:
+def scale_of(x: torch.Tensor) -> float:
     """A power of two s with max|x / s| in [2^-40, 2^40] (1.0 when already so, or x == 0)."""
     top = float(torch.linalg.vector_norm(x, ord=math.inf)) if x.numel() else 0.0
     if top == 0.0 or _SAFE_MIN <= top <= _SAFE_MAX:
@@ -173,7 +173,7 @@ def subspace_iteration(
     p, q = _subspace_iteration(x, start, passes, k)
     if _finite(p, q):
         return p, q
-    scale = _scale_of(x)  # float32 products overflowed: redo on X / s (s a power of two)
+    scale = scale_of(x)  # float32 products overflowed: redo on X / s (s a power of two)
     if scale == 1.0:
         return p, q
     return _rescaled(*_subspace_iteration(x / scale, start, passes, k), scale)
@@ -236,7 +236,7 @@ def power_factors(
     p, q, next_warm = _power(x, k, iters, warm)
     if _finite(p, q, next_warm):
         return p, q, next_warm
-    scale = _scale_of(x)  # float32 products overflowed: redo on X / s (s a power of two)
+    scale = scale_of(x)  # float32 products overflowed: redo on X / s (s a power of two)
     if scale == 1.0:
         return p, q, next_warm
     p, q, next_warm = _power(x / scale, k, iters, warm)
