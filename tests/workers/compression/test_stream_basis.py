@@ -42,6 +42,18 @@ def test_a_stream_in_a_subspace_narrower_than_the_basis_crosses_exactly() -> Non
         assert relative_error(x, y) < 1e-5
 
 
+@pytest.mark.parametrize("scale", [1e30, 1e-30, 1e18, 1e-18])
+def test_a_stream_of_any_magnitude_crosses_exactly(scale: float) -> None:
+    """The covariance is formed in float32 (`_gram`): squares of 1e30 would overflow it
+    and squares of 1e-30 vanish, unless X is scaled first; a wrong covariance gives a
+    basis that misses the stream's subspace, and an error near 1."""
+    sender, receiver = pair("lowrank(0.2,method=stream)")
+    for x in subspace_stream(6):
+        x = x * scale
+        y = receiver.decode(sender.encode(x), shape=x.shape)
+        assert torch.isfinite(y).all() and relative_error(x, y) < 1e-5
+
+
 def test_fp16_factors_stay_within_fp16_rounding_and_both_ends_agree() -> None:
     sender, receiver = pair()
     for x in subspace_stream(12):
