@@ -15,8 +15,9 @@ of its own, ``--rounds`` (>= 3) interleaved rounds, median and spread of each:
     hops' in the same rounds. Their two relays run in processes of their own, as the
     switches do, and the two ends in the bench's process, as the two roles do: like
     with like. A message that crosses processes waits on the kernel to wake each next
-    one: on this machine three raw hops' round trip took 206-511 us across processes
-    against 168 us among the threads of one (runs of 3 December 2026).
+    one: on this machine three raw hops' round trip took 285 us (206-344) across
+    processes against 193 us among the threads of one (the committed runs at f352618
+    and 878af4a).
 
 ``--against REV`` adds the switch of another commit (a temporary git worktree of REV,
 run with its own ``workers`` package) to every round, (b) and (d) both, so that a

@@ -185,7 +185,9 @@ def run(
         "peer_address": list(switch.peer_address),
         "ca_path": str(files.ca.resolve()),
     }
-    files.state.write_text(json.dumps(state, indent=2))
+    # whole or not at all (a rename): a worker or a test polling for it never reads it half
+    # written, as the bundle's other files are written
+    write_private_file(files.state, json.dumps(state, indent=2).encode())
     log.info(
         "switch %s serving workers on %s, peers on %s",
         cluster,

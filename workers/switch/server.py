@@ -81,8 +81,7 @@ def settle_process() -> None:
 
     Frames wait in resend windows and mailboxes long enough to outlive the collector's
     young generations, and bring full collections on, each of which walked every object
-    of the process: up to 14% of a switch's CPU samples on 4 MiB frames (perf, in a
-    process that had loaded torch), under 0.1% once frozen. Not for a process that runs
+    of the process (bench/results/switch_profiles/NOTES.md). Not for a process that runs
     switches among other work (tests): what is frozen is never collected.
     """
     gc.collect()
