@@ -48,6 +48,10 @@ STREAM_LAYOUT = 2
 _STREAM_BODY = struct.Struct("<IB3x")  # the basis's version; 1 when Q follows P
 STREAM_DECAY = 0.95
 """Weight of the covariance gathered so far against the next matrix's X^T X."""
+STREAM_FLOAT32_FROM = 1e-3
+"""The share of a stream's energy its basis must leave out before the stream's covariance
+is gathered in float32 (`_gram`); below it (a stream its basis holds nearly whole), and
+for a stream's first matrix, in float64."""
 STREAM_DRIFT = 2.0
 """A matrix whose energy outside the stream's basis is past this many times the share
 the basis was made to leave out gets a new basis at once, not at the next refresh."""
@@ -486,20 +490,26 @@ class LowRankCodec(Codec):
         )
 
 
-def _gram(mat: torch.Tensor) -> torch.Tensor:
-    """X^T X of a float32 (m, n) matrix, in float64. The product is formed in float32,
-    twice as fast as in float64 and without X's float64 copy: the covariance only picks
-    the basis and predicts its residual, for which float32's rounding is far below what
-    matters. X is first scaled by a power of two (exact) so that its squares neither
-    overflow nor vanish, and the product in float64 is scaled back; a product that is
-    still not finite is formed in float64."""
-    scale = lowrank.scale_of(mat)
-    scaled = mat if scale == 1.0 else mat / scale
-    gram = (scaled.mT @ scaled).double()
-    if not bool(torch.isfinite(gram).all()):
+def _gram(mat: torch.Tensor, *, exact: bool) -> torch.Tensor:
+    """X^T X of a finite float32 (m, n) matrix, in float64.
+
+    Not `exact`: the product is formed in float32, twice as fast as in float64 and
+    without X's float64 copy. Its rounding (about u = 6e-8 of |X|^2 per entry) moves the
+    basis's eigenvectors by u |X|^2 over the eigenvalue gap, which costs a share of the
+    energy of order k m u: nothing beside a basis that leaves out 1e-3 of it
+    (STREAM_FLOAT32_FROM), but a visible error on a stream that its basis holds exactly
+    (an ill-conditioned rank-7 matrix came back with 1.7e-3). X is first scaled by a
+    power of two (exact) to max|X| <= 2^40, so that no square overflows (a sum of m
+    squares stays below m 2^80) and the large ones do not vanish; the product is scaled
+    back in float64."""
+    if exact:
         xd = mat.double()
         return xd.mT @ xd
-    return gram if scale == 1.0 else gram.mul_(scale * scale)
+    scale = lowrank.scale_of(mat)
+    if scale == 1.0:
+        return (mat.mT @ mat).double()
+    scaled = mat / scale
+    return (scaled.mT @ scaled).double().mul_(scale * scale)
 
 
 class StreamBasisCodec(Codec):
@@ -630,7 +640,9 @@ class StreamBasisCodec(Codec):
         _, m, n = plan.matrices
         k = plan.rank
         mat = x.reshape(m, n)
-        gram = _gram(mat)
+        gram = _gram(
+            mat, exact=self._known is None or self._expected_residual < STREAM_FLOAT32_FROM
+        )
         cov = self._covariance
         if cov is None or cov.shape != gram.shape or cov.device != gram.device:
             self._covariance = gram
