@@ -17,7 +17,8 @@ of its own, ``--rounds`` (>= 3) interleaved rounds, median and spread of each:
     with like. A message that crosses processes waits on the kernel to wake each next
     one: on this machine three raw hops' round trip took 285 us (206-344) across
     processes against 193 us among the threads of one (the committed runs at f352618
-    and 878af4a).
+    and 878af4a). Each round trip's CPU is split between the ends (the bench's process)
+    and each of the four crossings of the two in the middle (switches or relays).
 
 ``--against REV`` adds the switch of another commit (a temporary git worktree of REV,
 run with its own ``workers`` package) to every round, (b) and (d) both, so that a
@@ -495,8 +496,19 @@ def _ping_pong_cpu(ping_pong: Callable[[], dict], mark: Callable[[], None]) -> d
 def _with_relays_cpu(result: dict) -> dict:
     """The CPU per round trip of every process it crossed: this one's and, from its
     `relay_chain` once closed, both relays'."""
-    spent = result.pop("own_cpu_s") + RELAY_USAGE[-1][0]
-    return result | {"cpu_us_per_round_trip": spent / (RTT_WARMUP + RTT_COUNT) * 1e6}
+    return result | _split_cpu(result.pop("own_cpu_s"), RELAY_USAGE[-1][0])
+
+
+def _split_cpu(ends_s: float, middle_s: float) -> dict:
+    """CPU per round trip of every process a round trip crossed, and where it went: the
+    two ends (this process) and each crossing of the two in the middle (switches or
+    relays), which a round trip crosses twice each."""
+    trips = RTT_WARMUP + RTT_COUNT
+    return {
+        "cpu_us_per_round_trip": (ends_s + middle_s) / trips * 1e6,
+        "ends_cpu_us_per_round_trip": ends_s / trips * 1e6,
+        "cpu_us_per_crossing": middle_s / trips / 4 * 1e6,
+    }
 
 
 def switch_rtt(pki: Pki) -> dict:
@@ -523,10 +535,11 @@ def switch_rtt(pki: Pki) -> dict:
         workers = usage_since(own)
     # the switches' count runs on to their stop, past the links' goodbyes: a few more
     trips = RTT_WARMUP + RTT_COUNT
-    return result | {
-        "cswitch_per_round_trip": (workers[2] + SWITCH_USAGE[-1][2]) / trips,
-        "cpu_us_per_round_trip": (workers[0] + SWITCH_USAGE[-1][0]) / trips * 1e6,
-    }
+    return (
+        result
+        | {"cswitch_per_round_trip": (workers[2] + SWITCH_USAGE[-1][2]) / trips}
+        | _split_cpu(workers[0], SWITCH_USAGE[-1][0])
+    )
 
 
 def grpc_rtt(pki: Pki) -> dict:
@@ -738,6 +751,8 @@ FIGURES = (
     "p99_us",
     "cswitch_per_round_trip",
     "cpu_us_per_round_trip",
+    "ends_cpu_us_per_round_trip",
+    "cpu_us_per_crossing",
 )
 
 
@@ -780,6 +795,15 @@ def summarize(got: dict[str, list[dict]], args: argparse.Namespace) -> dict:
         "small_frame_cpu_per_round_trip_vs_3_raw_hops": ratio(
             med("switch_rtt", "cpu_us_per_round_trip"),
             med("raw_tls_3hop_rtt", "cpu_us_per_round_trip"),
+        ),
+        # where it goes: a switch's crossing against a raw relay's, the ends against theirs
+        "small_frame_cpu_per_crossing_vs_raw_relay": ratio(
+            med("switch_rtt", "cpu_us_per_crossing"),
+            med("raw_tls_3hop_rtt", "cpu_us_per_crossing"),
+        ),
+        "small_frame_ends_cpu_per_round_trip_vs_raw": ratio(
+            med("switch_rtt", "ends_cpu_us_per_round_trip"),
+            med("raw_tls_3hop_rtt", "ends_cpu_us_per_round_trip"),
         ),
     }
     if args.against:
@@ -830,6 +854,8 @@ def print_table(console: Console, summary: dict) -> None:
         "p50 us",
         "p99 us",
         "CPU us per RT",
+        "of it, ends",
+        "CPU us per crossing",
         "cswitch",
     )
     for column in columns:
@@ -850,6 +876,8 @@ def print_table(console: Console, summary: dict) -> None:
             cell(row, "p50_us"),
             cell(row, "p99_us"),
             cell(row, "cpu_us_per_round_trip"),
+            cell(row, "ends_cpu_us_per_round_trip"),
+            cell(row, "cpu_us_per_crossing"),
             cell(row, "cswitch_per_frame") or cell(row, "cswitch_per_round_trip"),
         )
     console.print(table)
