@@ -16,9 +16,10 @@ of its own, ``--rounds`` (>= 3) interleaved rounds, median and spread of each:
     switches do, and the two ends in the bench's process, as the two roles do: like
     with like. A message that crosses processes waits on the kernel to wake each next
     one: on this machine three raw hops' round trip took 285 us (206-344) across
-    processes against 193 us among the threads of one (the committed runs at f352618
-    and 878af4a). Each round trip's CPU is split between the ends (the bench's process)
-    and each of the four crossings of the two in the middle (switches or relays).
+    processes against 193 us among the threads of one (bench/results/switch_throughput.json
+    as committed in effd8c7 and in 878af4a). Each round trip's CPU is split between the
+    ends (the bench's process) and each of the four crossings of the two in the middle
+    (switches or relays).
 
 ``--against REV`` adds the switch of another commit (a temporary git worktree of REV,
 run with its own ``workers`` package) to every round, (b) and (d) both, so that a
@@ -496,7 +497,8 @@ def _ping_pong_cpu(ping_pong: Callable[[], dict], mark: Callable[[], None]) -> d
 def _with_relays_cpu(result: dict) -> dict:
     """The CPU per round trip of every process it crossed: this one's and, from its
     `relay_chain` once closed, both relays'."""
-    return result | _split_cpu(result.pop("own_cpu_s"), RELAY_USAGE[-1][0])
+    own = result.pop("own_cpu_s")
+    return result | _split_cpu(own, RELAY_USAGE[-1][0])
 
 
 def _split_cpu(ends_s: float, middle_s: float) -> dict:
